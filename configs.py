@@ -1,0 +1,197 @@
+"""The one place for experiment settings.
+
+``SHARED_CONFIG`` is a plain dict: edit it, or override any key on the command
+line as ``KEY=VALUE`` (``python TinyStories.py USE_TPU=True BATCH_SIZE=64``).
+Values are parsed as Python literals; keys are case-insensitive. Every key is
+documented by the comment on its line (``--help`` prints those comments).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import difflib
+import io
+import math
+import tokenize
+from pathlib import Path
+
+SHARED_CONFIG = {
+    # --- device -----------------------------------------------------------
+    "USE_TPU": False,  # ask for a TPU (torch_xla); falls back to GPU, then CPU, with a warning
+    "DEVICE": "auto",  # 'auto' (TPU, CUDA, CPU) | 'tpu' | 'cuda' | 'cpu'; an unavailable explicit choice is an error
+    "PRECISION": "auto",  # 'auto' (TPU bf16, CUDA bf16/fp16, CPU fp32) | 'fp32' | 'bf16' | 'fp16' (CUDA only)
+    "SEED": 1337,  # seeds every random choice: data order, weights, reservoirs, sampling
+    # --- optimisation -----------------------------------------------------
+    "BATCH_SIZE": 32,  # sequences per step per device (before the TPU multiplier)
+    "LEARNING_RATE": 3e-3,  # peak learning rate of gradient-trained models (before the TPU multiplier)
+    "SEQ_LEN": 128,  # tokens per training window (each window holds SEQ_LEN + 1 tokens)
+    "NUM_WORKERS": 0,  # DataLoader worker processes (forced to 0 on TPU)
+    "TPU_BATCH_MULTIPLIER": 2,  # on TPU, BATCH_SIZE is multiplied by this
+    "TPU_LR_MULTIPLIER": 1.2,  # on TPU, LEARNING_RATE is multiplied by this
+    # --- outputs ----------------------------------------------------------
+    "RESULTS_DIR": "results",  # every run writes a new folder under here
+    "RUN_NAME": None,  # name of the run folder; None means a timestamp
+}
+
+# Validation rules for values whose type alone does not say what is allowed.
+# A rule is (predicate, description of what is allowed).
+_CHOICES = {
+    "DEVICE": ("auto", "tpu", "cuda", "cpu"),
+    "PRECISION": ("auto", "fp32", "bf16", "fp16"),
+}
+_POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "TPU_LR_MULTIPLIER"}
+_NON_NEGATIVE = {"NUM_WORKERS", "SEED"}
+# Keys whose value may be None as well as the type of their default.
+_OPTIONAL_STR = {"RUN_NAME"}
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration: reported as one line, no traceback."""
+
+
+def default_config() -> dict:
+    return copy.deepcopy(SHARED_CONFIG)
+
+
+def key_comments() -> dict[str, str]:
+    """The comment written next to each key of SHARED_CONFIG in this file (shown by --help)."""
+    source = Path(__file__).read_text(encoding="utf-8")
+    block = next(node for node in ast.parse(source).body
+                 if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "SHARED_CONFIG")
+    key_on_line = {k.lineno: k.value for k in block.value.keys if isinstance(k, ast.Constant)}
+    comments: dict[str, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT and tok.start[0] in key_on_line:
+            comments[key_on_line[tok.start[0]]] = tok.string.lstrip("# ").strip()
+    return comments
+
+
+def help_text(config: dict | None = None) -> str:
+    config = SHARED_CONFIG if config is None else config
+    comments = key_comments()
+    width = max(len(k) for k in config)
+    lines = ["Usage: python TinyStories.py [KEY=VALUE ...]   (keys are case-insensitive)", ""]
+    for key, value in config.items():
+        lines.append(f"  {key:<{width}}  default {value!r}")
+        if comments.get(key):
+            lines.append(f"  {'':<{width}}    {comments[key]}")
+    return "\n".join(lines)
+
+
+def _closest_key(name: str, keys) -> str:
+    match = difflib.get_close_matches(name.upper(), list(keys), n=1, cutoff=0.4)
+    return f"; did you mean {match[0]}?" if match else f"; valid keys: {', '.join(keys)}"
+
+
+def _parse_literal(text: str):
+    """Python literal if it parses as one, else the raw string (so DEVICE=cpu works unquoted)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "yes", "on"):
+        return True
+    if lowered in ("false", "no", "off"):
+        return False
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _coerce(key: str, value, default):
+    """Return ``value`` with the type of ``default``, or raise ConfigError saying what is allowed."""
+    if value is None and (default is None or key in _OPTIONAL_STR):
+        return None
+    expected = type(default) if default is not None else str
+    if key in _OPTIONAL_STR:
+        expected = str
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+        if value in (0, 1):
+            return bool(value)
+        raise ConfigError(f"{key} must be True or False, got {value!r}")
+    if expected is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return int(value)
+    if expected is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
+        return float(value)
+    if expected is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    if expected in (list, tuple):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return expected(value)
+    if expected is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a dict, got {value!r}")
+        return value
+    return value
+
+
+def validate(config: dict) -> dict:
+    """Check every key and value; return the config with values coerced to their types."""
+    checked = {}
+    for key, value in config.items():
+        if key not in SHARED_CONFIG:
+            raise ConfigError(f"unknown config key {key}{_closest_key(key, SHARED_CONFIG)}")
+        value = _coerce(key, value, SHARED_CONFIG[key])
+        if key in _CHOICES and value not in _CHOICES[key]:
+            allowed = " | ".join(repr(c) for c in _CHOICES[key])
+            raise ConfigError(f"{key} must be one of {allowed}, got {value!r}")
+        if key in _POSITIVE and not value > 0:
+            raise ConfigError(f"{key} must be > 0, got {value!r}")
+        if key in _NON_NEGATIVE and value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value!r}")
+        checked[key] = value
+    for key in SHARED_CONFIG:
+        checked.setdefault(key, copy.deepcopy(SHARED_CONFIG[key]))
+    if checked["USE_TPU"] and checked["DEVICE"] in ("cuda", "cpu"):
+        raise ConfigError(f"USE_TPU=True contradicts DEVICE={checked['DEVICE']!r}; set one of them")
+    return checked
+
+
+def parse_overrides(args: list[str], base: dict | None = None) -> dict:
+    """Apply ``KEY=VALUE`` arguments to ``base`` (default SHARED_CONFIG) and validate the result."""
+    config = default_config() if base is None else copy.deepcopy(base)
+    for arg in args:
+        if "=" not in arg:
+            raise ConfigError(f"argument {arg!r} is not KEY=VALUE (try --help for the list of keys)")
+        name, _, text = arg.partition("=")
+        key = name.strip().upper()
+        if key not in SHARED_CONFIG:
+            raise ConfigError(f"unknown config key {name.strip()}{_closest_key(key, SHARED_CONFIG)}")
+        config[key] = _parse_literal(text)
+    return validate(config)
+
+
+def apply_device_adjustments(config: dict, device_kind: str) -> dict:
+    """Return a new config with the TPU-tuned batch size and learning rate applied on TPU.
+
+    The effective values are what the run records with its results.
+    """
+    adjusted = copy.deepcopy(config)
+    if device_kind == "tpu":
+        adjusted["BATCH_SIZE"] = int(config["BATCH_SIZE"] * config["TPU_BATCH_MULTIPLIER"])
+        adjusted["LEARNING_RATE"] = float(config["LEARNING_RATE"] * config["TPU_LR_MULTIPLIER"])
+    return adjusted
+
+
+def config_from_argv(argv: list[str]) -> dict:
+    """The validated config for a command line; prints help or a one-line error and exits."""
+    wants_help = {"-H", "--HELP", "HELP=1", "HELP=TRUE"}
+    if any(a.upper().replace(" ", "") in wants_help for a in argv):
+        print(help_text())
+        raise SystemExit(0)
+    try:
+        return parse_overrides(argv)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None

@@ -1,0 +1,356 @@
+"""The one home for device logic: choosing TPU (torch_xla) / CUDA / CPU, precision,
+gradient scaling, XLA step markers and data loaders.
+
+Nothing else in the codebase asks which device it runs on; it asks this module
+for a context (``autocast``), a scaler, a loader or a step, and this module
+answers per device. torch_xla is imported lazily so the rest works without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+TAG = "[ReservoirNLP]"
+_GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips appear on the PCI bus with Google's vendor id
+
+
+class DeviceError(RuntimeError):
+    """An explicit device or precision request that this machine cannot honour."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str  # 'tpu' (any XLA device: a TPU, or XLA:CPU under PJRT_DEVICE=CPU) | 'cuda' | 'cpu'
+    device: torch.device
+    name: str  # human-readable hardware name
+    precision: str  # 'fp32' | 'bf16' | 'fp16'
+    world_size: int = 1
+    rank: int = 0
+
+    @property
+    def is_xla(self) -> bool:
+        return self.kind == "tpu"
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+
+    def banner(self) -> str:
+        what = {
+            "tpu": "TPU detected." if self.name.startswith("TPU") else f"XLA device ({self.name}), TPU code path.",
+            "cuda": f"CUDA GPU detected ({self.name}).",
+            "cpu": f"CPU ({self.name}).",
+        }[self.kind]
+        unit = "Core" if self.is_xla else "Rank"
+        return f"{TAG} {what} {unit} {self.rank}/{self.world_size}, device {self.device}, {self.precision}"
+
+
+# --------------------------------------------------------------------- detection
+
+
+def xla_installed() -> bool:
+    """torch_xla can be imported (honours an import blocked by a meta-path hook)."""
+    if "torch_xla" in sys.modules:
+        return sys.modules["torch_xla"] is not None
+    try:
+        return importlib.util.find_spec("torch_xla") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def tpu_chips_present() -> bool:
+    """Real TPU chips on this host (independent of torch_xla being installed)."""
+    for vendor_file in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(vendor_file) as f:
+                if f.read().strip() == _GOOGLE_PCI_VENDOR:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def xla_usable() -> bool:
+    """torch_xla is installed *and* there is something for it to run on.
+
+    Being importable is not enough: without TPU chips and without PJRT_DEVICE
+    set, torch_xla would silently run on the CPU, which 'auto' must not pick.
+    """
+    if not xla_installed():
+        return False
+    return bool(os.environ.get("PJRT_DEVICE")) or tpu_chips_present()
+
+
+def available_kinds() -> list[str]:
+    kinds = []
+    if xla_usable():
+        kinds.append("tpu")
+    if torch.cuda.is_available():
+        kinds.append("cuda")
+    kinds.append("cpu")
+    return kinds
+
+
+def _warn(message: str) -> None:
+    print(f"{TAG} WARNING: {message}", file=sys.stderr, flush=True)
+
+
+def resolve_kind(device: str = "auto", use_tpu: bool = False) -> str:
+    """The device kind to use for a DEVICE / USE_TPU request (see configs.py)."""
+    kinds = available_kinds()
+    if device == "auto" and use_tpu:
+        if "tpu" in kinds:
+            return "tpu"
+        fallback = "cuda" if "cuda" in kinds else "cpu"
+        why = (
+            "torch_xla is not installed"
+            if not xla_installed()
+            else "no TPU chips were found and PJRT_DEVICE is not set"
+        )
+        _warn(
+            f"a TPU was requested (USE_TPU=True) but {why}; "
+            f"using {'the GPU' if fallback == 'cuda' else 'the CPU'} ({fallback}) instead. "
+            "See README_TPU.md to set up torch_xla."
+        )
+        return fallback
+    if device == "auto":
+        return kinds[0]
+    if device not in kinds:
+        hint = ""
+        if device == "tpu":
+            hint = (
+                " (install torch_xla: see README_TPU.md)"
+                if not xla_installed()
+                else " (no TPU chips found; set PJRT_DEVICE=CPU to run the XLA path on the CPU)"
+            )
+        raise DeviceError(f"DEVICE={device!r} is not available{hint}; available here: {', '.join(kinds)}")
+    return device
+
+
+def resolve_precision(kind: str, requested: str = "auto") -> str:
+    if requested == "auto":
+        if kind == "tpu":
+            return "bf16"
+        if kind == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "fp32"
+    if requested == "fp16" and kind != "cuda":
+        raise DeviceError(f"PRECISION='fp16' needs a CUDA GPU; on {kind} use 'bf16' or 'fp32'")
+    if requested == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
+        raise DeviceError("PRECISION='bf16' is not supported by this GPU; use 'fp16' or 'fp32'")
+    return requested
+
+
+def _xla():
+    """torch_xla's modules, imported on first use."""
+    torch_xla = importlib.import_module("torch_xla")
+    runtime = importlib.import_module("torch_xla.runtime")
+    xm = importlib.import_module("torch_xla.core.xla_model")
+    return torch_xla, runtime, xm
+
+
+def _xla_device_name(runtime) -> str:
+    hw = runtime.device_type() or os.environ.get("PJRT_DEVICE", "XLA")
+    if hw == "TPU":
+        accel = os.environ.get("TPU_ACCELERATOR_TYPE", "")
+        return f"TPU {accel}".strip()
+    return f"XLA:{hw} via PJRT_DEVICE={os.environ.get('PJRT_DEVICE', '?')}"
+
+
+def _distributed_rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def select_device(config: dict | None = None) -> DeviceInfo:
+    """Pick the device a run uses from DEVICE / USE_TPU / PRECISION."""
+    config = config or {}
+    kind = resolve_kind(config.get("DEVICE", "auto"), bool(config.get("USE_TPU", False)))
+    precision = resolve_precision(kind, config.get("PRECISION", "auto"))
+    if kind == "tpu":
+        torch_xla, runtime, _ = _xla()
+        return DeviceInfo(
+            kind="tpu",
+            device=torch_xla.device(),
+            name=_xla_device_name(runtime),
+            precision=precision,
+            world_size=runtime.world_size(),
+            rank=runtime.global_ordinal(),
+        )
+    rank, world = _distributed_rank_world()
+    if kind == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device = torch.device("cuda", local_rank)
+        return DeviceInfo("cuda", device, torch.cuda.get_device_name(device), precision, world, rank)
+    return DeviceInfo("cpu", torch.device("cpu"), f"{torch.get_num_threads()} threads", precision, world, rank)
+
+
+def get_device(use_tpu: bool = False) -> torch.device:
+    """The torch.device to use: XLA if ``use_tpu`` and available, else CUDA, else CPU."""
+    return select_device({"USE_TPU": use_tpu}).device
+
+
+# --------------------------------------------------------------------- host set-up
+
+
+def enable_transparent_hugepages(info: DeviceInfo) -> None:
+    """On a TPU host, turn on transparent hugepages (faster host<->TPU transfers) if we may."""
+    if not (info.is_xla and tpu_chips_present()):
+        return
+    path = "/sys/kernel/mm/transparent_hugepage/enabled"
+    try:
+        with open(path) as f:
+            if "[always]" in f.read():
+                return
+        with open(path, "w") as f:
+            f.write("always")
+    except OSError:
+        print(f"{TAG} tip: enable transparent hugepages for faster TPU input: "
+              f"sudo sh -c 'echo always > {path}'", flush=True)
+
+
+# --------------------------------------------------------------------- precision
+
+
+class DummyGradScaler:
+    """``torch.amp.GradScaler``'s API with no scaling: bf16 and fp32 need none.
+
+    It lets the training loop have one shape on every device.
+    """
+
+    def scale(self, outputs):
+        return outputs
+
+    def unscale_(self, optimizer) -> None:
+        return None
+
+    def step(self, optimizer, *args, **kwargs):
+        return optimizer.step(*args, **kwargs)
+
+    def update(self, new_scale=None) -> None:
+        return None
+
+    def get_scale(self) -> float:
+        return 1.0
+
+    def is_enabled(self) -> bool:
+        return False
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if state_dict:
+            raise ValueError("DummyGradScaler has no state; got a scaler state from an fp16 run")
+
+
+def make_grad_scaler(info: DeviceInfo):
+    """A real GradScaler where fp16 needs one (CUDA fp16), else a DummyGradScaler."""
+    if info.kind == "cuda" and info.precision == "fp16":
+        return torch.amp.GradScaler("cuda")
+    return DummyGradScaler()
+
+
+def autocast(info: DeviceInfo):
+    """Mixed-precision context for forward passes.
+
+    XLA uses ``torch.autocast('xla', bfloat16)``: bf16 compute, fp32 master
+    weights, no scaler. (``torch_xla.amp.autocast`` is avoided: it crashes off-TPU.)
+    """
+    dtype = info.amp_dtype
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(info.device.type, dtype=dtype)
+
+
+# --------------------------------------------------------------------- XLA step helpers
+
+
+def mark_step(info: DeviceInfo) -> None:
+    """Cut the lazy XLA graph here and run it (a no-op off XLA)."""
+    if info.is_xla:
+        _xla()[0].sync()
+
+
+def zero_grad(info: DeviceInfo, optimizer) -> None:
+    # On XLA, set_to_none=True turns grads None -> Tensor each step, a new graph each time.
+    optimizer.zero_grad(set_to_none=not info.is_xla)
+
+
+def optimizer_step(info: DeviceInfo, optimizer, scaler) -> None:
+    """One optimizer step: all-reduces gradients across XLA cores via xm.optimizer_step."""
+    if info.is_xla:
+        _xla()[2].optimizer_step(optimizer)
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+
+
+def all_reduce_sum(info: DeviceInfo, tensor: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over all processes (identity with one process)."""
+    if info.world_size == 1:
+        return tensor
+    if info.is_xla:
+        xm = _xla()[2]
+        return xm.all_reduce(xm.REDUCE_SUM, tensor)
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+    return tensor
+
+
+def xla_compile_count() -> int:
+    """Graphs compiled so far in this process (torch_xla's UncachedCompile counter)."""
+    metrics = importlib.import_module("torch_xla.debug.metrics")
+    return int(metrics.counter_value("UncachedCompile") or 0)
+
+
+# --------------------------------------------------------------------- data loaders
+
+
+def build_loader(dataset, info: DeviceInfo, batch_size: int, *, shuffle: bool = True,
+                 num_workers: int = 0, seed: int = 0, drop_last: bool = True):
+    """A DataLoader tuned for the device.
+
+    XLA: fixed shapes and no host work in the step: no shuffle (datasets here
+    are pre-permuted by seed), drop_last, no workers, wrapped in MpDeviceLoader
+    so batches are moved to the device in the background. CUDA: pinned memory
+    and persistent workers. Several processes: each reads a disjoint shard.
+    """
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    if info.is_xla:
+        shuffle, drop_last, num_workers = False, True, 0
+    sampler = None
+    if info.world_size > 1:
+        sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank,
+                                     shuffle=shuffle, seed=seed, drop_last=True)
+        shuffle = False
+    generator = torch.Generator().manual_seed(seed)
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        sampler=sampler,
+        drop_last=drop_last,
+        num_workers=num_workers,
+        pin_memory=info.kind == "cuda",
+        persistent_workers=num_workers > 0 and not info.is_xla,
+        generator=generator,
+    )
+    if info.is_xla:
+        parallel_loader = importlib.import_module("torch_xla.distributed.parallel_loader")
+        return parallel_loader.MpDeviceLoader(loader, info.device)
+    return loader
+

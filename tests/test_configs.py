@@ -1,0 +1,79 @@
+import subprocess
+import sys
+
+import pytest
+
+from configs import (
+    SHARED_CONFIG,
+    ConfigError,
+    apply_device_adjustments,
+    help_text,
+    key_comments,
+    parse_overrides,
+)
+from tests.conftest import ROOT
+
+
+def test_every_key_is_documented_and_listed_in_help():
+    comments = key_comments()
+    undocumented = [k for k in SHARED_CONFIG if not comments.get(k)]
+    assert not undocumented, f"keys without a comment in configs.py: {undocumented}"
+    text = help_text()
+    for key, value in SHARED_CONFIG.items():
+        assert f"{key}" in text and repr(value) in text
+
+
+def test_overrides_parse_literals_case_insensitively():
+    config = parse_overrides(["use_tpu=true", "Batch_Size=64", "learning_rate=1e-3", "device=tpu", "RUN_NAME=abc"])
+    assert config["USE_TPU"] is True and config["BATCH_SIZE"] == 64 and config["LEARNING_RATE"] == 1e-3
+    assert config["RUN_NAME"] == "abc" and config["DEVICE"] == "tpu"
+    assert parse_overrides(["LEARNING_RATE=1"])["LEARNING_RATE"] == 1.0  # int accepted for a float key
+
+
+def test_defaults_are_not_modified_by_overrides():
+    before = dict(SHARED_CONFIG)
+    parse_overrides(["BATCH_SIZE=7"])
+    assert SHARED_CONFIG == before
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("BATCH_SZE=3", "did you mean BATCH_SIZE"),
+    ("BATCH_SIZE=0", "must be > 0"),
+    ("BATCH_SIZE=2.5", "must be an integer"),
+    ("BATCH_SIZE=abc", "must be an integer"),
+    ("USE_TPU=maybe", "must be True or False"),
+    ("DEVICE=gpu", "must be one of"),
+    ("PRECISION=fp8", "must be one of"),
+    ("LEARNING_RATE=nan", "finite number"),
+    ("SEED=-1", ">= 0"),
+    ("BATCH_SIZE", "is not KEY=VALUE"),
+])
+def test_bad_values_name_what_is_allowed(arg, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_overrides([arg])
+
+
+def test_use_tpu_contradicting_device_is_refused():
+    with pytest.raises(ConfigError, match="contradicts"):
+        parse_overrides(["USE_TPU=True", "DEVICE=cpu"])
+
+
+def test_tpu_adjustments_return_a_new_config():
+    config = parse_overrides(["BATCH_SIZE=10", "LEARNING_RATE=0.01", "TPU_BATCH_MULTIPLIER=3"])
+    tpu = apply_device_adjustments(config, "tpu")
+    assert (tpu["BATCH_SIZE"], tpu["LEARNING_RATE"]) == (30, pytest.approx(0.012))
+    assert config["BATCH_SIZE"] == 10
+
+
+@pytest.mark.parametrize("script", ["TinyStories.py", "test_tpu_support.py"])
+def test_cli_errors_are_one_line_without_traceback(script):
+    r = subprocess.run([sys.executable, script, "BATCH_SZE=3"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert r.stderr.strip() == "error: unknown config key BATCH_SZE; did you mean BATCH_SIZE?"
+
+
+def test_cli_help_lists_every_key_with_default():
+    r = subprocess.run([sys.executable, "TinyStories.py", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for key, value in SHARED_CONFIG.items():
+        assert key in r.stdout and f"default {value!r}" in r.stdout
