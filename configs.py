@@ -29,6 +29,19 @@ SHARED_CONFIG = {
     "NUM_WORKERS": 0,  # DataLoader worker processes (forced to 0 on TPU)
     "TPU_BATCH_MULTIPLIER": 2,  # on TPU, BATCH_SIZE is multiplied by this
     "TPU_LR_MULTIPLIER": 1.2,  # on TPU, LEARNING_RATE is multiplied by this
+    # --- data -------------------------------------------------------------
+    "DATASET": "auto",  # 'auto' (hub, else DATA_DIR files, else synthetic) | 'tinystories' | 'synthetic' | a path
+    "DATA_DIR": "data",  # where 'auto' looks for local TinyStories-train.txt / TinyStories-valid.txt
+    "TRAIN_PATH": None,  # explicit training file (overrides DATASET's files); .txt or .jsonl with a 'text' field
+    "VAL_PATH": None,  # explicit validation file; None means a held-out tail of the training stories
+    "VAL_FRACTION": 0.05,  # share of stories held out for validation when there is no validation file
+    "MAX_TRAIN_STORIES": None,  # cap on training stories (None: all), keeps laptop runs small
+    "MAX_TRAIN_CHARS": None,  # cap on training characters (None: all)
+    "SYNTHETIC_STORIES": 6000,  # stories the built-in synthetic corpus generates (train + validation)
+    "CACHE_DIR": "data_cache",  # hub downloads, trained tokenizers and token caches
+    "TOKENIZER": "char",  # 'char' (one token per character) | 'bpe' (byte-level BPE trained on the train split)
+    "VOCAB_SIZE": 4096,  # BPE vocabulary size (char vocabularies come from the data)
+    "EVAL_TOKENS": 32768,  # validation tokens per evaluation, the same for every model and run
     # --- outputs ----------------------------------------------------------
     "RESULTS_DIR": "results",  # every run writes a new folder under here
     "RUN_NAME": None,  # name of the run folder; None means a timestamp
@@ -39,11 +52,14 @@ SHARED_CONFIG = {
 _CHOICES = {
     "DEVICE": ("auto", "tpu", "cuda", "cpu"),
     "PRECISION": ("auto", "fp32", "bf16", "fp16"),
+    "TOKENIZER": ("char", "bpe"),
 }
-_POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "TPU_LR_MULTIPLIER"}
+_POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "TPU_LR_MULTIPLIER",
+             "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "VOCAB_SIZE", "EVAL_TOKENS"}
 _NON_NEGATIVE = {"NUM_WORKERS", "SEED"}
-# Keys whose value may be None as well as the type of their default.
-_OPTIONAL_STR = {"RUN_NAME"}
+_FRACTION = {"VAL_FRACTION"}  # strictly between 0 and 1
+# Keys whose value may be None, with the type they take otherwise.
+_OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int}
 
 
 class ConfigError(ValueError):
@@ -101,11 +117,9 @@ def _parse_literal(text: str):
 
 def _coerce(key: str, value, default):
     """Return ``value`` with the type of ``default``, or raise ConfigError saying what is allowed."""
-    if value is None and (default is None or key in _OPTIONAL_STR):
+    if value is None and (default is None or key in _OPTIONAL):
         return None
-    expected = type(default) if default is not None else str
-    if key in _OPTIONAL_STR:
-        expected = str
+    expected = _OPTIONAL.get(key, type(default))
     if expected is bool:
         if isinstance(value, bool):
             return value
@@ -147,10 +161,15 @@ def validate(config: dict) -> dict:
         if key in _CHOICES and value not in _CHOICES[key]:
             allowed = " | ".join(repr(c) for c in _CHOICES[key])
             raise ConfigError(f"{key} must be one of {allowed}, got {value!r}")
+        if value is None:
+            checked[key] = value
+            continue
         if key in _POSITIVE and not value > 0:
             raise ConfigError(f"{key} must be > 0, got {value!r}")
         if key in _NON_NEGATIVE and value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value!r}")
+        if key in _FRACTION and not 0 < value < 1:
+            raise ConfigError(f"{key} must be between 0 and 1 (exclusive), got {value!r}")
         checked[key] = value
     for key in SHARED_CONFIG:
         checked.setdefault(key, copy.deepcopy(SHARED_CONFIG[key]))
