@@ -42,6 +42,22 @@ SHARED_CONFIG = {
     "TOKENIZER": "char",  # 'char' (one token per character) | 'bpe' (byte-level BPE trained on the train split)
     "VOCAB_SIZE": 4096,  # BPE vocabulary size (char vocabularies come from the data)
     "EVAL_TOKENS": 32768,  # validation tokens per evaluation, the same for every model and run
+    # --- models: MODELS names them, each has one block of hyper-parameters (override as ESN.units=500)
+    "MODELS": ["ngram", "esn", "linear_reservoir", "lstm", "transformer"],  # trained and compared, in order
+    "ESN": {"units": 1000, "spectral_radius": 0.9, "leak_rate": 0.3, "input_scaling": 1.0, "degree": 10,
+            "rc_connectivity": 0.1, "input_connectivity": 0.1, "bias_scaling": 0.5, "washout": 0,
+            "readout": "ridge", "ridge": 1.0, "readout_hidden": 256, "include_input": True},  # echo state network
+    "DEEP_ESN": {"units": 500, "layers": 2, "spectral_radius": 0.9, "leak_rate": 0.3, "input_scaling": 1.0,
+                 "degree": 10, "rc_connectivity": 0.1, "input_connectivity": 0.1, "bias_scaling": 0.5,
+                 "inter_scaling": 0.5, "inter_connectivity": 0.1, "washout": 0, "readout": "ridge", "ridge": 1.0,
+                 "readout_hidden": 256, "include_input": True},  # stacked reservoirs, readout over all layers
+    "LINEAR_RESERVOIR": {"units": 256, "r_min": 0.8, "r_max": 0.999, "max_phase": 6.283, "input_scaling": 1.0,
+                         "embed_dim": 64, "readout_hidden": 512},  # fixed diagonal complex recurrence + MLP readout
+    "NVAR": {"delays": 4, "input_dim": 12, "readout": "ridge", "ridge": 1.0, "readout_hidden": 256,
+             "include_input": True, "washout": 0},  # delayed inputs + quadratic monomials
+    "TRANSFORMER": {"n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0},  # GPT-style baseline
+    "LSTM": {"embed_dim": 64, "hidden": 256, "layers": 1, "dropout": 0.0},  # LSTM baseline
+    "NGRAM": {"order": 5, "discount": 0.75},  # interpolated absolute-discounting n-gram (discount tuned)
     # --- outputs ----------------------------------------------------------
     "RESULTS_DIR": "results",  # every run writes a new folder under here
     "RUN_NAME": None,  # name of the run folder; None means a timestamp
@@ -58,6 +74,11 @@ _POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "
              "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "VOCAB_SIZE", "EVAL_TOKENS"}
 _NON_NEGATIVE = {"NUM_WORKERS", "SEED"}
 _FRACTION = {"VAL_FRACTION"}  # strictly between 0 and 1
+# Rules inside the per-model blocks, by hyper-parameter name.
+_BLOCK_CHOICES = {"readout": ("ridge", "softmax", "mlp")}
+_BLOCK_UNIT_INTERVAL = {"leak_rate", "rc_connectivity", "input_connectivity", "inter_connectivity", "dropout",
+                        "r_min", "r_max", "discount"}
+_BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling"}
 # Keys whose value may be None, with the type they take otherwise.
 _OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int}
 
@@ -151,6 +172,31 @@ def _coerce(key: str, value, default):
     return value
 
 
+def model_blocks() -> list[str]:
+    return [k for k, v in SHARED_CONFIG.items() if isinstance(v, dict)]
+
+
+def _validate_block(block: str, values: dict) -> dict:
+    defaults = SHARED_CONFIG[block]
+    checked = {}
+    for name, value in values.items():
+        if name not in defaults:
+            match = difflib.get_close_matches(name, list(defaults), n=1, cutoff=0.4)
+            hint = f"; did you mean {block}.{match[0]}?" if match else f"; valid: {', '.join(defaults)}"
+            raise ConfigError(f"unknown hyper-parameter {block}.{name}{hint}")
+        label = f"{block}.{name}"
+        value = _coerce(label, value, defaults[name])
+        if name in _BLOCK_CHOICES and value not in _BLOCK_CHOICES[name]:
+            raise ConfigError(f"{label} must be one of {' | '.join(map(repr, _BLOCK_CHOICES[name]))}, got {value!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if name in _BLOCK_UNIT_INTERVAL and not 0 <= value <= 1:
+                raise ConfigError(f"{label} must be between 0 and 1, got {value!r}")
+            if value < 0 or (value == 0 and name not in _BLOCK_MAY_BE_ZERO):
+                raise ConfigError(f"{label} must be > 0, got {value!r}")
+        checked[name] = value
+    return {**copy.deepcopy(defaults), **checked}
+
+
 def validate(config: dict) -> dict:
     """Check every key and value; return the config with values coerced to their types."""
     checked = {}
@@ -164,6 +210,9 @@ def validate(config: dict) -> dict:
         if value is None:
             checked[key] = value
             continue
+        if isinstance(SHARED_CONFIG[key], dict):
+            checked[key] = _validate_block(key, value)
+            continue
         if key in _POSITIVE and not value > 0:
             raise ConfigError(f"{key} must be > 0, got {value!r}")
         if key in _NON_NEGATIVE and value < 0:
@@ -173,6 +222,14 @@ def validate(config: dict) -> dict:
         checked[key] = value
     for key in SHARED_CONFIG:
         checked.setdefault(key, copy.deepcopy(SHARED_CONFIG[key]))
+    known_models = [b.lower() for b in model_blocks()]
+    for name in checked["MODELS"]:
+        if name not in known_models:
+            match = difflib.get_close_matches(str(name), known_models, n=1, cutoff=0.4)
+            hint = f"; did you mean {match[0]}?" if match else ""
+            raise ConfigError(f"unknown model {name!r} in MODELS{hint} (models: {', '.join(known_models)})")
+    if not checked["MODELS"]:
+        raise ConfigError("MODELS is empty; name at least one model, e.g. MODELS=esn,transformer")
     if checked["USE_TPU"] and checked["DEVICE"] in ("cuda", "cpu"):
         raise ConfigError(f"USE_TPU=True contradicts DEVICE={checked['DEVICE']!r}; set one of them")
     return checked
@@ -185,10 +242,16 @@ def parse_overrides(args: list[str], base: dict | None = None) -> dict:
         if "=" not in arg:
             raise ConfigError(f"argument {arg!r} is not KEY=VALUE (try --help for the list of keys)")
         name, _, text = arg.partition("=")
-        key = name.strip().upper()
+        key, dot, sub = name.strip().partition(".")
+        key = key.upper()
         if key not in SHARED_CONFIG:
             raise ConfigError(f"unknown config key {name.strip()}{_closest_key(key, SHARED_CONFIG)}")
-        config[key] = _parse_literal(text)
+        if dot:
+            if not isinstance(SHARED_CONFIG[key], dict):
+                raise ConfigError(f"{key} has no sub-keys; write {key}=VALUE")
+            config[key] = {**config[key], sub.strip().lower(): _parse_literal(text)}
+        else:
+            config[key] = _parse_literal(text)
     return validate(config)
 
 

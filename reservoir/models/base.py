@@ -1,0 +1,58 @@
+"""What every language model here shares: the (B, T) -> (B, T, V) interface,
+parameter counts and one ``generate``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LanguageModel(nn.Module):
+    """Token ids (B, T) in, next-token logits (B, T, V) out, causal.
+
+    ``trainer`` says how the runner fits it: 'sgd' (gradient steps), 'ridge'
+    (closed-form readout, one pass) or 'counts' (n-gram statistics).
+    """
+
+    trainer = "sgd"
+    context_size: int | None = None  # longest context generate() feeds back (None: unlimited)
+
+    def fixed_param_count(self) -> int:
+        """Weights that are set once and never trained (reservoir matrices, counts)."""
+        return sum(int(torch.count_nonzero(b)) for b in self.buffers() if b.is_floating_point())
+
+    def param_counts(self) -> dict[str, int]:
+        trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
+        return {"params_total": trainable + self.fixed_param_count(), "params_trainable": trainable}
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, stop_id: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Continue ``prompt`` (1-D or (1, T) ids) by at most ``max_new_tokens`` tokens.
+
+        temperature 0 is greedy; top_k keeps the k likeliest tokens, top_p the
+        smallest set whose probability reaches p. Stops early at ``stop_id``.
+        """
+        ids = prompt.view(1, -1)
+        for _ in range(max_new_tokens):
+            context = ids[:, -self.context_size:] if self.context_size else ids
+            logits = self(context)[:, -1, :].float()
+            if temperature <= 0:
+                next_id = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                if top_p is not None:
+                    sorted_logits, order = torch.sort(logits, descending=True)
+                    cumulative = sorted_logits.softmax(-1).cumsum(-1)
+                    drop = cumulative - sorted_logits.softmax(-1) >= top_p  # keep the first token reaching p
+                    logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+                probs = logits.softmax(-1)
+                next_id = torch.multinomial(probs.cpu(), 1, generator=generator).to(ids.device)
+            ids = torch.cat([ids, next_id], dim=1)
+            if stop_id is not None and int(next_id) == stop_id:
+                break
+        return ids[0]

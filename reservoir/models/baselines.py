@@ -1,0 +1,181 @@
+"""Baselines no one can call weak: a GPT-style transformer, an LSTM, and a
+count-based n-gram with interpolated absolute discounting."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .base import LanguageModel
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int, heads: int, dropout: float):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout))
+        self.heads, self.dropout = heads, dropout
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x))
+
+
+class Transformer(LanguageModel):
+    """GPT-style decoder: pre-LayerNorm blocks, causal SDPA, tied input/output embeddings."""
+
+    def __init__(self, vocab_size: int, cfg: dict, seq_len: int):
+        super().__init__()
+        width = cfg["n_embd"]
+        if width % cfg["n_head"]:
+            raise ValueError(f"transformer n_embd={width} must be divisible by n_head={cfg['n_head']}")
+        self.context_size = seq_len
+        self.tok = nn.Embedding(vocab_size, width)
+        self.pos = nn.Embedding(seq_len, width)
+        self.blocks = nn.ModuleList(_Block(width, cfg["n_head"], cfg["dropout"]) for _ in range(cfg["n_layer"]))
+        self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab_size, bias=False)
+        self.head.weight = self.tok.weight  # weight tying
+        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg["n_layer"]))
+
+    @staticmethod
+    def _init(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, 0.0, 0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, ids):
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token (6N + attention), as in the PaLM / nanoGPT MFU estimate."""
+        n = sum(p.numel() for p in self.parameters()) - self.pos.weight.numel()
+        layers, width, t = len(self.blocks), self.tok.weight.shape[1], self.context_size
+        return 6 * n + 12 * layers * width * t
+
+
+class LSTM(LanguageModel):
+    """A standard LSTM language model."""
+
+    def __init__(self, vocab_size: int, cfg: dict):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, cfg["embed_dim"])
+        self.lstm = nn.LSTM(cfg["embed_dim"], cfg["hidden"], num_layers=cfg["layers"], batch_first=True,
+                            dropout=cfg["dropout"] if cfg["layers"] > 1 else 0.0)
+        self.head = nn.Linear(cfg["hidden"], vocab_size)
+
+    def forward(self, ids):
+        return self.head(self.lstm(self.embed(ids))[0])
+
+
+class NGram(LanguageModel):
+    """Count-based n-gram with interpolated absolute discounting:
+
+        P_k(w | h) = max(c(h w) - D, 0) / c(h) + D N1+(h .) / c(h) P_{k-1}(w | h')
+
+    down to an add-one unigram. D is tuned on held-out text. Its forward returns
+    log-probabilities, so it is evaluated by the same loss code as every model.
+    """
+
+    trainer = "counts"
+
+    def __init__(self, vocab_size: int, cfg: dict):
+        super().__init__()
+        self.order, self.vocab_size = cfg["order"], vocab_size
+        self.context_size = self.order - 1 if self.order > 1 else 1
+        self.discount = cfg["discount"]
+        self.tables: list[dict] = []
+        self.register_buffer("_anchor", torch.zeros(()), persistent=False)  # follows .to(device)
+
+    # --- counting (numpy, on the host: this is bookkeeping, not tensor work)
+    def _count(self, ids: np.ndarray) -> None:
+        ids = np.asarray(ids, dtype=np.int64)
+        v = self.vocab_size
+        self.unigram = np.bincount(ids, minlength=v).astype(np.float64)
+        self.tables = []
+        for k in range(1, self.order):  # contexts of length k
+            ctx = np.zeros(len(ids) - k, dtype=np.int64)
+            for j in range(k):
+                ctx = ctx * v + ids[j: len(ids) - k + j]
+            keys = ctx * v + ids[k:]
+            uniq, counts = np.unique(keys, return_counts=True)
+            contexts, starts = np.unique(uniq // v, return_index=True)
+            totals = np.add.reduceat(counts, starts)
+            self.tables.append({"keys": uniq, "counts": counts.astype(np.float64), "contexts": contexts,
+                                "totals": totals.astype(np.float64), "types": np.diff(np.append(starts, len(uniq)))})
+
+    def fit_counts(self, train_ids: np.ndarray, heldout_ids: np.ndarray | None = None) -> dict:
+        """Count, tune the discount on ``heldout_ids`` if given, then count all the text."""
+        if heldout_ids is not None and len(heldout_ids) > self.order:
+            self._count(train_ids)
+            span = 128  # tuned on windows, as it is evaluated
+            n = min(len(heldout_ids) - 1, 20000) // span
+            held = np.asarray(heldout_ids[: n * span + 1], dtype=np.int64)
+            inputs = torch.from_numpy(held[:-1].reshape(n, span))
+            targets = torch.from_numpy(held[1:].reshape(n, span))
+            best = None
+            for d in (0.5, 0.6, 0.7, 0.8, 0.9, 0.95):
+                self.discount = d
+                nll = float(F.cross_entropy(self(inputs).flatten(0, 1), targets.flatten()))
+                if best is None or nll < best[0]:
+                    best = (nll, d)
+            self.discount = best[1]
+            train_ids = np.concatenate([np.asarray(train_ids), np.asarray(heldout_ids)])
+        self._count(train_ids)
+        return {"discount": self.discount}
+
+    def _log_probs(self, ids: np.ndarray) -> np.ndarray:
+        b, t = ids.shape
+        v = self.vocab_size
+        probs = np.broadcast_to((self.unigram + 1) / (self.unigram.sum() + v), (b, t, v)).copy()
+        for k, table in enumerate(self.tables, start=1):
+            ctx = np.zeros((b, t), dtype=np.int64)
+            valid = np.zeros((b, t), dtype=bool)
+            valid[:, k - 1:] = True
+            for j in range(k):  # context of the k tokens ending at position t
+                shifted = np.zeros((b, t), dtype=np.int64)
+                shifted[:, k - 1:] = ids[:, j: t - k + 1 + j]
+                ctx = ctx * v + shifted
+            row = np.searchsorted(table["contexts"], ctx).clip(0, len(table["contexts"]) - 1)
+            seen = valid & (table["contexts"][row] == ctx)
+            total = np.where(seen, table["totals"][row], 1.0)
+            backoff = np.where(seen, self.discount * table["types"][row] / total, 1.0)
+            new = probs * backoff[..., None]
+            lo = np.searchsorted(table["keys"], ctx * v)
+            hi = np.searchsorted(table["keys"], ctx * v + v)
+            # every (position, seen continuation) pair at once: flat ranges [lo, hi) per seen position
+            flat_pos = np.flatnonzero(seen)
+            lengths = (hi.ravel() - lo.ravel())[flat_pos]
+            pos = np.repeat(flat_pos, lengths)
+            entry = np.repeat(lo.ravel()[flat_pos] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+            flat = new.reshape(b * t, v)
+            flat[pos, table["keys"][entry] % v] += (np.maximum(table["counts"][entry] - self.discount, 0)
+                                                    / total.ravel()[pos])
+            probs = new
+        return np.log(probs)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if not self.tables and self.order > 1:
+            raise RuntimeError("the n-gram has no counts yet: call fit_counts first")
+        ids_np = ids.cpu().numpy()
+        rows = max(1, 4_000_000 // (ids_np.shape[1] * self.vocab_size))  # bounds the float64 work arrays
+        out = [torch.from_numpy(self._log_probs(ids_np[i: i + rows])).float() for i in range(0, len(ids_np), rows)]
+        return torch.cat(out).to(ids.device)
+
+    def fixed_param_count(self) -> int:
+        return int(sum(len(t["keys"]) for t in self.tables) + self.vocab_size)

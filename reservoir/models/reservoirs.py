@@ -1,0 +1,274 @@
+"""The reservoir family: fixed random dynamics, trained readouts.
+
+Reservoir weights are buffers, never parameters: no optimizer ever sees them.
+Hyper-parameters carry the names the literature uses (Jaeger 2001; Lukoševičius
+2012; Gallicchio 2017 for deep ESNs; Gauthier et al. 2021 for NVAR; Orvieto et
+al. 2023 for diagonal linear recurrences).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from torch import nn
+
+from .base import LanguageModel
+from .ridge import RidgeAccumulator, fit_temperature
+
+
+def _sparse_matrix(rows: int, cols: int, connectivity: float, generator: torch.Generator) -> torch.Tensor:
+    """Gaussian weights, each kept with probability ``connectivity`` (at least one per row)."""
+    weights = torch.randn(rows, cols, generator=generator)
+    mask = torch.rand(rows, cols, generator=generator) < connectivity
+    mask[torch.arange(rows), torch.randint(0, cols, (rows,), generator=generator)] = True
+    return weights * mask
+
+
+def _fixed_degree_matrix(units: int, degree: int, generator: torch.Generator) -> torch.Tensor:
+    """Each neuron receives exactly ``degree`` recurrent connections (Jaeger's sparse reservoirs)."""
+    weights = torch.zeros(units, units)
+    cols = torch.stack([torch.randperm(units, generator=generator)[:degree] for _ in range(units)])
+    weights.scatter_(1, cols, torch.randn(units, degree, generator=generator))
+    return weights
+
+
+def scale_to_spectral_radius(weights: torch.Tensor, spectral_radius: float) -> torch.Tensor:
+    radius = torch.linalg.eigvals(weights.double()).abs().max().item()
+    return weights * (spectral_radius / radius)
+
+
+class Reservoir(nn.Module):
+    """Leaky-integrator tanh reservoir:
+
+        x_t = (1 - leak_rate) x_{t-1} + leak_rate tanh(W x_{t-1} + W_in u_t + b)
+
+    W is sparse with ``degree`` connections per neuron (or ``rc_connectivity``),
+    rescaled so its largest |eigenvalue| is ``spectral_radius``. Inputs are
+    token ids (one-hot u_t, so W_in u_t is a row lookup) or dense vectors.
+    """
+
+    def __init__(self, n_inputs: int, units: int, spectral_radius: float, leak_rate: float,
+                 input_scaling: float, input_connectivity: float, bias_scaling: float,
+                 degree: int | None, rc_connectivity: float, seed: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        w = (_fixed_degree_matrix(units, degree, g) if degree
+             else _sparse_matrix(units, units, rc_connectivity, g))
+        self.register_buffer("w", scale_to_spectral_radius(w, spectral_radius))
+        self.register_buffer("w_in", input_scaling * _sparse_matrix(n_inputs, units, input_connectivity, g))
+        self.register_buffer("bias", bias_scaling * (2 * torch.rand(units, generator=g) - 1))
+        self.units, self.leak_rate = units, leak_rate
+        self.sparse = bool(self.w.count_nonzero() < 0.05 * self.w.numel())
+        self._w_csr = None  # a sparse copy for the recurrence where sparse kernels exist (CPU, CUDA)
+
+    def _recurrent(self, x_cols: torch.Tensor) -> torch.Tensor:
+        """W @ x for states stored as columns (units, B)."""
+        if self.sparse and x_cols.device.type in ("cpu", "cuda"):
+            if self._w_csr is None or self._w_csr.device != x_cols.device:
+                with warnings.catch_warnings():  # "sparse CSR support is in beta": CSR @ dense is solid
+                    warnings.simplefilter("ignore", UserWarning)
+                    self._w_csr = self.w.to_sparse_csr()
+            return self._w_csr @ x_cols
+        return self.w @ x_cols
+
+    @torch.no_grad()
+    def forward(self, inputs: torch.Tensor, state: torch.Tensor | None = None):
+        """inputs: ids (B, T) or vectors (B, T, n_inputs) -> states (B, T, units), last state (B, units)."""
+        drive = self.w_in[inputs] if inputs.dtype in (torch.int64, torch.int32) else inputs.float() @ self.w_in
+        drive = (drive + self.bias).permute(1, 2, 0).contiguous()  # (T, units, B): one column per stream
+        x = torch.zeros_like(drive[0]) if state is None else state.T.contiguous().float()
+        a = self.leak_rate
+        states = torch.empty_like(drive)
+        for t in range(drive.shape[0]):  # only the recurrence is sequential
+            x = (1 - a) * x + a * torch.tanh(drive[t] + self._recurrent(x))
+            states[t] = x
+        return states.permute(2, 0, 1), x.T
+
+
+class ReservoirLM(LanguageModel):
+    """Fixed features (from ``features``) + a readout: 'ridge' (closed form),
+    'softmax' (linear, cross-entropy) or 'mlp' (small nonlinear, cross-entropy)."""
+
+    def __init__(self, n_features: int, vocab_size: int, readout: str, ridge: float,
+                 readout_hidden: int, include_input: bool):
+        super().__init__()
+        self.vocab_size, self.readout_kind, self.ridge = vocab_size, readout, ridge
+        self.include_input = include_input
+        n_features += vocab_size if include_input else 0
+        self.n_features = n_features
+        if readout == "ridge":
+            self.trainer = "ridge"
+            self.register_buffer("w_out", torch.zeros(n_features + 1, vocab_size))
+            self.register_buffer("inv_temperature", torch.ones(()))
+        elif readout == "softmax":
+            self.head = nn.Linear(n_features, vocab_size)
+        elif readout == "mlp":
+            self.head = nn.Sequential(nn.LayerNorm(n_features), nn.Linear(n_features, readout_hidden),
+                                      nn.GELU(), nn.Linear(readout_hidden, vocab_size))
+        else:
+            raise ValueError(f"readout must be 'ridge', 'softmax' or 'mlp', got {readout!r}")
+
+    def reservoir_features(self, ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def features(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(ids.device.type, enabled=False):  # fixed dynamics stay in fp32
+            feats = self.reservoir_features(ids)
+            if self.include_input:
+                feats = torch.cat([feats, nn.functional.one_hot(ids, self.vocab_size).float()], dim=-1)
+        return feats
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        feats = self.features(ids)
+        if self.readout_kind == "ridge":
+            scores = feats @ self.w_out[:-1] + self.w_out[-1]
+            return self.inv_temperature * scores
+        return self.head(feats)
+
+    def fixed_param_count(self) -> int:
+        fixed = super().fixed_param_count()
+        if self.readout_kind == "ridge":  # the ridge readout is trained, in closed form
+            fixed -= int(torch.count_nonzero(self.w_out)) + 1
+        return fixed
+
+    def param_counts(self) -> dict[str, int]:
+        counts = super().param_counts()
+        if self.readout_kind == "ridge":
+            counts["params_trainable"] += self.w_out.numel()
+            counts["params_total"] += self.w_out.numel()
+        return counts
+
+    @torch.no_grad()
+    def fit_ridge(self, batches, calibration_batches, all_reduce_sum=None, washout: int = 0) -> dict:
+        """One streaming pass over ``batches`` of (ids, targets): accumulate, solve, calibrate."""
+        acc = RidgeAccumulator(self.n_features, self.vocab_size)
+        for ids, targets in batches:
+            feats = self.features(ids)[:, washout:]
+            acc.add(feats, targets[:, washout:])
+        if all_reduce_sum is not None:
+            acc.reduce(all_reduce_sum)
+        weights = acc.solve(self.ridge)
+        self.w_out.copy_(weights.to(self.w_out))
+        self.inv_temperature.fill_(1.0)
+        scores = torch.cat([self(ids).cpu() for ids, _ in calibration_batches])
+        targets = torch.cat([t.cpu() for _, t in calibration_batches])
+        beta = fit_temperature(scores, targets)
+        self.inv_temperature.fill_(beta)
+        return {"ridge_samples": acc.count, "inv_temperature": beta}
+
+
+def _esn_kwargs(cfg: dict, seed: int) -> dict:
+    return dict(spectral_radius=cfg["spectral_radius"], leak_rate=cfg["leak_rate"],
+                input_scaling=cfg["input_scaling"], input_connectivity=cfg["input_connectivity"],
+                bias_scaling=cfg["bias_scaling"], degree=cfg["degree"] or None,
+                rc_connectivity=cfg["rc_connectivity"], seed=seed)
+
+
+class ESN(ReservoirLM):
+    """Echo state network LM: one leaky tanh reservoir driven by one-hot tokens."""
+
+    def __init__(self, vocab_size: int, cfg: dict, seed: int):
+        super().__init__(cfg["units"], vocab_size, cfg["readout"], cfg["ridge"], cfg["readout_hidden"],
+                         cfg["include_input"])
+        self.reservoir = Reservoir(vocab_size, cfg["units"], **_esn_kwargs(cfg, seed))
+
+    def reservoir_features(self, ids):
+        return self.reservoir(ids)[0]
+
+
+class DeepESN(ReservoirLM):
+    """Stacked reservoirs (Gallicchio et al.): layer l is driven by layer l-1's states;
+    the readout sees every layer's states."""
+
+    def __init__(self, vocab_size: int, cfg: dict, seed: int):
+        units, layers = cfg["units"], cfg["layers"]
+        super().__init__(units * layers, vocab_size, cfg["readout"], cfg["ridge"], cfg["readout_hidden"],
+                         cfg["include_input"])
+        kwargs = _esn_kwargs(cfg, seed)
+        stack = []
+        for layer in range(layers):
+            kwargs["seed"] = seed + 1000 * layer
+            stack.append(Reservoir(vocab_size if layer == 0 else units, units, **kwargs))
+            kwargs["input_scaling"] = cfg["inter_scaling"]
+            kwargs["input_connectivity"] = cfg["inter_connectivity"]
+        self.layers = nn.ModuleList(stack)
+
+    def reservoir_features(self, ids):
+        states, inputs = [], ids
+        for reservoir in self.layers:
+            inputs = reservoir(inputs)[0]
+            states.append(inputs)
+        return torch.cat(states, dim=-1)
+
+
+class LinearReservoir(LanguageModel):
+    """A fixed diagonal complex linear recurrence h_t = λ ⊙ h_{t-1} + B u_t with
+    |λ| on a ring [r_min, r_max] and random phases, computed for the whole window
+    by a parallel (Hillis-Steele) scan: log2(T) elementwise steps, no loop over
+    time, so it maps well onto TPUs. A trained nonlinear readout (an MLP over
+    Re h, Im h and a trained token embedding) makes the model universal.
+    Complex numbers are kept as real pairs so every backend runs it.
+    """
+
+    def __init__(self, vocab_size: int, cfg: dict, seed: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        units = cfg["units"]
+        radius = cfg["r_min"] + (cfg["r_max"] - cfg["r_min"]) * torch.rand(units, generator=g)
+        phase = cfg["max_phase"] * torch.rand(units, generator=g)
+        self.register_buffer("lam_re", radius * torch.cos(phase))
+        self.register_buffer("lam_im", radius * torch.sin(phase))
+        # sqrt(1 - r²) keeps every unit's stationary variance the same whatever its memory
+        norm = torch.sqrt(1 - radius**2) * cfg["input_scaling"] / math.sqrt(2)
+        self.register_buffer("b_re", torch.randn(vocab_size, units, generator=g) * norm)
+        self.register_buffer("b_im", torch.randn(vocab_size, units, generator=g) * norm)
+        self.embed = nn.Embedding(vocab_size, cfg["embed_dim"])
+        width = 2 * units + cfg["embed_dim"]
+        self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, cfg["readout_hidden"]), nn.GELU(),
+                                  nn.Linear(cfg["readout_hidden"], vocab_size))
+
+    def scan(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h_re, h_im = self.b_re[ids], self.b_im[ids]  # (B, T, units)
+        p_re, p_im = self.lam_re, self.lam_im  # λ^d for the current stride d
+        d, steps = 1, ids.shape[1]
+        while d < steps:
+            add_re = p_re * h_re[:, :-d] - p_im * h_im[:, :-d]
+            add_im = p_re * h_im[:, :-d] + p_im * h_re[:, :-d]
+            h_re = torch.cat([h_re[:, :d], h_re[:, d:] + add_re], dim=1)
+            h_im = torch.cat([h_im[:, :d], h_im[:, d:] + add_im], dim=1)
+            p_re, p_im = p_re * p_re - p_im * p_im, 2 * p_re * p_im
+            d *= 2
+        return h_re, h_im
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
+            h_re, h_im = self.scan(ids)
+        return self.head(torch.cat([h_re, h_im, self.embed(ids)], dim=-1))
+
+
+class NVAR(ReservoirLM):
+    """Next-generation reservoir computing: the last ``delays`` inputs (through a
+    fixed random token embedding) and all their quadratic monomials."""
+
+    def __init__(self, vocab_size: int, cfg: dict, seed: int):
+        delays, dim = cfg["delays"], cfg["input_dim"]
+        linear = delays * dim
+        super().__init__(linear + linear * (linear + 1) // 2, vocab_size, cfg["readout"], cfg["ridge"],
+                         cfg["readout_hidden"], cfg["include_input"])
+        g = torch.Generator().manual_seed(seed)
+        self.register_buffer("embedding", torch.randn(vocab_size, dim, generator=g) / math.sqrt(dim))
+        i, j = torch.triu_indices(linear, linear)
+        self.register_buffer("pair_i", i, persistent=False)
+        self.register_buffer("pair_j", j, persistent=False)
+        self.delays = delays
+
+    def fixed_param_count(self) -> int:
+        return self.embedding.numel()
+
+    def reservoir_features(self, ids):
+        emb = self.embedding[ids]  # (B, T, dim)
+        lagged = [emb] + [nn.functional.pad(emb, (0, 0, k, 0))[:, : emb.shape[1]] for k in range(1, self.delays)]
+        linear = torch.cat(lagged, dim=-1)
+        return torch.cat([linear, linear[..., self.pair_i] * linear[..., self.pair_j]], dim=-1)

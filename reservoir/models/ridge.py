@@ -1,0 +1,76 @@
+"""The classic ridge-regression readout, fitted in one streaming pass.
+
+    acc = RidgeAccumulator(n_features, n_classes)
+    for features, targets in chunks: acc.add(features, targets)
+    weights = acc.solve(ridge)          # (n_features + 1, n_classes), last row = bias
+
+Only XᵀX and XᵀY are kept (float64, O(F²) memory whatever the data size), so
+the fit never holds all states at once. Sums from several processes or devices
+are combined with ``reduce(all_reduce_sum)`` before solving.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class RidgeAccumulator:
+    def __init__(self, n_features: int, n_classes: int, dtype: torch.dtype = torch.float64):
+        self.n_features, self.n_classes, self.dtype = n_features, n_classes, dtype
+        size = n_features + 1  # + the constant feature of the bias
+        self.xtx = torch.zeros(size, size, dtype=dtype)
+        self.xty = torch.zeros(size, n_classes, dtype=dtype)
+        self.count = 0
+
+    def add(self, features: torch.Tensor, targets: torch.Tensor) -> None:
+        """features (n, F) and integer targets (n,) on any device; sums are kept on the CPU.
+
+        The product is formed where the features live (float64 where supported,
+        float32 on XLA, which has no fast float64) and accumulated in float64.
+        """
+        x = features.reshape(-1, self.n_features)
+        work = self.dtype if x.device.type != "xla" else torch.float32
+        x = torch.cat([x.to(work), torch.ones(x.shape[0], 1, dtype=work, device=x.device)], dim=1)
+        y = targets.reshape(-1).to(x.device)
+        xty = torch.zeros(self.n_classes, x.shape[1], dtype=work, device=x.device).index_add_(0, y, x)
+        self.xtx += (x.T @ x).to("cpu", self.dtype)
+        self.xty += xty.T.to("cpu", self.dtype)
+        self.count += x.shape[0]
+
+    def reduce(self, all_reduce_sum) -> None:
+        """Sum the statistics across processes (``all_reduce_sum(tensor) -> tensor``)."""
+        self.xtx = all_reduce_sum(self.xtx)
+        self.xty = all_reduce_sum(self.xty)
+
+    def solve(self, ridge: float) -> torch.Tensor:
+        """argmin_W |XW - Y|² + ridge |W|² by Cholesky on (XᵀX + ridge I)."""
+        if self.count == 0:
+            raise ValueError("ridge readout: no training states were accumulated")
+        eye = torch.eye(self.xtx.shape[0], dtype=self.dtype)
+        factor = torch.linalg.cholesky(self.xtx + ridge * eye)
+        return torch.cholesky_solve(self.xty, factor)
+
+
+def fit_temperature(scores: torch.Tensor, targets: torch.Tensor) -> float:
+    """The inverse temperature b that minimises the cross-entropy of softmax(b * scores).
+
+    Ridge outputs are regression scores, not probabilities; this one-parameter
+    calibration (fitted on held-out states) turns them into a distribution so the
+    readout has a real cross-entropy, comparable with every other model.
+    """
+    scores, targets = scores.float().reshape(-1, scores.shape[-1]), targets.reshape(-1)
+
+    def loss(beta: float) -> float:
+        return float(torch.nn.functional.cross_entropy(beta * scores, targets))
+
+    lo, hi = math.log(0.1), math.log(1000.0)
+    for _ in range(40):  # golden-section search on log(beta); the loss is convex in beta
+        a = hi - (hi - lo) / 1.618
+        b = lo + (hi - lo) / 1.618
+        if loss(math.exp(a)) < loss(math.exp(b)):
+            hi = b
+        else:
+            lo = a
+    return math.exp((lo + hi) / 2)

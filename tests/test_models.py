@@ -1,0 +1,196 @@
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from configs import parse_overrides
+from reservoir.data import CharTokenizer
+from reservoir.models import ESN, MODEL_NAMES, LinearReservoir, build_model
+from reservoir.models.reservoirs import Reservoir
+from reservoir.models.ridge import RidgeAccumulator, fit_temperature
+from reservoir.synthetic import synthetic_stories
+
+SMALL = ["SEQ_LEN=32", "ESN.units=120", "DEEP_ESN.units=60", "LINEAR_RESERVOIR.units=32",
+         "LINEAR_RESERVOIR.readout_hidden=64", "TRANSFORMER.n_layer=2", "TRANSFORMER.n_embd=32",
+         "LSTM.hidden=48", "NVAR.input_dim=4", "NGRAM.order=3"]
+
+
+@pytest.fixture(scope="module")
+def corpus_ids():
+    stories = synthetic_stories(150, 0)
+    tok = CharTokenizer.train(stories)
+    return tok.encode_stories(stories), tok.vocab_size
+
+
+def small_config(*extra):
+    return parse_overrides(SMALL + list(extra))
+
+
+def reservoir(**kw):
+    args = dict(n_inputs=20, units=300, spectral_radius=0.9, leak_rate=0.3, input_scaling=1.0,
+                input_connectivity=0.2, bias_scaling=0.2, degree=10, rc_connectivity=0.1, seed=0)
+    args.update(kw)
+    return Reservoir(**args)
+
+
+@pytest.mark.parametrize("degree, target", [(10, 0.9), (0, 1.25)])
+def test_spectral_radius_within_one_percent(degree, target):
+    res = reservoir(degree=degree, spectral_radius=target)
+    radius = torch.linalg.eigvals(res.w.double()).abs().max().item()
+    assert abs(radius - target) / target < 0.01
+
+
+def test_echo_state_property_forgets_the_initial_state():
+    res = reservoir()
+    ids = torch.randint(0, 20, (1, 300), generator=torch.Generator().manual_seed(1))
+    a, _ = res(ids, torch.randn(1, 300))
+    b, _ = res(ids, torch.randn(1, 300) * 3)
+    assert (a[0, 0] - b[0, 0]).norm() > 0.1
+    assert (a[0, -1] - b[0, -1]).norm() < 1e-4 * a[0, -1].norm()
+
+
+def test_sparse_and_dense_recurrence_agree():
+    res = reservoir()
+    ids = torch.randint(0, 20, (3, 50))
+    sparse, _ = res(ids)
+    res.sparse = False
+    dense, _ = res(ids)
+    assert res.w.count_nonzero() == 300 * 10
+    torch.testing.assert_close(sparse, dense, atol=1e-5, rtol=1e-5)
+
+
+def test_streaming_ridge_equals_lstsq_and_chunking_does_not_matter():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 7, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 5, (600,), generator=g)
+    one_shot, chunked = RidgeAccumulator(7, 5), RidgeAccumulator(7, 5)
+    one_shot.add(x, y)
+    for i in range(0, 600, 64):
+        chunked.add(x[i:i + 64], y[i:i + 64])
+    ridge = 0.5
+    w = one_shot.solve(ridge)
+    torch.testing.assert_close(w, chunked.solve(ridge), atol=1e-10, rtol=1e-10)
+    design = torch.cat([x, torch.ones(600, 1, dtype=torch.float64)], 1)
+    augmented = torch.cat([design, (ridge ** 0.5) * torch.eye(8, dtype=torch.float64)])
+    target = torch.cat([F.one_hot(y, 5).double(), torch.zeros(8, 5, dtype=torch.float64)])
+    reference = torch.linalg.lstsq(augmented, target).solution
+    torch.testing.assert_close(w, reference, atol=1e-8, rtol=1e-8)
+
+
+def test_temperature_calibration_finds_the_generating_temperature():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(20000, 6, generator=g)
+    targets = torch.multinomial((4.0 * scores).softmax(-1), 1, generator=g).squeeze(1)
+    assert abs(fit_temperature(scores, targets) - 4.0) < 0.3
+
+
+def test_parallel_scan_equals_a_sequential_loop():
+    model = LinearReservoir(30, small_config()["LINEAR_RESERVOIR"], seed=0)
+    ids = torch.randint(0, 30, (2, 37))
+    h_re, h_im = model.scan(ids)
+    lam = torch.complex(model.lam_re, model.lam_im)
+    h = torch.zeros(2, lam.shape[0], dtype=torch.complex64)
+    for t in range(37):
+        h = lam * h + torch.complex(model.b_re[ids[:, t]], model.b_im[ids[:, t]])
+        torch.testing.assert_close(torch.complex(h_re[:, t], h_im[:, t]), h, atol=1e-5, rtol=1e-4)
+
+
+def _fit(model, ids, vocab, config, steps=25):
+    """Fit a model the way the runner will: ridge pass, counts, or a few SGD steps; return (before, after) loss."""
+    seq = config["SEQ_LEN"]
+    n = (len(ids) - 1) // seq
+    windows = torch.from_numpy(np.lib.stride_tricks.sliding_window_view(ids[: n * seq + 1], seq + 1)[::seq].copy())
+    x, y = windows[:, :-1].long(), windows[:, 1:].long()
+    held_x, held_y = x[-8:], y[-8:]
+
+    def loss():
+        with torch.no_grad():
+            return float(F.cross_entropy(model(held_x).flatten(0, 1), held_y.flatten()))
+
+    before = loss() if model.trainer != "counts" else float(np.log(vocab))
+    if model.trainer == "ridge":
+        model.fit_ridge([(x[i:i + 16], y[i:i + 16]) for i in range(0, len(x) - 8, 16)], [(x[-16:-8], y[-16:-8])])
+    elif model.trainer == "counts":
+        model.fit_counts(ids[: -8 * seq], ids[-16 * seq: -8 * seq])
+    else:
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+        for step in range(steps):
+            i = (step * 16) % (len(x) - 24)
+            out = model(x[i:i + 16])
+            F.cross_entropy(out.flatten(0, 1), y[i:i + 16].flatten()).backward()
+            opt.step()
+            opt.zero_grad()
+    return before, loss()
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_every_model_learns_on_cpu(name, corpus_ids):
+    ids, vocab = corpus_ids
+    config = small_config()
+    model = build_model(name, vocab, config)
+    before, after = _fit(model, ids, vocab, config)
+    assert after < before - 0.3, f"{name}: loss {before:.3f} -> {after:.3f}"
+    counts = model.param_counts()
+    assert counts["params_total"] >= counts["params_trainable"] >= 0 and counts["params_total"] > 0
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_causality_future_tokens_never_change_earlier_logits(name, corpus_ids):
+    ids, vocab = corpus_ids
+    config = small_config()
+    model = build_model(name, vocab, config).eval()
+    if model.trainer == "counts":
+        model.fit_counts(ids[:5000])
+    if model.trainer == "ridge":  # an unfitted ridge readout is all zeros: give it weights
+        model.w_out.normal_()
+    x = torch.from_numpy(ids[:32].astype(np.int64)).view(1, -1)
+    changed = x.clone()
+    changed[0, 20:] = (changed[0, 20:] + 1) % vocab
+    with torch.no_grad():
+        a, b = model(x), model(changed)
+    torch.testing.assert_close(a[0, :20], b[0, :20], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a[0, 20:], b[0, 20:])
+
+
+@pytest.mark.parametrize("name", ["esn", "deep_esn", "linear_reservoir", "nvar"])
+def test_fixed_weights_are_buffers_and_bit_identical_after_training(name, corpus_ids):
+    ids, vocab = corpus_ids
+    config = small_config(f"{name.upper()}.readout=softmax") if name != "linear_reservoir" else small_config()
+    model = build_model(name, vocab, config)
+    fixed = {k: v.clone() for k, v in model.named_buffers()}
+    assert fixed and not set(fixed) & {k for k, _ in model.named_parameters()}
+    _fit(model, ids, vocab, config, steps=5)
+    for key, value in model.named_buffers():
+        assert torch.equal(value, fixed[key]), f"{key} changed during training"
+
+
+def test_ngram_probabilities_sum_to_one(corpus_ids):
+    ids, vocab = corpus_ids
+    model = build_model("ngram", vocab, small_config("NGRAM.order=4"))
+    model.fit_counts(ids[:20000], ids[20000:24000])
+    probs = model(torch.from_numpy(ids[30000:30064].astype(np.int64)).view(2, 32)).exp()
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 32), atol=1e-5, rtol=0)
+
+
+def test_generate_honours_its_limits(corpus_ids):
+    ids, vocab = corpus_ids
+    model = build_model("lstm", vocab, small_config())
+    prompt = torch.tensor([3, 4, 5])
+    out = model.generate(prompt, max_new_tokens=10, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert len(out) == 13 and torch.equal(out[:3], prompt)
+    greedy = model.generate(prompt, 10, temperature=0)
+    top1 = model.generate(prompt, 10, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(greedy, top1)
+    nucleus = model.generate(prompt, 10, temperature=1.0, top_p=1e-6, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(greedy, nucleus)
+    stop = int(greedy[3])
+    assert len(model.generate(prompt, 10, temperature=0, stop_id=stop)) == 4
+
+
+def test_esn_readout_ridge_is_calibrated_to_a_real_cross_entropy(corpus_ids):
+    ids, vocab = corpus_ids
+    config = small_config()
+    model = build_model("esn", vocab, config)
+    assert isinstance(model, ESN) and model.trainer == "ridge"
+    _, after = _fit(model, ids, vocab, config)
+    assert 0 < after < np.log(vocab) and float(model.inv_temperature) != 1.0
