@@ -96,7 +96,8 @@ def key_comments() -> dict[str, str]:
     source = Path(__file__).read_text(encoding="utf-8")
     block = next(node for node in ast.parse(source).body
                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "SHARED_CONFIG")
-    key_on_line = {k.lineno: k.value for k in block.value.keys if isinstance(k, ast.Constant)}
+    key_on_line = {line: k.value for k, v in zip(block.value.keys, block.value.values, strict=True)
+                   for line in range(k.lineno, v.end_lineno + 1)}  # a block's comment may close its last line
     comments: dict[str, str] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT and tok.start[0] in key_on_line:
