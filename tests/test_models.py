@@ -7,7 +7,7 @@ from configs import parse_overrides
 from reservoir.data import CharTokenizer
 from reservoir.models import ESN, MODEL_NAMES, LinearReservoir, build_model
 from reservoir.models.reservoirs import Reservoir
-from reservoir.models.ridge import RidgeAccumulator, fit_temperature
+from reservoir.models.ridge import RidgeAccumulator, fit_probability_floor, floor_logits
 from reservoir.synthetic import synthetic_stories
 
 SMALL = ["SEQ_LEN=32", "ESN.units=120", "DEEP_ESN.units=60", "LINEAR_RESERVOIR.units=32",
@@ -77,11 +77,17 @@ def test_streaming_ridge_equals_lstsq_and_chunking_does_not_matter():
     torch.testing.assert_close(w, reference, atol=1e-8, rtol=1e-8)
 
 
-def test_temperature_calibration_finds_the_generating_temperature():
+def test_probability_floor_is_the_held_out_optimum():
     g = torch.Generator().manual_seed(0)
-    scores = torch.randn(20000, 6, generator=g)
-    targets = torch.multinomial((4.0 * scores).softmax(-1), 1, generator=g).squeeze(1)
-    assert abs(fit_temperature(scores, targets) - 4.0) < 0.3
+    probs = torch.distributions.Dirichlet(torch.full((20,), 0.3)).sample((5000,))
+    targets = torch.multinomial(probs, 1, generator=g).squeeze(1)
+    scores = probs + 0.02 * torch.randn(probs.shape, generator=g)  # noisy estimates, some negative
+    floor = fit_probability_floor(scores, targets)
+
+    def nll(eps):
+        return float(F.cross_entropy(floor_logits(scores, eps), targets))
+
+    assert 0 < floor < 0.2 and nll(floor) <= min(nll(floor * 3), nll(floor / 3), nll(1e-6))
 
 
 def test_parallel_scan_equals_a_sequential_loop():
@@ -193,4 +199,4 @@ def test_esn_readout_ridge_is_calibrated_to_a_real_cross_entropy(corpus_ids):
     model = build_model("esn", vocab, config)
     assert isinstance(model, ESN) and model.trainer == "ridge"
     _, after = _fit(model, ids, vocab, config)
-    assert 0 < after < np.log(vocab) and float(model.inv_temperature) != 1.0
+    assert 0 < after < np.log(vocab) and float(model.prob_floor) != 1e-3

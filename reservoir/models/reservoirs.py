@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .base import LanguageModel
-from .ridge import RidgeAccumulator, fit_temperature
+from .ridge import RidgeAccumulator, fit_probability_floor, floor_logits
 
 
 def _sparse_matrix(rows: int, cols: int, connectivity: float, generator: torch.Generator) -> torch.Tensor:
@@ -101,7 +101,7 @@ class ReservoirLM(LanguageModel):
         if readout == "ridge":
             self.trainer = "ridge"
             self.register_buffer("w_out", torch.zeros(n_features + 1, vocab_size))
-            self.register_buffer("inv_temperature", torch.ones(()))
+            self.register_buffer("prob_floor", torch.tensor(1e-3))
         elif readout == "softmax":
             self.head = nn.Linear(n_features, vocab_size)
         elif readout == "mlp":
@@ -110,21 +110,21 @@ class ReservoirLM(LanguageModel):
         else:
             raise ValueError(f"readout must be 'ridge', 'softmax' or 'mlp', got {readout!r}")
 
-    def reservoir_features(self, ids: torch.Tensor) -> torch.Tensor:
+    def reservoir_features(self, ids: torch.Tensor, state=None):
+        """(B, T, F) features, and the state to continue from (None if the model has none)."""
         raise NotImplementedError
 
-    def features(self, ids: torch.Tensor) -> torch.Tensor:
+    def features(self, ids: torch.Tensor, state=None, return_state: bool = False):
         with torch.autocast(ids.device.type, enabled=False):  # fixed dynamics stay in fp32
-            feats = self.reservoir_features(ids)
+            feats, state = self.reservoir_features(ids, state)
             if self.include_input:
                 feats = torch.cat([feats, nn.functional.one_hot(ids, self.vocab_size).float()], dim=-1)
-        return feats
+        return (feats, state) if return_state else feats
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         feats = self.features(ids)
         if self.readout_kind == "ridge":
-            scores = feats @ self.w_out[:-1] + self.w_out[-1]
-            return self.inv_temperature * scores
+            return floor_logits(feats @ self.w_out[:-1] + self.w_out[-1], self.prob_floor)
         return self.head(feats)
 
     def fixed_param_count(self) -> int:
@@ -141,22 +141,30 @@ class ReservoirLM(LanguageModel):
         return counts
 
     @torch.no_grad()
-    def fit_ridge(self, batches, calibration_batches, all_reduce_sum=None, washout: int = 0) -> dict:
-        """One streaming pass over ``batches`` of (ids, targets): accumulate, solve, calibrate."""
+    def fit_ridge(self, batches, calibration_batches, all_reduce_sum=None, washout: int = 0,
+                  carry_state: bool = False) -> dict:
+        """One streaming pass over ``batches`` of (ids, targets): accumulate, solve, calibrate.
+
+        ``carry_state``: the batches are consecutive time chunks of the same streams,
+        so each chunk starts from the state the previous one ended in (washout once).
+        """
         acc = RidgeAccumulator(self.n_features, self.vocab_size)
+        state = None
         for ids, targets in batches:
-            feats = self.features(ids)[:, washout:]
-            acc.add(feats, targets[:, washout:])
+            feats, new_state = self.features(ids, state, return_state=True)
+            skip = washout if state is None else 0
+            acc.add(feats[:, skip:], targets[:, skip:])
+            state = new_state if carry_state else None
         if all_reduce_sum is not None:
             acc.reduce(all_reduce_sum)
         weights = acc.solve(self.ridge)
         self.w_out.copy_(weights.to(self.w_out))
-        self.inv_temperature.fill_(1.0)
-        scores = torch.cat([self(ids).cpu() for ids, _ in calibration_batches])
+        w, b = self.w_out[:-1], self.w_out[-1]
+        scores = torch.cat([(self.features(ids) @ w + b).cpu() for ids, _ in calibration_batches])
         targets = torch.cat([t.cpu() for _, t in calibration_batches])
-        beta = fit_temperature(scores, targets)
-        self.inv_temperature.fill_(beta)
-        return {"ridge_samples": acc.count, "inv_temperature": beta}
+        floor = fit_probability_floor(scores, targets)
+        self.prob_floor.fill_(floor)
+        return {"ridge_samples": acc.count, "prob_floor": floor}
 
 
 def _esn_kwargs(cfg: dict, seed: int) -> dict:
@@ -174,8 +182,8 @@ class ESN(ReservoirLM):
                          cfg["include_input"])
         self.reservoir = Reservoir(vocab_size, cfg["units"], **_esn_kwargs(cfg, seed))
 
-    def reservoir_features(self, ids):
-        return self.reservoir(ids)[0]
+    def reservoir_features(self, ids, state=None):
+        return self.reservoir(ids, state)
 
 
 class DeepESN(ReservoirLM):
@@ -195,12 +203,13 @@ class DeepESN(ReservoirLM):
             kwargs["input_connectivity"] = cfg["inter_connectivity"]
         self.layers = nn.ModuleList(stack)
 
-    def reservoir_features(self, ids):
-        states, inputs = [], ids
-        for reservoir in self.layers:
-            inputs = reservoir(inputs)[0]
+    def reservoir_features(self, ids, state=None):
+        states, last, inputs = [], [], ids
+        for layer, reservoir in enumerate(self.layers):
+            inputs, final = reservoir(inputs, None if state is None else state[layer])
             states.append(inputs)
-        return torch.cat(states, dim=-1)
+            last.append(final)
+        return torch.cat(states, dim=-1), last
 
 
 class LinearReservoir(LanguageModel):
@@ -267,8 +276,8 @@ class NVAR(ReservoirLM):
     def fixed_param_count(self) -> int:
         return self.embedding.numel()
 
-    def reservoir_features(self, ids):
+    def reservoir_features(self, ids, state=None):  # stateless: a window of delayed inputs
         emb = self.embedding[ids]  # (B, T, dim)
         lagged = [emb] + [nn.functional.pad(emb, (0, 0, k, 0))[:, : emb.shape[1]] for k in range(1, self.delays)]
         linear = torch.cat(lagged, dim=-1)
-        return torch.cat([linear, linear[..., self.pair_i] * linear[..., self.pair_j]], dim=-1)
+        return torch.cat([linear, linear[..., self.pair_i] * linear[..., self.pair_j]], dim=-1), None

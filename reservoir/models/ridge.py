@@ -53,23 +53,31 @@ class RidgeAccumulator:
         return torch.cholesky_solve(self.xty, factor)
 
 
-def fit_temperature(scores: torch.Tensor, targets: torch.Tensor) -> float:
-    """The inverse temperature b that minimises the cross-entropy of softmax(b * scores).
+def floor_logits(scores: torch.Tensor, floor: float | torch.Tensor) -> torch.Tensor:
+    """Ridge scores -> logits: clip at ``floor``, take the log; softmax then renormalises."""
+    return torch.log(torch.clamp(scores, min=floor))
 
-    Ridge outputs are regression scores, not probabilities; this one-parameter
-    calibration (fitted on held-out states) turns them into a distribution so the
-    readout has a real cross-entropy, comparable with every other model.
+
+def fit_probability_floor(scores: torch.Tensor, targets: torch.Tensor) -> float:
+    """The floor ε minimising held-out cross-entropy of softmax(log max(scores, ε)).
+
+    A ridge readout regressed on one-hot targets estimates next-token
+    probabilities directly, but some estimates are ~0 or negative. Clipping at
+    ε and renormalising (fitted on held-out states) gives a real distribution,
+    and so a cross-entropy comparable with every other model's. (A softmax
+    temperature on the raw scores was tried first: 3.53 against 2.93 bits/char
+    for the same ESN, because it distorts the ratios between probabilities.)
     """
     scores, targets = scores.float().reshape(-1, scores.shape[-1]), targets.reshape(-1)
 
-    def loss(beta: float) -> float:
-        return float(torch.nn.functional.cross_entropy(beta * scores, targets))
+    def loss(log_eps: float) -> float:
+        return float(torch.nn.functional.cross_entropy(floor_logits(scores, math.exp(log_eps)), targets))
 
-    lo, hi = math.log(0.1), math.log(1000.0)
-    for _ in range(40):  # golden-section search on log(beta); the loss is convex in beta
+    lo, hi = math.log(1e-7), math.log(0.2)
+    for _ in range(40):  # golden-section search on log(ε)
         a = hi - (hi - lo) / 1.618
         b = lo + (hi - lo) / 1.618
-        if loss(math.exp(a)) < loss(math.exp(b)):
+        if loss(a) < loss(b):
             hi = b
         else:
             lo = a

@@ -1,0 +1,122 @@
+"""ESN state-harvest throughput, ridge-fit peak memory and bits/char: ReservoirNLP vs reservoirpy.
+
+    .venv-bench/bin/python bench/bench_esn.py            # both sides, one process each
+    python bench/bench_esn.py ours                       # only ours
+
+Data: the first 500k characters of ../shared/data/tinystories/TinyStories-train-sample.txt
+(training) and the first 100k of TinyStories-valid-sample.txt (evaluation), char level.
+Both models have 1000 units, spectral radius 0.9, leak rate 0.3; both get the same
+one-parameter probability-floor calibration so both have a real cross-entropy.
+Peak memory is the growth of the process's peak RSS during the fit.
+"""
+
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SHARED = ROOT.parent / "shared" / "data" / "tinystories"
+TRAIN_CHARS, VAL_CHARS, STREAMS = 500_000, 100_000, 250
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def load():
+    from reservoir.data import CharTokenizer
+
+    train_text = (SHARED / "TinyStories-train-sample.txt").read_text()[:TRAIN_CHARS]
+    val_text = (SHARED / "TinyStories-valid-sample.txt").read_text()[:VAL_CHARS]
+    tok = CharTokenizer.train([train_text])
+    return tok, tok.encode(train_text), tok.encode(val_text)
+
+
+def bits_per_char(log_probs_of_targets: np.ndarray) -> float:
+    return float(-log_probs_of_targets.mean() / math.log(2))
+
+
+def ours() -> dict:
+    from configs import parse_overrides
+    from reservoir.models import build_model
+    tok, train, val = load()
+    config = parse_overrides([])
+    model = build_model("esn", tok.vocab_size, config)
+    per = (len(train) - 1) // STREAMS  # the training text as STREAMS contiguous streams advanced together
+    x = torch.from_numpy(train[: STREAMS * per].reshape(STREAMS, per))
+    y = torch.from_numpy(train[1: STREAMS * per + 1].reshape(STREAMS, per))
+    rss0 = _rss_mb()
+    chunk = 200  # time steps per chunk: the fit never holds more than STREAMS x chunk states
+    calib = STREAMS // 10  # streams held out to fit the temperature
+    start = time.perf_counter()
+    batches = ((x[calib:, i:i + chunk], y[calib:, i:i + chunk]) for i in range(0, per, chunk))
+    info = model.fit_ridge(batches, [(x[:calib, :1000], y[:calib, :1000])], carry_state=True, washout=20)
+    fit_s = time.perf_counter() - start
+    peak = _rss_mb() - rss0
+    start = time.perf_counter()
+    model.reservoir(x)
+    harvest_s = time.perf_counter() - start
+    v = len(val) - 1
+    vx, vy = torch.from_numpy(val[:v]).view(1, -1), torch.from_numpy(val[1:]).view(1, -1)
+    with torch.no_grad():
+        logp = model(vx).log_softmax(-1).gather(-1, vy.unsqueeze(-1)).squeeze(-1).numpy()
+    return {"side": "ReservoirNLP", "harvest_chars_per_s": STREAMS * per / harvest_s, "fit_s": fit_s,
+            "fit_peak_mb": peak, "bpc": bits_per_char(logp), **info}
+
+
+def theirs() -> dict:
+    import reservoirpy as rpy
+    from reservoirpy.nodes import Reservoir, Ridge
+
+    from reservoir.models.ridge import fit_probability_floor, floor_logits
+
+    rpy.verbosity(0)
+    tok, train, val = load()
+    eye = np.eye(tok.vocab_size, dtype=np.float32)
+    x, y = eye[train[:-1]], eye[train[1:]]
+    reservoir = Reservoir(1000, sr=0.9, lr=0.3, seed=0)
+    readout = Ridge(ridge=1e-2)
+    esn = reservoir >> readout
+    start = time.perf_counter()
+    reservoir.run(x[:20000], reset=True)
+    harvest_s = time.perf_counter() - start
+    rss0 = _rss_mb()
+    start = time.perf_counter()
+    esn.fit(x, y)
+    fit_s = time.perf_counter() - start
+    peak = _rss_mb() - rss0
+    scores = torch.from_numpy(np.asarray(esn.run(eye[val[:-1]])))
+    targets = torch.from_numpy(val[1:])
+    floor = fit_probability_floor(scores[:20000], targets[:20000])
+    logp = floor_logits(scores, floor).log_softmax(-1).gather(-1, targets.view(-1, 1)).squeeze(-1).numpy()
+    return {"side": "reservoirpy 0.4.2", "harvest_chars_per_s": 20000 / harvest_s, "fit_s": fit_s,
+            "fit_peak_mb": peak, "bpc": bits_per_char(logp), "prob_floor": floor}
+
+
+def main(argv):
+    if not SHARED.is_dir():
+        sys.exit(f"bench needs the TinyStories slices at {SHARED}")
+    if argv and argv[0] in ("ours", "theirs"):
+        print(json.dumps({"ours": ours, "theirs": theirs}[argv[0]]()))
+        return
+    sides = ["ours", "theirs"]
+    for side in sides:
+        r = subprocess.run([sys.executable, __file__, side], capture_output=True, text=True)
+        if r.returncode:
+            print(f"{side}: failed\n{r.stderr[-2000:]}")
+            continue
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        print(f"{res['side']:18s} harvest {res['harvest_chars_per_s'] / 1e3:7.1f}k chars/s | fit {res['fit_s']:6.1f}s, "
+              f"peak +{res['fit_peak_mb']:7.0f} MB | {res['bpc']:.3f} bits/char")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
