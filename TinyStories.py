@@ -1,25 +1,85 @@
 """Train and compare reservoir LMs and baseline LMs on TinyStories.
 
     python TinyStories.py [KEY=VALUE ...]      # keys: python TinyStories.py --help
+    python TinyStories.py RESUME=latest        # continue the last interrupted run
 
-Reads top to bottom: config -> device -> data -> models -> results -> plots.
+Reads top to bottom: config -> device -> data -> for each model: build, train,
+evaluate, sample -> results -> plots. The machinery lives in reservoir/.
 """
 
 import sys
 
-from configs import apply_device_adjustments, config_from_argv
+from configs import ConfigError, apply_device_adjustments, config_from_argv, default_config
 from reservoir import device as dev
+from reservoir import train
+from reservoir.checkpoint import CheckpointError
+from reservoir.data import DataError, prepare_data
+from reservoir.models import build_model
+from reservoir.results import ResultsError, Run, find_run_dir, format_table, read_json, resumed_config
+
+TAG = "[ReservoirNLP]"
+
+
+def run_experiment(config: dict) -> Run:
+    # --- config and device: a resumed run keeps the settings it started with
+    resume_dir = None
+    if config["RESUME"]:
+        resume_dir = find_run_dir(config["RESULTS_DIR"], config["RESUME"])
+        saved = read_json(resume_dir / "config.json", "the run's config")["requested_config"]
+        config = resumed_config(saved, config, default_config())
+    info = dev.select_device(config)
+    dev.enable_transparent_hugepages(info)
+    requested, config = config, apply_device_adjustments(config, info.kind)
+    say = print if info.is_main_process else (lambda *a, **k: None)
+    say(info.banner(), flush=True)
+
+    # --- data and tokenizer
+    data = prepare_data(config)
+    say(f"{TAG} data: {data.description}; {data.tokenizer.kind} tokenizer, vocab {data.tokenizer.vocab_size}, "
+        f"{data.train.size:,} training / {data.val.size:,} validation tokens", flush=True)
+
+    # --- the results folder
+    run = Run.open(config, info, resume_dir)
+    if resume_dir is None:
+        run.write_config(requested, config, info, data.describe())
+    say(f"{TAG} results: {run.path}{' (resumed)' if resume_dir else ''}", flush=True)
+
+    # --- every model: build, train, evaluate, sample
+    for name in config["MODELS"]:
+        if name in run.finished_models():
+            say(f"{TAG} {name}: finished in {run.path}, skipped", flush=True)
+            continue
+        model = build_model(name, data.tokenizer.vocab_size, config)
+        outcome = train.fit(name, model, data, config, info, run)
+        samples = train.sample_stories(model, data, config, info) if info.is_main_process else []
+        record = train.summary_record(name, model, outcome, config, info, data)
+        run.record_summary(record, samples)
+        dev.barrier(info, f"{name}_recorded")  # every process sees the model finished before the next
+        say(f"{TAG} {name}: {record['val_bpc']:.3f} bits/char after {record['train_tokens']:,} tokens "
+            f"in {record['train_seconds']:.1f}s", flush=True)
+        if samples:
+            say(f"    {samples[0][1][:300]!r}", flush=True)
+
+    # --- results and plots
+    if info.is_main_process:
+        print(f"\n{TAG} {run.path}: validation bits/char on {data.description}, {info.name}\n"
+              f"{format_table(run.summaries())}", flush=True)
+        if config["PLOTS"]:
+            import plot_results
+
+            for png in plot_results.plot_runs([run.path]):
+                print(f"{TAG} plot: {png}")
+    return run
 
 
 def main(argv: list[str]) -> int:
     config = config_from_argv(argv)
     try:
-        info = dev.select_device(config)
-    except dev.DeviceError as e:
+        run_experiment(config)
+    except (ConfigError, dev.DeviceError, DataError, ResultsError, CheckpointError) as e:
         raise SystemExit(f"error: {e}") from None
-    dev.enable_transparent_hugepages(info)
-    config = apply_device_adjustments(config, info.kind)
-    print(info.banner(), flush=True)
+    except KeyboardInterrupt:
+        raise SystemExit(f"{TAG} interrupted; continue from the last checkpoint with RESUME=latest") from None
     return 0
 
 

@@ -29,6 +29,25 @@ SHARED_CONFIG = {
     "NUM_WORKERS": 0,  # DataLoader worker processes (forced to 0 on TPU)
     "TPU_BATCH_MULTIPLIER": 2,  # on TPU, BATCH_SIZE is multiplied by this
     "TPU_LR_MULTIPLIER": 1.2,  # on TPU, LEARNING_RATE is multiplied by this
+    "GRAD_ACCUM": 1,  # micro-batches per optimizer step (effective batch = BATCH_SIZE x GRAD_ACCUM x devices)
+    "GRAD_CLIP": 1.0,  # clip the global gradient norm to this (0: no clipping)
+    "WEIGHT_DECAY": 0.01,  # AdamW weight decay on matrices (never on biases, norms, embeddings)
+    "WARMUP_STEPS": 50,  # linear learning-rate warm-up, then cosine decay to MIN_LR_FRACTION over the budget
+    "MIN_LR_FRACTION": 0.1,  # the cosine decay ends at LEARNING_RATE x this
+    "GRADIENT_CHECKPOINTING": False,  # recompute activations in backward (less memory, ~30% slower)
+    # --- budget: training of each model stops at whichever comes first ----
+    "MAX_STEPS": None,  # optimizer steps per model (None: no step limit)
+    "TOKEN_BUDGET": None,  # training tokens per model, all devices together (None: no token limit)
+    "TIME_BUDGET_S": 75.0,  # training wall-clock seconds per model, evaluation excluded (None: no time limit)
+    "EVAL_EVERY": 250,  # evaluate every this many steps (and always at the end)
+    "LOG_EVERY": 25,  # fetch the loss from the device every this many steps (the only host sync in the loop)
+    "CHECKPOINT_EVERY": 500,  # checkpoint every this many steps (and always at the end of each model); 0: end only
+    "RESUME": None,  # a run folder, or 'latest', to continue: finished models are kept, the interrupted one resumes
+    # --- samples ----------------------------------------------------------
+    "SAMPLE_PROMPTS": ["Once upon a time", "One day, a little", "Tom and his"],  # one story per prompt per model
+    "SAMPLE_TOKENS": 200,  # tokens generated per sample (stops early at end of story)
+    "SAMPLE_TEMPERATURE": 0.8,  # sampling temperature (0: greedy)
+    "SAMPLE_TOP_K": 40,  # sample among the k likeliest tokens (None: all)
     # --- data -------------------------------------------------------------
     "DATASET": "auto",  # 'auto' (hub, else DATA_DIR files, else synthetic) | 'tinystories' | 'synthetic' | a path
     "DATA_DIR": "data",  # where 'auto' looks for local TinyStories-train.txt / TinyStories-valid.txt
@@ -61,6 +80,7 @@ SHARED_CONFIG = {
     # --- outputs ----------------------------------------------------------
     "RESULTS_DIR": "results",  # every run writes a new folder under here
     "RUN_NAME": None,  # name of the run folder; None means a timestamp
+    "PLOTS": True,  # write the PNG plots at the end of the run (plot_results.py)
 }
 
 # Validation rules for values whose type alone does not say what is allowed.
@@ -71,16 +91,21 @@ _CHOICES = {
     "TOKENIZER": ("char", "bpe"),
 }
 _POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "TPU_LR_MULTIPLIER",
-             "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "VOCAB_SIZE", "EVAL_TOKENS"}
-_NON_NEGATIVE = {"NUM_WORKERS", "SEED"}
+             "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "VOCAB_SIZE", "EVAL_TOKENS",
+             "GRAD_ACCUM", "MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S", "EVAL_EVERY", "LOG_EVERY",
+             "SAMPLE_TOP_K"}
+_NON_NEGATIVE = {"NUM_WORKERS", "SEED", "GRAD_CLIP", "WEIGHT_DECAY", "WARMUP_STEPS", "CHECKPOINT_EVERY",
+                 "SAMPLE_TOKENS", "SAMPLE_TEMPERATURE"}
 _FRACTION = {"VAL_FRACTION"}  # strictly between 0 and 1
+_UNIT_INTERVAL = {"MIN_LR_FRACTION"}  # 0 to 1 inclusive
 # Rules inside the per-model blocks, by hyper-parameter name.
 _BLOCK_CHOICES = {"readout": ("ridge", "softmax", "mlp")}
 _BLOCK_UNIT_INTERVAL = {"leak_rate", "rc_connectivity", "input_connectivity", "inter_connectivity", "dropout",
                         "r_min", "r_max", "discount"}
 _BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling"}
 # Keys whose value may be None, with the type they take otherwise.
-_OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int}
+_OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int,
+             "MAX_STEPS": int, "TOKEN_BUDGET": int, "TIME_BUDGET_S": float, "RESUME": str, "SAMPLE_TOP_K": int}
 
 
 class ConfigError(ValueError):
@@ -220,6 +245,8 @@ def validate(config: dict) -> dict:
             raise ConfigError(f"{key} must be >= 0, got {value!r}")
         if key in _FRACTION and not 0 < value < 1:
             raise ConfigError(f"{key} must be between 0 and 1 (exclusive), got {value!r}")
+        if key in _UNIT_INTERVAL and not 0 <= value <= 1:
+            raise ConfigError(f"{key} must be between 0 and 1, got {value!r}")
         checked[key] = value
     for key in SHARED_CONFIG:
         checked.setdefault(key, copy.deepcopy(SHARED_CONFIG[key]))
@@ -231,6 +258,9 @@ def validate(config: dict) -> dict:
             raise ConfigError(f"unknown model {name!r} in MODELS{hint} (models: {', '.join(known_models)})")
     if not checked["MODELS"]:
         raise ConfigError("MODELS is empty; name at least one model, e.g. MODELS=esn,transformer")
+    if not checked["SAMPLE_PROMPTS"] or not all(isinstance(p, str) and p for p in checked["SAMPLE_PROMPTS"]):
+        raise ConfigError("SAMPLE_PROMPTS must be a list of non-empty strings, "
+                          "e.g. SAMPLE_PROMPTS=['Once upon a time']")
     if checked["USE_TPU"] and checked["DEVICE"] in ("cuda", "cpu"):
         raise ConfigError(f"USE_TPU=True contradicts DEVICE={checked['DEVICE']!r}; set one of them")
     return checked

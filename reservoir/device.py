@@ -51,7 +51,7 @@ class DeviceInfo:
         what = {
             "tpu": "TPU detected." if self.name.startswith("TPU") else f"XLA device ({self.name}), TPU code path.",
             "cuda": f"CUDA GPU detected ({self.name}).",
-            "cpu": f"CPU ({self.name}).",
+            "cpu": f"{self.name}.",
         }[self.kind]
         unit = "Core" if self.is_xla else "Rank"
         return f"{TAG} {what} {unit} {self.rank}/{self.world_size}, device {self.device}, {self.precision}"
@@ -169,10 +169,16 @@ def _xla_device_name(runtime) -> str:
     return f"XLA:{hw} via PJRT_DEVICE={os.environ.get('PJRT_DEVICE', '?')}"
 
 
-def _distributed_rank_world() -> tuple[int, int]:
+def _distributed_rank_world(kind: str) -> tuple[int, int]:
+    """Join the process group torchrun set up (NCCL on GPUs, gloo on CPUs); (rank, world size)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1 and not torch.distributed.is_initialized():
+        if kind == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.distributed.init_process_group("nccl" if kind == "cuda" else "gloo")
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return 0, 1
 
 
 def select_device(config: dict | None = None) -> DeviceInfo:
@@ -190,12 +196,12 @@ def select_device(config: dict | None = None) -> DeviceInfo:
             world_size=runtime.world_size(),
             rank=runtime.global_ordinal(),
         )
-    rank, world = _distributed_rank_world()
+    rank, world = _distributed_rank_world(kind)
     if kind == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         device = torch.device("cuda", local_rank)
         return DeviceInfo("cuda", device, torch.cuda.get_device_name(device), precision, world, rank)
-    return DeviceInfo("cpu", torch.device("cpu"), f"{torch.get_num_threads()} threads", precision, world, rank)
+    return DeviceInfo("cpu", torch.device("cpu"), f"CPU ({torch.get_num_threads()} threads)", precision, world, rank)
 
 
 def get_device(use_tpu: bool = False) -> torch.device:
@@ -290,13 +296,26 @@ def zero_grad(info: DeviceInfo, optimizer) -> None:
     optimizer.zero_grad(set_to_none=not info.is_xla)
 
 
-def optimizer_step(info: DeviceInfo, optimizer, scaler) -> None:
-    """One optimizer step: all-reduces gradients across XLA cores via xm.optimizer_step."""
+def optimizer_step(info: DeviceInfo, optimizer, scaler, max_grad_norm: float = 0.0) -> None:
+    """One optimizer step, gradients clipped to ``max_grad_norm`` (0: no clipping).
+
+    Gradients are summed across XLA cores (``xm.reduce_gradients``) before
+    clipping, so every core clips the same global gradient; DDP has already
+    averaged them on GPU/CPU. The fp16 scaler unscales before clipping.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if info.is_xla:
-        _xla()[2].optimizer_step(optimizer)
-    else:
-        scaler.step(optimizer)
-        scaler.update()
+        if info.world_size > 1:
+            _xla()[2].reduce_gradients(optimizer)
+        if max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        return
+    if max_grad_norm:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    scaler.step(optimizer)
+    scaler.update()
 
 
 def all_reduce_sum(info: DeviceInfo, tensor: torch.Tensor) -> torch.Tensor:
@@ -308,6 +327,97 @@ def all_reduce_sum(info: DeviceInfo, tensor: torch.Tensor) -> torch.Tensor:
         return xm.all_reduce(xm.REDUCE_SUM, tensor)
     torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
     return tensor
+
+
+def broadcast_object(info: DeviceInfo, obj):
+    """Rank 0's ``obj`` on every process (e.g. the run folder rank 0 created)."""
+    if info.world_size == 1 or info.is_xla:  # XLA multi-core: every process derives it identically
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def max_across(info: DeviceInfo, value: float) -> float:
+    """The largest of every process's ``value`` (a host number, e.g. elapsed seconds)."""
+    if info.world_size == 1:
+        return value
+    if info.is_xla:
+        return float(_xla()[2].mesh_reduce("max_across", value, max))
+    box = torch.tensor([value], dtype=torch.float64, device=info.device if info.kind == "cuda" else "cpu")
+    torch.distributed.all_reduce(box, op=torch.distributed.ReduceOp.MAX)
+    return float(box)
+
+
+def barrier(info: DeviceInfo, tag: str = "barrier") -> None:
+    """Wait until every process reaches this point (no-op with one process)."""
+    if info.world_size == 1:
+        return
+    if info.is_xla:
+        _xla()[2].rendezvous(tag)
+    else:
+        torch.distributed.barrier()
+
+
+def wrap_for_training(info: DeviceInfo, model: torch.nn.Module) -> torch.nn.Module:
+    """DistributedDataParallel across torchrun processes; the model itself elsewhere
+    (one device, or XLA, where ``optimizer_step`` reduces the gradients)."""
+    if info.world_size == 1 or info.is_xla:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [info.device.index] if info.kind == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def no_gradient_sync(wrapped: torch.nn.Module, skip: bool):
+    """Skip DDP's all-reduce on the first micro-batches of an accumulated step."""
+    if skip and hasattr(wrapped, "no_sync"):
+        return wrapped.no_sync()
+    return contextlib.nullcontext()
+
+
+def to_cpu(info: DeviceInfo, tree):
+    """A nested dict/list of tensors with every tensor on the CPU (one batched transfer on XLA)."""
+    if info.is_xla:
+        # xm.save's own conversion: fetches all XLA tensors in one transfer
+        return _xla()[2]._maybe_convert_to_cpu(tree, convert=True)
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, dict):
+        return {k: to_cpu(info, v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_cpu(info, v) for v in tree)
+    return tree
+
+
+def rng_state(info: DeviceInfo) -> dict:
+    """Every random generator a training step draws from (dropout), for checkpoints."""
+    state = {"torch": torch.get_rng_state()}
+    if info.kind == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(info.device)
+    if info.is_xla:
+        state["xla"] = int(_xla()[2].get_rng_state())
+    return state
+
+
+def set_rng_state(info: DeviceInfo, state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if info.kind == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], info.device)
+    if info.is_xla and "xla" in state:
+        _xla()[2].set_rng_state(int(state["xla"]))
+
+
+def compute_device(info: DeviceInfo, host_only: bool) -> torch.device:
+    """Where a model runs: its device, or the CPU for models that compute on the host (n-gram counts)."""
+    return torch.device("cpu") if host_only else info.device
+
+
+def sampling_device(info: DeviceInfo, host_only: bool = False) -> torch.device:
+    """Where samples are generated. On XLA the CPU: every generated token grows the
+    sequence, a new shape and so a new compiled graph per token."""
+    return torch.device("cpu") if info.is_xla else compute_device(info, host_only)
 
 
 def xla_compile_count() -> int:

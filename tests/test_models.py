@@ -63,7 +63,7 @@ def test_streaming_ridge_equals_lstsq_and_chunking_does_not_matter():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(600, 7, generator=g, dtype=torch.float64)
     y = torch.randint(0, 5, (600,), generator=g)
-    one_shot, chunked = RidgeAccumulator(7, 5), RidgeAccumulator(7, 5)
+    one_shot, chunked = (RidgeAccumulator(7, 5, product_dtype=torch.float64) for _ in range(2))
     one_shot.add(x, y)
     for i in range(0, 600, 64):
         chunked.add(x[i:i + 64], y[i:i + 64])
@@ -75,6 +75,9 @@ def test_streaming_ridge_equals_lstsq_and_chunking_does_not_matter():
     target = torch.cat([F.one_hot(y, 5).double(), torch.zeros(8, 5, dtype=torch.float64)])
     reference = torch.linalg.lstsq(augmented, target).solution
     torch.testing.assert_close(w, reference, atol=1e-8, rtol=1e-8)
+    fast = RidgeAccumulator(7, 5)  # the default: float32 chunk products, float64 sums
+    fast.add(x, y)
+    torch.testing.assert_close(fast.solve(ridge), w, atol=1e-5, rtol=1e-4)
 
 
 def test_probability_floor_is_the_held_out_optimum():

@@ -94,6 +94,7 @@ class NGram(LanguageModel):
     """
 
     trainer = "counts"
+    host_only = True  # numpy on the host: runners keep it (and its inputs) on the CPU
 
     def __init__(self, vocab_size: int, cfg: dict):
         super().__init__()
@@ -124,7 +125,7 @@ class NGram(LanguageModel):
         """Count, tune the discount on ``heldout_ids`` if given, then count all the text."""
         if heldout_ids is not None and len(heldout_ids) > self.order:
             self._count(train_ids)
-            span = 128  # tuned on windows, as it is evaluated
+            span = min(128, len(heldout_ids) - 1)  # tuned on windows, as it is evaluated
             n = min(len(heldout_ids) - 1, 20000) // span
             held = np.asarray(heldout_ids[: n * span + 1], dtype=np.int64)
             inputs = torch.from_numpy(held[:-1].reshape(n, span))
@@ -180,3 +181,15 @@ class NGram(LanguageModel):
 
     def fixed_param_count(self) -> int:
         return int(sum(len(t["keys"]) for t in self.tables) + self.vocab_size)
+
+    # the counts travel in state_dict() as tensors, so checkpoints load with weights_only=True
+    def get_extra_state(self) -> dict:
+        tables = [{k: torch.from_numpy(np.asarray(v)) for k, v in t.items()} for t in self.tables]
+        unigram = torch.from_numpy(self.unigram) if hasattr(self, "unigram") else None
+        return {"discount": float(self.discount), "unigram": unigram, "tables": tables}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.discount = state["discount"]
+        if state["unigram"] is not None:
+            self.unigram = state["unigram"].numpy()
+        self.tables = [{k: v.numpy() for k, v in t.items()} for t in state["tables"]]

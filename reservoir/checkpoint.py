@@ -1,0 +1,67 @@
+"""Checkpoints: written atomically, read without unpickling code.
+
+    save_checkpoint(path, payload, info)     # rank 0 writes; XLA tensors fetched to the CPU in one go
+    payload = load_checkpoint(path, expect)  # CheckpointError (one line) if corrupt or not this run's
+
+A checkpoint is a ``torch.save`` of plain containers, numbers and tensors, so
+``torch.load(weights_only=True)`` reads it: a file from elsewhere cannot run code.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from . import device as dev
+
+FORMAT = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: reported as one line that says what to do."""
+
+
+def save_checkpoint(path: str | Path, payload: dict, info: dev.DeviceInfo) -> None:
+    """Write ``payload`` to ``path``: a temporary file in the same folder, fsync, rename.
+
+    A crash at any moment leaves either the previous checkpoint or the new one.
+    """
+    cpu_payload = dev.to_cpu(info, {"format": FORMAT, **payload})  # every process joins the XLA transfer
+    if not info.is_main_process:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(cpu_payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_checkpoint(path: str | Path, expect: dict) -> dict:
+    """The payload at ``path``, checked to belong to the model and data described by ``expect``."""
+    path = Path(path)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} does not exist") from None
+    except Exception as e:  # torch raises many types for truncated or foreign files
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a ReservoirNLP checkpoint ({reason}); "
+                              f"delete it to restart that model from scratch, or start a new run") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} is not a ReservoirNLP checkpoint (format {FORMAT}); "
+                              "delete it or start a new run")
+    for key, wanted in expect.items():
+        if payload.get(key) != wanted:
+            raise CheckpointError(f"checkpoint {path} does not match this run: {key} is {payload.get(key)!r}, "
+                                  f"the run has {wanted!r}; resume with the run's own settings or start a new run")
+    return payload

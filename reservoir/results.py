@@ -1,0 +1,227 @@
+"""The results contract: what a run writes and what plots and comparisons read.
+
+    results/<run>/config.json      effective config, versions, device, data, world size
+    results/<run>/metrics.jsonl    one line per evaluation (model, step, tokens, seconds, losses, val_bpc)
+    results/<run>/summary.json     one record per finished model
+    results/<run>/samples.txt      generated stories, per model
+    results/<run>/checkpoints/     <model>.pt
+    results/<run>/*.png            plots
+
+A new run always gets a new folder; only ``RESUME`` writes into an old one.
+Only the main process writes; every JSON file is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+import torch
+
+from . import device as dev
+
+SUMMARY_FIELDS = ("model", "params_total", "params_trainable", "train_seconds", "train_tokens", "tokens_per_second",
+                  "val_loss", "val_ppl", "val_bpc", "device", "precision", "data_source", "tokenizer", "vocab_size",
+                  "seed")
+
+
+class ResultsError(ValueError):
+    """A results folder that cannot be used as asked: reported as one line."""
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def read_json(path: Path, what: str):
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ResultsError(f"{path} is missing: is {Path(path).parent} a ReservoirNLP run folder?") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{path} ({what}) is not valid JSON ({e}); the run folder is damaged") from None
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ResultsError(f"{path} line {n} is not valid JSON; the run folder is damaged") from None
+    return rows
+
+
+def find_run_dir(results_dir: str, resume: str) -> Path:
+    """The folder ``RESUME`` names: a path, a run name under RESULTS_DIR, or 'latest'."""
+    root = Path(results_dir)
+    if resume == "latest":
+        runs = [p for p in root.glob("*/config.json")] if root.is_dir() else []
+        if not runs:
+            raise ResultsError(f"RESUME='latest' but {root}/ holds no runs; start one with python TinyStories.py")
+        return max(runs, key=lambda p: p.stat().st_mtime).parent
+    for candidate in (Path(resume), root / resume):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise ResultsError(f"RESUME={resume!r}: no run folder with a config.json there (or under {root}/); "
+                       "give a folder like results/<run> or RESUME=latest")
+
+
+def resumed_config(saved: dict, given: dict, defaults: dict) -> dict:
+    """The saved run's requested config, refusing command-line changes to it.
+
+    A key the user changed from its default (other than RESUME) that disagrees
+    with the saved run would silently mix two experiments in one folder.
+    """
+    changed = [k for k in given if k not in ("RESUME",) and given[k] != defaults.get(k)
+               and given[k] != saved.get(k)]
+    if changed:
+        raise ResultsError(f"RESUME continues a run with its own settings; {', '.join(changed)} differ from the "
+                           "saved run: drop them, or start a new run")
+    return {**saved, "RESUME": given["RESUME"]}
+
+
+def _new_run_dir(results_dir: str, run_name: str | None) -> Path:
+    root = Path(results_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    if run_name:
+        path = root / run_name
+        try:
+            path.mkdir()
+        except FileExistsError:
+            raise ResultsError(f"{path} already exists and results are never overwritten; choose another RUN_NAME, "
+                               f"or continue it with RESUME={path}") from None
+        return path
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        path = root / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise ResultsError(f"could not create a new run folder under {root}")
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "torch": torch.__version__, "torch_xla": None}
+    try:
+        import torch_xla
+
+        out["torch_xla"] = torch_xla.__version__
+    except ImportError:
+        pass
+    return out
+
+
+class Run:
+    """One results folder. Every method is safe to call on every process; only rank 0 writes."""
+
+    def __init__(self, path: Path, info: dev.DeviceInfo):
+        self.path, self.info = Path(path), info
+        self.writes = info.is_main_process
+
+    @classmethod
+    def open(cls, config: dict, info: dev.DeviceInfo, resume_dir: Path | None = None) -> Run:
+        """The folder to write: ``resume_dir``, or a new one that rank 0 creates and shares."""
+        path = resume_dir
+        if path is None:
+            path = _new_run_dir(config["RESULTS_DIR"], config["RUN_NAME"]) if info.is_main_process else None
+            path = dev.broadcast_object(info, str(path) if path else None)
+        return cls(Path(path), info)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    def checkpoint_path(self, model: str) -> Path:
+        return self.checkpoint_dir / f"{model}.pt"
+
+    def write_config(self, requested: dict, effective: dict, info: dev.DeviceInfo, data: dict) -> None:
+        global_batch = effective["BATCH_SIZE"] * effective["GRAD_ACCUM"] * info.world_size
+        if self.writes:
+            write_json_atomic(self.path / "config.json", {
+                "requested_config": requested, "effective_config": effective, "versions": versions(),
+                "device": {"kind": info.kind, "name": info.name, "precision": info.precision,
+                           "world_size": info.world_size, "per_device_batch": effective["BATCH_SIZE"],
+                           "global_batch": global_batch, "tokens_per_step": global_batch * effective["SEQ_LEN"]},
+                "data": data, "started": datetime.datetime.now().isoformat(timespec="seconds")})
+
+    def config(self) -> dict:
+        return read_json(self.path / "config.json", "the run's config")
+
+    # --- metrics.jsonl: appended per evaluation
+    def log_metrics(self, record: dict) -> None:
+        if self.writes:
+            with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def forget_metrics(self, model: str, after_step: int) -> None:
+        """Drop ``model``'s evaluations past ``after_step`` (they are redone when it resumes)."""
+        if not self.writes:
+            return
+        rows = read_metrics(self.path)
+        kept = [r for r in rows if r.get("model") != model or r.get("step", 0) <= after_step]
+        if len(kept) != len(rows):
+            path = self.path / "metrics.jsonl"
+            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".metrics.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+            os.replace(tmp, path)
+
+    # --- summary.json and samples.txt: rewritten whole when a model finishes
+    def summaries(self) -> list[dict]:
+        path = self.path / "summary.json"
+        return read_json(path, "the run's summary") if path.exists() else []
+
+    def finished_models(self) -> set[str]:
+        return {r["model"] for r in self.summaries()}
+
+    def record_summary(self, record: dict, samples: list[tuple[str, str]]) -> None:
+        missing = [f for f in SUMMARY_FIELDS if f not in record]
+        if missing:
+            raise ValueError(f"summary record lacks {missing}")
+        if not self.writes:
+            return
+        records = [r for r in self.summaries() if r["model"] != record["model"]]
+        records.append({**record, "samples": [{"prompt": p, "text": t} for p, t in samples]})
+        write_json_atomic(self.path / "summary.json", records)
+        self._write_samples(records)
+
+    def _write_samples(self, records: list[dict]) -> None:
+        blocks = []
+        for r in records:
+            blocks.append(f"=== {r['model']}  (val {r['val_bpc']:.3f} bits/char)")
+            blocks += [f"--- prompt: {s['prompt']!r}\n{s['text']}\n" for s in r["samples"]]
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".samples.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("\n".join(blocks) + "\n")
+        os.replace(tmp, self.path / "samples.txt")
+
+
+def format_table(records: list[dict]) -> str:
+    """The final comparison, best bits/char first."""
+    head = (f"{'model':<18}{'val bits/char':>14}{'val ppl':>10}{'params (trained)':>22}{'train s':>9}"
+            f"{'tokens':>12}{'tok/s':>10}")
+    lines = [head, "-" * len(head)]
+    for r in sorted(records, key=lambda r: r["val_bpc"]):
+        params = f"{r['params_total']:,} ({r['params_trainable']:,})"
+        lines.append(f"{r['model']:<18}{r['val_bpc']:>14.3f}{r['val_ppl']:>10.2f}{params:>22}"
+                     f"{r['train_seconds']:>9.1f}{r['train_tokens']:>12,}{r['tokens_per_second']:>10,.0f}")
+    return "\n".join(lines)

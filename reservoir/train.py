@@ -1,0 +1,401 @@
+"""Training, evaluation and sampling for every model, on every device.
+
+    outcome = fit(name, model, data, config, info, run)    # trains under the budget, evaluates, checkpoints
+
+Gradient-trained models share one loop (``_train_sgd``); ridge readouts and
+n-grams use their one-pass fits. All of them stop at the same budget
+(``Budget``): MAX_STEPS, TOKEN_BUDGET, TIME_BUDGET_S, whichever comes first,
+where one step is one global batch of BATCH_SIZE x GRAD_ACCUM x devices windows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+from tqdm import tqdm
+
+from . import device as dev
+from .checkpoint import load_checkpoint, save_checkpoint
+from .data import DataError, TokenData, TrainWindows, eval_windows, tokenizer_hash
+from .results import Run
+
+TAG = "[ReservoirNLP]"
+CALIBRATION_TOKENS = 16384  # training tail held out from the ridge fit to calibrate its probabilities
+
+
+# --------------------------------------------------------------------- budget and schedule
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_steps: int | None
+    max_tokens: int | None
+    max_seconds: float | None
+
+    @classmethod
+    def from_config(cls, config: dict) -> Budget:
+        return cls(config["MAX_STEPS"], config["TOKEN_BUDGET"], config["TIME_BUDGET_S"])
+
+    def progress(self, steps: int, tokens: int, seconds: float) -> float:
+        """How much of the budget is spent (0..1+): the largest share of any limit."""
+        shares = [done / limit for done, limit in ((steps, self.max_steps), (tokens, self.max_tokens),
+                                                   (seconds, self.max_seconds)) if limit]
+        return max(shares)
+
+    def spent(self, steps: int, tokens: int, seconds: float) -> bool:
+        return self.progress(steps, tokens, seconds) >= 1.0
+
+
+def learning_rate(config: dict, step: int, progress: float) -> float:
+    """Linear warm-up over WARMUP_STEPS, then cosine decay to MIN_LR_FRACTION over the budget.
+
+    The decay follows the budget's progress, so a model trained for 60 seconds
+    and one trained for 10k steps both end their schedule as their budget ends.
+    """
+    peak, floor = config["LEARNING_RATE"], config["MIN_LR_FRACTION"]
+    warm = min(1.0, (step + 1) / config["WARMUP_STEPS"]) if config["WARMUP_STEPS"] else 1.0
+    cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return peak * warm * (floor + (1 - floor) * cosine)
+
+
+@dataclass
+class Progress:
+    """Where training of one model stands: what a checkpoint restores besides tensors."""
+
+    step: int = 0
+    tokens: int = 0
+    seconds: float = 0.0  # training wall-clock, evaluation and checkpoints excluded
+    epoch: int = 0
+    offset: int = 0  # windows of this epoch already consumed, all processes together
+    train_loss_steps: int = 0  # steps since the loss was last fetched (checkpoints fetch it: 0 there)
+    last_train_loss: float | None = None
+    history: list = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    progress: Progress
+    final: dict  # val_loss, val_ppl, val_bpc
+    extra: dict  # model-specific facts of the fit (ridge samples, n-gram discount)
+
+
+# --------------------------------------------------------------------- evaluation
+
+
+class Evaluator:
+    """The fixed validation set, the same windows and characters for every model and run.
+
+    Padded to whole batches with zero-weight windows so every batch has one
+    shape (one compiled graph on XLA); the loss is summed on the device and
+    read once per evaluation.
+    """
+
+    def __init__(self, data: TokenData, config: dict, batch_size: int):
+        windows = eval_windows(data.val, config["SEQ_LEN"], config["EVAL_TOKENS"])
+        self.chars = data.tokenizer.count_chars(windows[:, 1:].numpy())
+        self.tokens = windows[:, 1:].numel()
+        pad = -len(windows) % batch_size
+        self.weights = torch.cat([torch.ones(len(windows)), torch.zeros(pad)])
+        self.windows = torch.cat([windows, windows[:1].expand(pad, -1)]) if pad else windows
+        self.batch_size = batch_size
+
+    @torch.no_grad()
+    def __call__(self, model, info: dev.DeviceInfo, device: torch.device) -> dict:
+        was_training = model.training
+        model.eval()
+        total = torch.zeros((), device=device)
+        on_device = device == info.device  # host models (n-gram) are evaluated on the CPU
+        for start in range(0, len(self.windows), self.batch_size):
+            batch = self.windows[start:start + self.batch_size].to(device)
+            weight = self.weights[start:start + self.batch_size].to(device)
+            with dev.autocast(info) if on_device else contextlib.nullcontext():
+                logits = model(batch[:, :-1])
+            nll = F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:], reduction="none").sum(1)
+            total = total + (nll * weight).sum()
+            if on_device:
+                dev.mark_step(info)
+        model.train(was_training)
+        nats = float(total) / self.tokens
+        return {"val_loss": nats, "val_ppl": math.exp(min(nats, 50.0)),
+                "val_bpc": nats * self.tokens / self.chars / math.log(2)}
+
+
+# --------------------------------------------------------------------- the entry point
+
+
+def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, run: Run) -> Outcome:
+    """Train ``model`` under the budget, evaluating and checkpointing as configured; resumes
+    from ``run``'s checkpoint for ``name`` if there is one."""
+    trainer = {"sgd": _train_sgd, "ridge": _fit_ridge, "counts": _fit_counts}[model.trainer]
+    evaluator = Evaluator(data, config, config["BATCH_SIZE"])
+    identity = {"model": name, "model_config": config[name.upper()], "vocab_size": data.tokenizer.vocab_size,
+                "tokenizer_hash": tokenizer_hash(data.tokenizer), "seq_len": config["SEQ_LEN"]}
+    saved = None
+    if run.checkpoint_path(name).exists():
+        saved = load_checkpoint(run.checkpoint_path(name), identity)
+    if saved is not None and saved["finished"]:
+        model.load_state_dict(saved["model_state"])
+        device = dev.compute_device(info, getattr(model, "host_only", False))
+        model.to(device)
+        run.forget_metrics(name, saved["progress"]["step"])
+        _say(info, f"{name}: finished in the checkpoint; evaluating it again")
+        return Outcome(Progress(**saved["progress"]), evaluator(model, info, device), saved.get("extra", {}))
+    run.forget_metrics(name, saved["progress"]["step"] if saved else -1)  # evaluations past the checkpoint are redone
+    return trainer(name, model, data, config, info, run, evaluator, identity, saved)
+
+
+def _say(info: dev.DeviceInfo, message: str) -> None:
+    if info.is_main_process:
+        tqdm.write(f"{TAG} {message}")
+
+
+def _tokens_per_step(config: dict, info: dev.DeviceInfo) -> int:
+    return config["BATCH_SIZE"] * config["GRAD_ACCUM"] * info.world_size * config["SEQ_LEN"]
+
+
+def _finish(name, model, info, run, evaluator, identity, progress: Progress, device, extra: dict,
+            optimizer=None, scaler=None) -> Outcome:
+    """The final evaluation and the 'finished' checkpoint, shared by every kind of fit."""
+    final = evaluator(model, info, device)
+    _log_eval(run, name, progress, final)
+    _save(run, name, model, info, identity, progress, True, optimizer, scaler, extra)
+    return Outcome(progress, final, extra)
+
+
+def _log_eval(run: Run, name: str, progress: Progress, result: dict) -> None:
+    record = {"model": name, "step": progress.step, "tokens": progress.tokens,
+              "seconds": round(progress.seconds, 3), "train_loss": progress.last_train_loss, **result}
+    progress.history.append(record)
+    run.log_metrics(record)
+
+
+def _save(run, name, model, info, identity, progress, finished, optimizer=None, scaler=None, extra=None) -> None:
+    payload = {**identity, "finished": finished, "progress": asdict(progress), "model_state": model.state_dict(),
+               "rng": dev.rng_state(info), "extra": extra or {}}
+    if optimizer is not None:
+        payload["optimizer"] = optimizer.state_dict()
+        payload["scaler"] = scaler.state_dict()
+    save_checkpoint(run.checkpoint_path(name), payload, info)
+
+
+def _progress_bar(name: str, info: dev.DeviceInfo, budget: Budget):
+    limits = [f"{v} {u}" for v, u in ((budget.max_steps, "steps"), (budget.max_tokens, "tokens"),
+                                      (budget.max_seconds, "s")) if v]
+    return tqdm(total=100, desc=f"{name} (budget: {', '.join(limits)})", unit="%", disable=not info.is_main_process,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]", leave=True)
+
+
+# --------------------------------------------------------------------- gradient training
+
+
+def _optimizer(model, config: dict):
+    """AdamW, decaying matrices only (not biases, norms or embeddings: nanoGPT's choice)."""
+    decay, no_decay, seen = [], [], set()
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if not p.requires_grad or id(p) in seen:  # tied weights: once, as their first owner
+                continue
+            seen.add(id(p))
+            is_matrix = p.dim() >= 2 and not isinstance(module, torch.nn.Embedding)
+            (decay if is_matrix else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": config["WEIGHT_DECAY"]}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config["LEARNING_RATE"], betas=(0.9, 0.95))
+
+
+def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress: Progress):
+    """Training batches forever, epoch after epoch, from the data position in ``progress``."""
+    per_step = config["BATCH_SIZE"] * info.world_size
+    if len(windows) < per_step:
+        raise DataError(f"the training data holds {len(windows)} windows of SEQ_LEN={config['SEQ_LEN']}, fewer than "
+                        f"one batch ({per_step}); lower BATCH_SIZE or SEQ_LEN, or use more data")
+    while True:
+        windows.set_epoch(progress.epoch)
+        remaining = torch.utils.data.Subset(windows, range(progress.offset, len(windows)))
+        if len(remaining) >= per_step:
+            loader = dev.build_loader(remaining, info, config["BATCH_SIZE"], shuffle=False,
+                                      num_workers=config["NUM_WORKERS"], seed=config["SEED"])
+            for inputs, targets in loader:
+                progress.offset += per_step
+                yield inputs, targets
+        progress.epoch, progress.offset = progress.epoch + 1, 0
+
+
+def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
+    model.to(info.device)
+    model.train()
+    trained = dev.wrap_for_training(info, model)
+    optimizer = _optimizer(model, config)
+    scaler = dev.make_grad_scaler(info)
+    progress = Progress()
+    if saved is not None:
+        model.load_state_dict(saved["model_state"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scaler.load_state_dict(saved["scaler"])
+        dev.set_rng_state(info, saved["rng"])
+        progress = Progress(**saved["progress"])
+        _say(info, f"{name}: resuming at step {progress.step} ({progress.tokens:,} tokens, {progress.seconds:.0f}s)")
+    budget = Budget.from_config(config)
+    accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
+    batches = _batches(TrainWindows(data.train, config["SEQ_LEN"], config["SEED"]), info, config, progress)
+    loss_sum = torch.zeros((), device=info.device)  # stays on the device until the next log
+    bar = _progress_bar(name, info, budget)
+    bar.update(100 * min(1.0, budget.progress(progress.step, progress.tokens, progress.seconds)))
+    started = time.perf_counter() - progress.seconds
+    while not budget.spent(progress.step, progress.tokens, progress.seconds):
+        lr = learning_rate(config, progress.step, budget.progress(progress.step, progress.tokens, progress.seconds))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        dev.zero_grad(info, optimizer)
+        for micro in range(accum):
+            inputs, targets = next(batches)
+            inputs, targets = inputs.to(info.device), targets.to(info.device)
+            with dev.no_gradient_sync(trained, skip=micro < accum - 1), dev.autocast(info):
+                logits = trained(inputs)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            scaler.scale(loss / accum).backward()
+            loss_sum += loss.detach() / accum
+        dev.optimizer_step(info, optimizer, scaler, config["GRAD_CLIP"])
+        dev.mark_step(info)
+        progress.step += 1
+        progress.tokens += per_step
+        evaluate = progress.step % config["EVAL_EVERY"] == 0
+        checkpoint = config["CHECKPOINT_EVERY"] and progress.step % config["CHECKPOINT_EVERY"] == 0
+        log = evaluate or checkpoint or progress.step % config["LOG_EVERY"] == 0
+        if log or info.world_size == 1:  # several processes agree on the clock at log steps, so stop together
+            progress.seconds = dev.max_across(info, time.perf_counter() - started)
+        done = budget.spent(progress.step, progress.tokens, progress.seconds)
+        progress.train_loss_steps += 1
+        if done or log:  # the loop's only host sync
+            progress.last_train_loss = float(loss_sum) / progress.train_loss_steps
+            loss_sum.zero_()
+            progress.train_loss_steps = 0
+            bar.update(100 * min(1.0, budget.progress(progress.step, progress.tokens, progress.seconds)) - bar.n)
+            bar.set_postfix_str(f"step {progress.step}, loss {progress.last_train_loss:.3f}, "
+                                f"{progress.tokens / max(progress.seconds, 1e-9):,.0f} tok/s")
+        if done:
+            break
+        paused = time.perf_counter()
+        if evaluate:
+            _log_eval(run, name, progress, evaluator(model, info, info.device))
+        if checkpoint:
+            _save(run, name, model, info, identity, progress, False, optimizer, scaler)
+        started += time.perf_counter() - paused  # evaluation and checkpoints are not training time
+    bar.close()
+    return _finish(name, model, info, run, evaluator, identity, progress, info.device, {}, optimizer, scaler)
+
+
+# --------------------------------------------------------------------- closed-form fits
+
+
+def _token_cap(budget: Budget, config: dict, info: dev.DeviceInfo) -> int | None:
+    """The most tokens the step and token budgets allow (None: only time limits the fit)."""
+    caps = [c for c in (budget.max_tokens, budget.max_steps and budget.max_steps * _tokens_per_step(config, info))
+            if c]
+    return min(caps) if caps else None
+
+
+def _training_tokens(data: TokenData, config: dict, cap: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(fit tokens, held-out tail) of the training split; the tail, used to calibrate
+    ridge readouts and tune n-gram discounts, is a tenth of the budget at most."""
+    n_cal = min(CALIBRATION_TOKENS, data.train.size // 20, cap // 10 if cap else CALIBRATION_TOKENS)
+    if data.train.size - n_cal < config["SEQ_LEN"] + 1 or n_cal < 2:
+        raise DataError(f"the training data ({data.train.size} tokens) or the budget is too small for a closed-form "
+                        f"fit with SEQ_LEN={config['SEQ_LEN']}; use more data or a larger budget")
+    return data.train[:-n_cal], data.train[-n_cal:]
+
+
+def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
+    """One streaming pass: the training tokens as parallel streams cut into SEQ_LEN chunks,
+    the reservoir state carried from chunk to chunk (one step = one chunk of every stream)."""
+    model.to(info.device)
+    budget = Budget.from_config(config)
+    fit_ids, cal_ids = _training_tokens(data, config, _token_cap(budget, config, info))
+    seq, per_device = config["SEQ_LEN"], config["BATCH_SIZE"]
+    streams = per_device * info.world_size
+    stream_len = (len(fit_ids) - 1) // streams
+    chunks = stream_len // seq
+    if chunks < 1:
+        raise DataError(f"{len(fit_ids)} training tokens cannot fill {streams} streams of SEQ_LEN={seq}; "
+                        "lower BATCH_SIZE or SEQ_LEN")
+    mine = slice(info.rank * per_device, (info.rank + 1) * per_device)  # each process: its own streams
+    layout = np.asarray(fit_ids[: streams * stream_len + 1], dtype=np.int64)
+    inputs_all = layout[:-1].reshape(streams, stream_len)[mine]
+    targets_all = layout[1:].reshape(streams, stream_len)[mine]
+    cal = eval_windows(cal_ids, seq, len(cal_ids)).to(info.device)
+    progress = Progress(tokens=cal[:, 1:].numel())  # the calibration tail is training data too
+    bar = _progress_bar(name, info, budget)
+    started = time.perf_counter()
+
+    def chunks_in_budget():
+        for k in range(chunks):
+            if budget.spent(progress.step, progress.tokens, time.perf_counter() - started):
+                break
+            cut = slice(k * seq, (k + 1) * seq)
+            yield (torch.from_numpy(inputs_all[:, cut]).to(info.device),
+                   torch.from_numpy(targets_all[:, cut]).to(info.device))
+            progress.step += 1
+            progress.tokens += streams * seq
+            share = min(1.0, max(budget.progress(progress.step, progress.tokens, time.perf_counter() - started),
+                                 progress.step / chunks))
+            bar.update(100 * share - bar.n)
+
+    calibration = [(cal[i:i + per_device, :-1], cal[i:i + per_device, 1:]) for i in range(0, len(cal), per_device)]
+    reduce = (lambda t: dev.all_reduce_sum(info, t)) if info.world_size > 1 else None
+    extra = model.fit_ridge(chunks_in_budget(), calibration, all_reduce_sum=reduce,
+                            washout=config[name.upper()].get("washout", 0), carry_state=True)
+    progress.seconds = time.perf_counter() - started
+    bar.set_postfix_str(f"{progress.tokens:,} tokens, {progress.tokens / progress.seconds:,.0f} tok/s")
+    bar.close()
+    return _finish(name, model, info, run, evaluator, identity, progress, info.device, extra)
+
+
+def _fit_counts(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
+    """N-gram counts on the host over the budget's tokens (the time budget is not needed:
+    counting takes seconds)."""
+    budget = Budget.from_config(config)
+    cap = _token_cap(budget, config, info)
+    fit_ids, held_ids = _training_tokens(data, config, cap)
+    total = min(cap or data.train.size, len(fit_ids) + len(held_ids))
+    fit_ids = fit_ids[: total - len(held_ids)]
+    started = time.perf_counter()
+    extra = model.fit_counts(np.asarray(fit_ids), np.asarray(held_ids))
+    progress = Progress(step=math.ceil(total / _tokens_per_step(config, info)), tokens=len(fit_ids) + len(held_ids),
+                        seconds=time.perf_counter() - started)
+    _say(info, f"{name}: counted {progress.tokens:,} tokens in {progress.seconds:.1f}s (discount {extra['discount']})")
+    return _finish(name, model, info, run, evaluator, identity, progress, torch.device("cpu"), extra)
+
+
+# --------------------------------------------------------------------- samples
+
+
+@torch.no_grad()
+def sample_stories(model, data: TokenData, config: dict, info: dev.DeviceInfo) -> list[tuple[str, str]]:
+    """One story per prompt, same seed for every model."""
+    where = dev.sampling_device(info, getattr(model, "host_only", False))
+    sampler = model.to(where)  # sampling comes last: the trained model is already checkpointed
+    sampler.eval()
+    generator = torch.Generator().manual_seed(config["SEED"])
+    tokenizer, out = data.tokenizer, []
+    for prompt in config["SAMPLE_PROMPTS"]:
+        ids = torch.from_numpy(np.asarray(tokenizer.encode(prompt), dtype=np.int64)).to(where)
+        story = sampler.generate(ids, config["SAMPLE_TOKENS"], temperature=config["SAMPLE_TEMPERATURE"],
+                                 top_k=config["SAMPLE_TOP_K"], stop_id=tokenizer.eot_id, generator=generator)
+        out.append((prompt, tokenizer.decode(story.cpu().numpy()).replace("<|endoftext|>", "").rstrip()))
+    return out
+
+
+def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.DeviceInfo, data: TokenData) -> dict:
+    """One line of the comparison (results.SUMMARY_FIELDS and the fit's own facts)."""
+    progress = outcome.progress
+    return {"model": name, **model.param_counts(), "train_seconds": round(progress.seconds, 3),
+            "train_tokens": progress.tokens, "train_steps": progress.step,
+            "tokens_per_second": progress.tokens / max(progress.seconds, 1e-9), **outcome.final,
+            "device": info.name, "device_kind": info.kind, "precision": info.precision,
+            "world_size": info.world_size, "data_source": data.source, "tokenizer": data.tokenizer.kind,
+            "vocab_size": data.tokenizer.vocab_size, "seed": config["SEED"], "fit": outcome.extra}
