@@ -20,14 +20,14 @@ from reservoir.results import ResultsError, Run, find_run_dir, format_table, rea
 TAG = "[ReservoirNLP]"
 
 
-def run_experiment(config: dict) -> Run:
+def run_experiment(config: dict, process_index: int = 0) -> Run:
     # --- config and device: a resumed run keeps the settings it started with
     resume_dir = None
     if config["RESUME"]:
         resume_dir = find_run_dir(config["RESULTS_DIR"], config["RESUME"])
         saved = read_json(resume_dir / "config.json", "the run's config")["requested_config"]
         config = resumed_config(saved, config, default_config())
-    info = dev.select_device(config)
+    info = dev.select_device(config, process_index)
     dev.enable_transparent_hugepages(info)
     requested, config = config, apply_device_adjustments(config, info.kind)
     say = print if info.is_main_process else (lambda *a, **k: None)
@@ -75,7 +75,10 @@ def run_experiment(config: dict) -> Run:
 def main(argv: list[str]) -> int:
     config = config_from_argv(argv)
     try:
-        run_experiment(config)
+        if dev.wants_launcher(config):
+            dev.launch(run_experiment, config)  # one process per TPU chip
+        else:
+            run_experiment(config)
     except (ConfigError, dev.DeviceError, DataError, ResultsError, CheckpointError) as e:
         raise SystemExit(f"error: {e}") from None
     except KeyboardInterrupt:

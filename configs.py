@@ -29,6 +29,8 @@ SHARED_CONFIG = {
     "NUM_WORKERS": 0,  # DataLoader worker processes (forced to 0 on TPU)
     "TPU_BATCH_MULTIPLIER": 2,  # on TPU, BATCH_SIZE is multiplied by this
     "TPU_LR_MULTIPLIER": 1.2,  # on TPU, LEARNING_RATE is multiplied by this
+    "TPU_PARALLEL": "single",  # TPU cores: 'single' | 'spmd' (one process, batch sharded over all chips) | 'launch'
+    "XLA_CACHE_DIR": None,  # persistent XLA compile cache folder (one sub-folder per process); None: off
     "GRAD_ACCUM": 1,  # micro-batches per optimizer step (effective batch = BATCH_SIZE x GRAD_ACCUM x devices)
     "GRAD_CLIP": 1.0,  # clip the global gradient norm to this (0: no clipping)
     "WEIGHT_DECAY": 0.01,  # AdamW weight decay on matrices (never on biases, norms, embeddings)
@@ -89,6 +91,7 @@ _CHOICES = {
     "DEVICE": ("auto", "tpu", "cuda", "cpu"),
     "PRECISION": ("auto", "fp32", "bf16", "fp16"),
     "TOKENIZER": ("char", "bpe"),
+    "TPU_PARALLEL": ("single", "spmd", "launch"),
 }
 _POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "TPU_LR_MULTIPLIER",
              "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "VOCAB_SIZE", "EVAL_TOKENS",
@@ -105,7 +108,8 @@ _BLOCK_UNIT_INTERVAL = {"leak_rate", "rc_connectivity", "input_connectivity", "i
 _BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling"}
 # Keys whose value may be None, with the type they take otherwise.
 _OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int,
-             "MAX_STEPS": int, "TOKEN_BUDGET": int, "TIME_BUDGET_S": float, "RESUME": str, "SAMPLE_TOP_K": int}
+             "MAX_STEPS": int, "TOKEN_BUDGET": int, "TIME_BUDGET_S": float, "RESUME": str, "SAMPLE_TOP_K": int,
+             "XLA_CACHE_DIR": str}
 
 
 class ConfigError(ValueError):

@@ -9,6 +9,7 @@ answers per device. torch_xla is imported lazily so the rest works without it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import importlib
 import importlib.util
@@ -32,12 +33,19 @@ class DeviceInfo:
     device: torch.device
     name: str  # human-readable hardware name
     precision: str  # 'fp32' | 'bf16' | 'fp16'
-    world_size: int = 1
+    world_size: int = 1  # processes (torchrun ranks, or torch_xla.launch processes)
     rank: int = 0
+    mesh: object = None  # the SPMD device mesh (one 'data' axis) when TPU_PARALLEL='spmd'
+    spmd_devices: int = 1  # devices one SPMD process drives
 
     @property
     def is_xla(self) -> bool:
         return self.kind == "tpu"
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel copies of the model: the global batch is BATCH_SIZE x this (x GRAD_ACCUM)."""
+        return self.world_size * self.spmd_devices
 
     @property
     def is_main_process(self) -> bool:
@@ -54,7 +62,8 @@ class DeviceInfo:
             "cpu": f"{self.name}.",
         }[self.kind]
         unit = "Core" if self.is_xla else "Rank"
-        return f"{TAG} {what} {unit} {self.rank}/{self.world_size}, device {self.device}, {self.precision}"
+        spmd = f", SPMD over {self.spmd_devices} devices" if self.mesh is not None else ""
+        return f"{TAG} {what} {unit} {self.rank}/{self.world_size}, device {self.device}, {self.precision}{spmd}"
 
 
 # --------------------------------------------------------------------- detection
@@ -181,13 +190,19 @@ def _distributed_rank_world(kind: str) -> tuple[int, int]:
     return 0, 1
 
 
-def select_device(config: dict | None = None) -> DeviceInfo:
-    """Pick the device a run uses from DEVICE / USE_TPU / PRECISION."""
+def select_device(config: dict | None = None, process_index: int = 0) -> DeviceInfo:
+    """Pick the device a run uses from DEVICE / USE_TPU / PRECISION (and TPU_PARALLEL,
+    XLA_CACHE_DIR on XLA). ``process_index``: this process's index under torch_xla.launch."""
     config = config or {}
     kind = resolve_kind(config.get("DEVICE", "auto"), bool(config.get("USE_TPU", False)))
     precision = resolve_precision(kind, config.get("PRECISION", "auto"))
     if kind == "tpu":
         torch_xla, runtime, _ = _xla()
+        if config.get("XLA_CACHE_DIR"):  # before any computation; processes must not share a cache
+            runtime.initialize_cache(os.path.join(config["XLA_CACHE_DIR"], f"process{process_index}"))
+        mesh, spmd_devices = None, 1
+        if config.get("TPU_PARALLEL") == "spmd":
+            mesh, spmd_devices = _spmd_mesh(runtime)
         return DeviceInfo(
             kind="tpu",
             device=torch_xla.device(),
@@ -195,6 +210,8 @@ def select_device(config: dict | None = None) -> DeviceInfo:
             precision=precision,
             world_size=runtime.world_size(),
             rank=runtime.global_ordinal(),
+            mesh=mesh,
+            spmd_devices=spmd_devices,
         )
     rank, world = _distributed_rank_world(kind)
     if kind == "cuda":
@@ -202,6 +219,35 @@ def select_device(config: dict | None = None) -> DeviceInfo:
         device = torch.device("cuda", local_rank)
         return DeviceInfo("cuda", device, torch.cuda.get_device_name(device), precision, world, rank)
     return DeviceInfo("cpu", torch.device("cpu"), f"CPU ({torch.get_num_threads()} threads)", precision, world, rank)
+
+
+def _spmd_mesh(runtime):
+    """Switch this process to SPMD and build a 1-D 'data' mesh over every device."""
+    import numpy as np
+
+    spmd = importlib.import_module("torch_xla.distributed.spmd")
+    runtime.use_spmd()
+    n = runtime.global_runtime_device_count()
+    return spmd.Mesh(np.arange(n), (n,), ("data",)), n
+
+
+def wants_launcher(config: dict) -> bool:
+    """TPU_PARALLEL='launch' on a usable XLA device (elsewhere the request falls back with the device)."""
+    asks_tpu = config.get("USE_TPU") or config.get("DEVICE") == "tpu"
+    return config.get("TPU_PARALLEL") == "launch" and bool(asks_tpu) and xla_usable()
+
+
+def launch(fn, config: dict) -> None:
+    """Run ``fn(config, process_index)`` in one process per TPU chip (torch_xla's launcher).
+
+    On XLA:CPU this starts one process: multi-process collectives need real chips.
+    """
+    torch_xla = importlib.import_module("torch_xla")
+    torch_xla.launch(_launched, args=(fn, config))
+
+
+def _launched(index: int, fn, config: dict) -> None:
+    fn(config, index)
 
 
 def get_device(use_tpu: bool = False) -> torch.device:
@@ -409,6 +455,19 @@ def set_rng_state(info: DeviceInfo, state: dict) -> None:
         _xla()[2].set_rng_state(int(state["xla"]))
 
 
+def checkpoint_function(info: DeviceInfo):
+    """Activation checkpointing for this device: ``fn(module_or_function, *inputs)``.
+
+    XLA needs torch_xla's own (upstream's raises "module 'torch' has no attribute
+    'xla'" there); elsewhere the non-reentrant upstream one.
+    """
+    if info.is_xla:
+        return importlib.import_module("torch_xla.utils.checkpoint").checkpoint
+    from torch.utils.checkpoint import checkpoint
+
+    return functools.partial(checkpoint, use_reentrant=False)
+
+
 def compute_device(info: DeviceInfo, host_only: bool) -> torch.device:
     """Where a model runs: its device, or the CPU for models that compute on the host (n-gram counts)."""
     return torch.device("cpu") if host_only else info.device
@@ -461,6 +520,10 @@ def build_loader(dataset, info: DeviceInfo, batch_size: int, *, shuffle: bool = 
     )
     if info.is_xla:
         parallel_loader = importlib.import_module("torch_xla.distributed.parallel_loader")
-        return parallel_loader.MpDeviceLoader(loader, info.device)
+        sharding = None
+        if info.mesh is not None:  # SPMD: split every batch along the mesh's 'data' axis
+            spmd = importlib.import_module("torch_xla.distributed.spmd")
+            sharding = spmd.ShardingSpec(info.mesh, ("data", None))
+        return parallel_loader.MpDeviceLoader(loader, info.device, input_sharding=sharding)
     return loader
 

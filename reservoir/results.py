@@ -154,12 +154,13 @@ class Run:
         return self.checkpoint_dir / f"{model}.pt"
 
     def write_config(self, requested: dict, effective: dict, info: dev.DeviceInfo, data: dict) -> None:
-        global_batch = effective["BATCH_SIZE"] * effective["GRAD_ACCUM"] * info.world_size
+        global_batch = effective["BATCH_SIZE"] * effective["GRAD_ACCUM"] * info.replicas
         if self.writes:
             write_json_atomic(self.path / "config.json", {
                 "requested_config": requested, "effective_config": effective, "versions": versions(),
                 "device": {"kind": info.kind, "name": info.name, "precision": info.precision,
-                           "world_size": info.world_size, "per_device_batch": effective["BATCH_SIZE"],
+                           "world_size": info.world_size, "spmd_devices": info.spmd_devices,
+                           "replicas": info.replicas, "per_device_batch": effective["BATCH_SIZE"],
                            "global_batch": global_batch, "tokens_per_step": global_batch * effective["SEQ_LEN"]},
                 "data": data, "started": datetime.datetime.now().isoformat(timespec="seconds")})
 

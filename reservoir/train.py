@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -75,7 +75,6 @@ class Progress:
     offset: int = 0  # windows of this epoch already consumed, all processes together
     train_loss_steps: int = 0  # steps since the loss was last fetched (checkpoints fetch it: 0 there)
     last_train_loss: float | None = None
-    history: list = field(default_factory=list)
 
 
 @dataclass
@@ -156,7 +155,7 @@ def _say(info: dev.DeviceInfo, message: str) -> None:
 
 
 def _tokens_per_step(config: dict, info: dev.DeviceInfo) -> int:
-    return config["BATCH_SIZE"] * config["GRAD_ACCUM"] * info.world_size * config["SEQ_LEN"]
+    return config["BATCH_SIZE"] * config["GRAD_ACCUM"] * info.replicas * config["SEQ_LEN"]
 
 
 def _finish(name, model, info, run, evaluator, identity, progress: Progress, device, extra: dict,
@@ -171,7 +170,6 @@ def _finish(name, model, info, run, evaluator, identity, progress: Progress, dev
 def _log_eval(run: Run, name: str, progress: Progress, result: dict) -> None:
     record = {"model": name, "step": progress.step, "tokens": progress.tokens,
               "seconds": round(progress.seconds, 3), "train_loss": progress.last_train_loss, **result}
-    progress.history.append(record)
     run.log_metrics(record)
 
 
@@ -210,7 +208,7 @@ def _optimizer(model, config: dict):
 
 def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress: Progress):
     """Training batches forever, epoch after epoch, from the data position in ``progress``."""
-    per_step = config["BATCH_SIZE"] * info.world_size
+    per_step = config["BATCH_SIZE"] * info.replicas
     if len(windows) < per_step:
         raise DataError(f"the training data holds {len(windows)} windows of SEQ_LEN={config['SEQ_LEN']}, fewer than "
                         f"one batch ({per_step}); lower BATCH_SIZE or SEQ_LEN, or use more data")
@@ -218,7 +216,7 @@ def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress
         windows.set_epoch(progress.epoch)
         remaining = torch.utils.data.Subset(windows, range(progress.offset, len(windows)))
         if len(remaining) >= per_step:
-            loader = dev.build_loader(remaining, info, config["BATCH_SIZE"], shuffle=False,
+            loader = dev.build_loader(remaining, info, config["BATCH_SIZE"] * info.spmd_devices, shuffle=False,
                                       num_workers=config["NUM_WORKERS"], seed=config["SEED"])
             for inputs, targets in loader:
                 progress.offset += per_step
@@ -229,6 +227,8 @@ def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress
 def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
     model.to(info.device)
     model.train()
+    if config["GRADIENT_CHECKPOINTING"]:
+        model.use_gradient_checkpointing(dev.checkpoint_function(info))
     trained = dev.wrap_for_training(info, model)
     optimizer = _optimizer(model, config)
     scaler = dev.make_grad_scaler(info)
@@ -251,7 +251,6 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
         lr = learning_rate(config, progress.step, budget.progress(progress.step, progress.tokens, progress.seconds))
         for group in optimizer.param_groups:
             group["lr"] = lr
-        dev.zero_grad(info, optimizer)
         for micro in range(accum):
             inputs, targets = next(batches)
             inputs, targets = inputs.to(info.device), targets.to(info.device)
@@ -261,6 +260,7 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
             scaler.scale(loss / accum).backward()
             loss_sum += loss.detach() / accum
         dev.optimizer_step(info, optimizer, scaler, config["GRAD_CLIP"])
+        dev.zero_grad(info, optimizer)  # here, not before the next batch: on XLA it joins this step's graph
         dev.mark_step(info)
         progress.step += 1
         progress.tokens += per_step
@@ -304,6 +304,7 @@ def _training_tokens(data: TokenData, config: dict, cap: int | None) -> tuple[np
     """(fit tokens, held-out tail) of the training split; the tail, used to calibrate
     ridge readouts and tune n-gram discounts, is a tenth of the budget at most."""
     n_cal = min(CALIBRATION_TOKENS, data.train.size // 20, cap // 10 if cap else CALIBRATION_TOKENS)
+    n_cal = max(n_cal, config["SEQ_LEN"] + 1)  # at least one window to calibrate on
     if data.train.size - n_cal < config["SEQ_LEN"] + 1 or n_cal < 2:
         raise DataError(f"the training data ({data.train.size} tokens) or the budget is too small for a closed-form "
                         f"fit with SEQ_LEN={config['SEQ_LEN']}; use more data or a larger budget")
@@ -316,14 +317,14 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
     model.to(info.device)
     budget = Budget.from_config(config)
     fit_ids, cal_ids = _training_tokens(data, config, _token_cap(budget, config, info))
-    seq, per_device = config["SEQ_LEN"], config["BATCH_SIZE"]
-    streams = per_device * info.world_size
+    seq, per_process = config["SEQ_LEN"], config["BATCH_SIZE"] * info.spmd_devices
+    streams = per_process * info.world_size
     stream_len = (len(fit_ids) - 1) // streams
     chunks = stream_len // seq
     if chunks < 1:
         raise DataError(f"{len(fit_ids)} training tokens cannot fill {streams} streams of SEQ_LEN={seq}; "
                         "lower BATCH_SIZE or SEQ_LEN")
-    mine = slice(info.rank * per_device, (info.rank + 1) * per_device)  # each process: its own streams
+    mine = slice(info.rank * per_process, (info.rank + 1) * per_process)  # each process: its own streams
     layout = np.asarray(fit_ids[: streams * stream_len + 1], dtype=np.int64)
     inputs_all = layout[:-1].reshape(streams, stream_len)[mine]
     targets_all = layout[1:].reshape(streams, stream_len)[mine]
@@ -345,10 +346,11 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
                                  progress.step / chunks))
             bar.update(100 * share - bar.n)
 
-    calibration = [(cal[i:i + per_device, :-1], cal[i:i + per_device, 1:]) for i in range(0, len(cal), per_device)]
+    calibration = [(cal[i:i + per_process, :-1], cal[i:i + per_process, 1:]) for i in range(0, len(cal), per_process)]
     reduce = (lambda t: dev.all_reduce_sum(info, t)) if info.world_size > 1 else None
     extra = model.fit_ridge(chunks_in_budget(), calibration, all_reduce_sum=reduce,
-                            washout=config[name.upper()].get("washout", 0), carry_state=True)
+                            washout=config[name.upper()].get("washout", 0), carry_state=True,
+                            materialize=lambda: dev.mark_step(info))
     progress.seconds = time.perf_counter() - started
     bar.set_postfix_str(f"{progress.tokens:,} tokens, {progress.tokens / progress.seconds:,.0f} tok/s")
     bar.close()

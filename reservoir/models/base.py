@@ -16,6 +16,17 @@ class LanguageModel(nn.Module):
 
     trainer = "sgd"
     context_size: int | None = None  # longest context generate() feeds back (None: unlimited)
+    _checkpoint = None  # activation checkpointing, set by use_gradient_checkpointing
+
+    def use_gradient_checkpointing(self, checkpoint_fn) -> None:
+        """Recompute the heavy parts' activations in backward instead of storing them.
+        ``checkpoint_fn(fn, *inputs)`` comes from the device layer (XLA needs its own)."""
+        self._checkpoint = checkpoint_fn
+
+    def _checkpointed(self, fn, *inputs):
+        if self._checkpoint is not None and self.training and torch.is_grad_enabled():
+            return self._checkpoint(fn, *inputs)
+        return fn(*inputs)
 
     def fixed_param_count(self) -> int:
         """Weights that are set once and never trained (reservoir matrices, counts)."""

@@ -50,6 +50,13 @@ class Transformer(LanguageModel):
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg["n_layer"]))
 
+    def _apply(self, fn, *args, **kwargs):
+        # .to(xla) makes a new Parameter per module (XLA tensors cannot share the CPU storage),
+        # which would silently untie the embedding and the output layer: tie them again.
+        module = super()._apply(fn, *args, **kwargs)
+        self.head.weight = self.tok.weight
+        return module
+
     @staticmethod
     def _init(module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -60,7 +67,7 @@ class Transformer(LanguageModel):
     def forward(self, ids):
         x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
         for block in self.blocks:
-            x = block(x)
+            x = self._checkpointed(block, x)
         return self.head(self.ln_f(x))
 
     def flops_per_token(self) -> int:
@@ -81,7 +88,7 @@ class LSTM(LanguageModel):
         self.head = nn.Linear(cfg["hidden"], vocab_size)
 
     def forward(self, ids):
-        return self.head(self.lstm(self.embed(ids))[0])
+        return self.head(self._checkpointed(self.lstm, self.embed(ids))[0])
 
 
 class NGram(LanguageModel):

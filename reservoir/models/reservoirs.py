@@ -142,16 +142,20 @@ class ReservoirLM(LanguageModel):
 
     @torch.no_grad()
     def fit_ridge(self, batches, calibration_batches, all_reduce_sum=None, washout: int = 0,
-                  carry_state: bool = False) -> dict:
+                  carry_state: bool = False, materialize=None) -> dict:
         """One streaming pass over ``batches`` of (ids, targets): accumulate, solve, calibrate.
 
         ``carry_state``: the batches are consecutive time chunks of the same streams,
         so each chunk starts from the state the previous one ended in (washout once).
+        ``materialize()``, if given, is called once each chunk's features and state
+        exist (a lazy backend computes them there, once, instead of chaining chunks).
         """
         acc = RidgeAccumulator(self.n_features, self.vocab_size)
         state = None
         for ids, targets in batches:
             feats, new_state = self.features(ids, state, return_state=True)
+            if materialize is not None:
+                materialize()
             skip = washout if state is None else 0
             acc.add(feats[:, skip:], targets[:, skip:])
             state = new_state if carry_state else None
@@ -254,7 +258,8 @@ class LinearReservoir(LanguageModel):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
             h_re, h_im = self.scan(ids)
-        return self.head(torch.cat([h_re, h_im, self.embed(ids)], dim=-1))
+        # the readout is the only trained (and checkpointable) part; its input carries the embedding's grad
+        return self._checkpointed(self.head, torch.cat([h_re, h_im, self.embed(ids)], dim=-1))
 
 
 class NVAR(ReservoirLM):

@@ -39,8 +39,9 @@ class RidgeAccumulator:
         x = torch.cat([x.to(work), torch.ones(x.shape[0], 1, dtype=work, device=x.device)], dim=1)
         y = targets.reshape(-1).to(x.device)
         xty = torch.zeros(self.n_classes, x.shape[1], dtype=work, device=x.device).index_add_(0, y, x)
-        self.xtx += (x.T @ x).to("cpu", self.dtype)
-        self.xty += xty.T.to("cpu", self.dtype)
+        both = torch.cat([x.T @ x, xty.T], dim=1).to("cpu", self.dtype)  # one transfer off the device
+        self.xtx += both[:, : x.shape[1]]
+        self.xty += both[:, x.shape[1]:]
         self.count += x.shape[0]
 
     def reduce(self, all_reduce_sum) -> None:

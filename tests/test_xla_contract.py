@@ -1,0 +1,174 @@
+"""The XLA contract on real torch_xla (XLA:CPU): the runner end to end, zero recompiles
+after warm-up per model, SPMD = one device, bf16, gradient checkpointing, the
+launcher and the persistent compile cache. Every scenario runs in a fresh process."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.xla
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=4", "EVAL_TOKENS=256",
+        "TIME_BUDGET_S=None", "SAMPLE_TOKENS=8", "ESN.units=32", "LSTM.hidden=32", "TRANSFORMER.n_layer=1",
+        "TRANSFORMER.n_embd=32", "WARMUP_STEPS=2"]
+
+# Device executions per training step after warm-up (tests/xla_probe.py): 1 for gradient-trained
+# models (the step marker), 2 for ridge fits (the chunk's features and state, then XᵀX/XᵀY off the
+# device), 0 for the host-side n-gram. README_TPU.md has the table with the warm-up graph counts.
+EXPECTED = {"transformer": 1, "lstm": 1, "linear_reservoir": 1, "esn": 2, "deep_esn": 2, "nvar": 2, "ngram": 0}
+
+
+def python(args, env=None, timeout=600):
+    env = {**os.environ, "PJRT_DEVICE": "CPU", **(env or {})}
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def runner(tmp_path, *args, env=None):
+    return python(["TinyStories.py", *TINY, f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'c'}",
+                   "PLOTS=False", *args], env=env)
+
+
+def summary(tmp_path, run):
+    return {r["model"]: r for r in json.loads((tmp_path / "results" / run / "summary.json").read_text())}
+
+
+def test_tiny_run_with_use_tpu_completes_on_xla(tmp_path):
+    proc = runner(tmp_path, "USE_TPU=True", "MODELS=['ngram','esn','transformer']", "MAX_STEPS=4", "EVAL_EVERY=2",
+                  "CHECKPOINT_EVERY=2", "RUN_NAME=x")
+    assert "TPU code path" in proc.stdout
+    config = json.loads((tmp_path / "results" / "x" / "config.json").read_text())
+    assert config["device"]["kind"] == "tpu" and config["device"]["precision"] == "bf16"
+    assert config["effective_config"]["BATCH_SIZE"] == 8  # the TPU batch multiplier
+    assert config["versions"]["torch_xla"]
+    records = summary(tmp_path, "x")
+    assert set(records) == {"ngram", "esn", "transformer"}
+    assert all(0 < r["val_bpc"] < 8 and r["device_kind"] == "tpu" for r in records.values())
+    ckpt = torch.load(tmp_path / "results" / "x" / "checkpoints" / "transformer.pt", weights_only=True)
+    assert all(t.device.type == "cpu" for t in ckpt["model_state"].values())
+
+
+@pytest.mark.parametrize("model", sorted(EXPECTED))
+def test_no_recompilation_after_warmup_and_one_execution_per_step(model):
+    result = json.loads(python(["tests/xla_probe.py", model]).stdout.strip().splitlines()[-1])
+    assert result["compiles_after_warmup"] == 0, result
+    assert result["executions_per_step"] == EXPECTED[model], result
+
+
+@pytest.mark.parametrize("breakage", ["item", "dynamic"])
+def test_the_probe_catches_a_host_sync_or_a_dynamic_shape(breakage):
+    result = json.loads(python(["tests/xla_probe.py", "transformer", "--inject", breakage]).stdout.splitlines()[-1])
+    if breakage == "item":
+        assert result["executions_per_step"] > EXPECTED["transformer"], result
+    else:
+        assert result["compiles_after_warmup"] > 0, result
+
+
+def test_one_spmd_step_equals_one_device_on_the_full_batch(tmp_path):
+    common = ["MODELS=['transformer']", "MAX_STEPS=1", "PRECISION=fp32", "TPU_BATCH_MULTIPLIER=1",
+              "TPU_LR_MULTIPLIER=1", "SAMPLE_TOKENS=1", "WARMUP_STEPS=0"]
+    proc = runner(tmp_path, *common, "USE_TPU=True", "TPU_PARALLEL=spmd", "BATCH_SIZE=4", "RUN_NAME=spmd",
+                  env={"CPU_NUM_DEVICES": "2"})
+    assert "SPMD over 2 devices" in proc.stdout
+    runner(tmp_path, *common, "DEVICE=cpu", "BATCH_SIZE=8", "RUN_NAME=one")
+    config = json.loads((tmp_path / "results" / "spmd" / "config.json").read_text())
+    assert config["device"]["spmd_devices"] == 2 and config["device"]["global_batch"] == 8
+    spmd = torch.load(tmp_path / "results" / "spmd" / "checkpoints" / "transformer.pt", weights_only=True)
+    one = torch.load(tmp_path / "results" / "one" / "checkpoints" / "transformer.pt", weights_only=True)
+    moved = 0
+    for name, weight in one["model_state"].items():
+        torch.testing.assert_close(spmd["model_state"][name], weight, atol=2e-5, rtol=1e-4)
+        moved += 1
+    assert moved > 10
+    assert summary(tmp_path, "spmd")["transformer"]["val_loss"] == pytest.approx(
+        summary(tmp_path, "one")["transformer"]["val_loss"], rel=1e-4)
+
+
+def test_launcher_runs_the_experiment_in_a_launched_process(tmp_path):
+    proc = runner(tmp_path, "USE_TPU=True", "TPU_PARALLEL=launch", "MODELS=['lstm']", "MAX_STEPS=2", "RUN_NAME=l")
+    assert "Core 0/1" in proc.stdout
+    assert summary(tmp_path, "l")["lstm"]["train_steps"] == 2
+
+
+def test_persistent_compile_cache_skips_compilation_in_a_second_process(tmp_path):
+    script = (
+        "import sys; sys.path.insert(0, '.');"
+        "import torch, torch_xla.debug.metrics as met;"
+        "from reservoir import device as dev;"
+        f"info = dev.select_device({{'USE_TPU': True, 'XLA_CACHE_DIR': r'{tmp_path / 'xla'}'}});"
+        "m = torch.nn.Linear(8, 8).to(info.device); y = (m(torch.ones(4, 8, device=info.device)) ** 2).sum();"
+        "y.backward(); dev.mark_step(info);"
+        "print(met.counter_value('PersistentCacheMiss') or 0, met.counter_value('PersistentCacheHit') or 0)")
+    first = python(["-c", script]).stdout.split()
+    second = python(["-c", script]).stdout.split()
+    assert int(first[0]) > 0 and int(first[1]) == 0, first
+    assert int(second[0]) == 0 and int(second[1]) == int(first[0]), second
+    assert (tmp_path / "xla" / "process0").is_dir()
+
+
+def test_bf16_and_gradient_checkpointing_on_xla():
+    script = r"""
+import sys; sys.path.insert(0, '.')
+import copy, torch
+from torch.nn import functional as F
+from configs import parse_overrides
+from reservoir import device as dev
+from reservoir.models import build_model
+config = parse_overrides(['USE_TPU=True', 'TRANSFORMER.n_layer=2', 'TRANSFORMER.n_embd=32', 'SEQ_LEN=16',
+                          'LINEAR_RESERVOIR.units=16', 'LSTM.hidden=32'])
+info = dev.select_device(config)
+assert info.is_xla and info.precision == 'bf16'
+ids = torch.randint(0, 40, (4, 16)).to(info.device)
+out = {}
+for name in ('transformer', 'lstm', 'linear_reservoir'):
+    plain = build_model(name, 40, config).to(info.device)
+    ckpt = copy.deepcopy(plain)
+    ckpt.use_gradient_checkpointing(dev.checkpoint_function(info))
+    grads = []
+    for model in (plain, ckpt):
+        loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+        dev.mark_step(info)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).cpu())
+    out[name + '_ckpt_max_diff'] = float((grads[0] - grads[1]).abs().max())
+    out[name + '_grad_norm'] = float(grads[0].norm())
+model = build_model('transformer', 40, config).to(info.device)
+with torch.no_grad():
+    full = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+    with dev.autocast(info):
+        logits = model(ids[:, :-1])
+    half = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+out['bf16_dtype'] = str(logits.dtype)
+out['fp32_loss'], out['bf16_loss'] = float(full), float(half)
+print(out)
+"""
+    out = eval(python(["-c", script]).stdout.strip().splitlines()[-1])
+    for name in ("transformer", "lstm", "linear_reservoir"):
+        assert out[name + "_grad_norm"] > 0
+        assert out[name + "_ckpt_max_diff"] <= 1e-5 * max(1.0, out[name + "_grad_norm"]), out
+    assert out["bf16_dtype"] == "torch.bfloat16"
+    assert out["bf16_loss"] == pytest.approx(out["fp32_loss"], rel=2e-2)
+    assert out["bf16_loss"] != out["fp32_loss"]  # bf16 really ran
+
+
+def test_transformer_weights_stay_tied_on_xla():
+    script = ("import sys; sys.path.insert(0, '.');"
+              "from configs import parse_overrides; from reservoir import device as dev;"
+              "from reservoir.models import build_model;"
+              "info = dev.select_device({'USE_TPU': True});"
+              "m = build_model('transformer', 40, parse_overrides(['TRANSFORMER.n_embd=32'])).to(info.device);"
+              "print(m.head.weight is m.tok.weight, sum(p.numel() for p in m.parameters()))")
+    tied, count = python(["-c", script]).stdout.split()
+    sys.path.insert(0, str(ROOT))
+    from configs import parse_overrides
+    from reservoir.models import build_model
+
+    on_cpu = build_model("transformer", 40, parse_overrides(["TRANSFORMER.n_embd=32"]))
+    assert tied == "True" and int(count) == sum(p.numel() for p in on_cpu.parameters())

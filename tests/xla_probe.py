@@ -1,0 +1,101 @@
+"""Measure one model's XLA graphs through the real training loop, in a fresh process.
+
+    PJRT_DEVICE=CPU python tests/xla_probe.py transformer [--inject item|dynamic]
+
+Prints one JSON line:
+- warmup_compiles: graphs compiled by a first short fit (training, evaluation, checkpoint);
+- compiles_after_warmup: graphs compiled by a second, longer fit of a fresh model
+  with evaluations in between (must be 0: every shape was seen in warm-up);
+- executions_per_step: device executions per training step, from the difference
+  between a K-step and a 2K-step fit (1 for gradient-trained models: the step marker).
+
+``--inject`` breaks the hot loop on purpose (an ``.item()`` in forward, or a
+shape that changes every step) so tests can check that the probe notices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from configs import parse_overrides  # noqa: E402
+from reservoir import device as dev  # noqa: E402
+from reservoir import train  # noqa: E402
+from reservoir.data import prepare_data  # noqa: E402
+from reservoir.models import build_model  # noqa: E402
+from reservoir.results import Run  # noqa: E402
+
+TINY = ["USE_TPU=True", "DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=2",
+        "EVAL_TOKENS=128", "TIME_BUDGET_S=None", "CHECKPOINT_EVERY=0", "WARMUP_STEPS=2", "ESN.units=32",
+        "DEEP_ESN.units=16", "NVAR.input_dim=4", "LINEAR_RESERVOIR.units=16", "LINEAR_RESERVOIR.readout_hidden=32",
+        "LSTM.hidden=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32"]
+
+
+_CALLS = [0]  # across fits, so an injected dynamic shape keeps producing new lengths
+
+
+def inject(model, kind: str):
+    forward = model.forward
+
+    def with_item(ids):
+        out = forward(ids)
+        return out * (1 + 0 * out.sum().item())  # a host sync inside the step
+
+    def with_dynamic_shape(ids):
+        _CALLS[0] += 1
+        cut = 1 + _CALLS[0] % (ids.shape[1] - 1)  # a new length on most calls
+        out = forward(ids[:, : ids.shape[1] - cut])
+        return torch.nn.functional.pad(out, (0, 0, 0, cut))  # same output shape, dynamic inside
+
+    model.forward = {"item": with_item, "dynamic": with_dynamic_shape}[kind]
+    return model
+
+
+def counters() -> tuple[int, int]:
+    metrics = __import__("torch_xla.debug.metrics", fromlist=["counter_value"])
+    return dev.xla_compile_count(), int(metrics.counter_value("ExecuteComputation") or 0)
+
+
+def fit_once(name: str, overrides: list[str], data, info, injected: str | None) -> None:
+    config = parse_overrides(TINY + overrides)
+    model = build_model(name, data.tokenizer.vocab_size, config)
+    if injected:
+        inject(model, injected)
+    with tempfile.TemporaryDirectory() as folder:
+        train.fit(name, model, data, config, info, Run(Path(folder), info))
+
+
+def probe(name: str, injected: str | None = None, k: int = 4) -> dict:
+    os.environ.setdefault("PJRT_DEVICE", "CPU")
+    config = parse_overrides(TINY + [f"CACHE_DIR={tempfile.mkdtemp()}"])
+    info = dev.select_device(config)
+    data = prepare_data(config)
+    fit_once(name, ["MAX_STEPS=3", "EVAL_EVERY=2", "LOG_EVERY=1"], data, info, injected)
+    warm, _ = counters()
+    fit_once(name, ["MAX_STEPS=8", "EVAL_EVERY=2", "LOG_EVERY=3"], data, info, injected)
+    after, _ = counters()
+    quiet = ["EVAL_EVERY=100000", "LOG_EVERY=100000"]  # only the final evaluation: runs differ by steps alone
+    _, e0 = counters()
+    fit_once(name, [f"MAX_STEPS={k}", *quiet], data, info, injected)
+    _, e1 = counters()
+    fit_once(name, [f"MAX_STEPS={2 * k}", *quiet], data, info, injected)
+    _, e2 = counters()
+    return {"model": name, "warmup_compiles": warm, "compiles_after_warmup": after - warm,
+            "executions_per_step": ((e2 - e1) - (e1 - e0)) / k}
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--inject", choices=("item", "dynamic"))
+    args = parser.parse_args()
+    print(json.dumps(probe(args.model, args.inject)), flush=True)
