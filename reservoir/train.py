@@ -253,7 +253,8 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
             group["lr"] = lr
         for micro in range(accum):
             inputs, targets = next(batches)
-            inputs, targets = inputs.to(info.device), targets.to(info.device)
+            inputs = inputs.to(info.device, non_blocking=True)  # already there on XLA (MpDeviceLoader)
+            targets = targets.to(info.device, non_blocking=True)
             with dev.no_gradient_sync(trained, skip=micro < accum - 1), dev.autocast(info):
                 logits = trained(inputs)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

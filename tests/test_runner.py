@@ -165,6 +165,8 @@ def test_bad_resume_and_conflicting_overrides_are_one_line_errors(tmp_path):
     with pytest.raises(ResultsError, match="BATCH_SIZE differ"):
         resumed_config(saved, given, parse_overrides([]))
     assert resumed_config(saved, parse_overrides(["RESUME=x"]), parse_overrides([]))["SEQ_LEN"] == 64
+    proc = run_cli(tmp_path, "MAX_STEPS=None", check=False)  # TINY has no time budget either
+    assert proc.returncode != 0 and "no training budget" in proc.stderr
 
 
 def test_budget_and_learning_rate_schedule():
