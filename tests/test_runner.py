@@ -156,7 +156,7 @@ def test_token_budget_stops_every_kind_of_fit(tmp_path):
 
 
 def test_bad_resume_and_conflicting_overrides_are_one_line_errors(tmp_path):
-    proc = run_cli(tmp_path, "RESUME=nowhere", check=False)
+    proc = run_cli(tmp_path, "RESUME=nowhere", "MAX_STEPS=1", check=False)
     assert proc.returncode != 0 and proc.stderr.startswith("error: RESUME='nowhere'")
     with pytest.raises(ResultsError, match="holds no runs"):
         find_run_dir(str(tmp_path / "empty"), "latest")
