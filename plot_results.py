@@ -11,7 +11,9 @@ and training throughput. One run: into its folder; several: into --out
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -30,9 +32,10 @@ def load_run(path: Path) -> dict:
 
 def _context(runs: list[dict]) -> str:
     """'data ... · device ...' for titles; every distinct value if the runs differ."""
-    data = sorted({r["config"]["data"]["data_source"] for r in runs})
+    data = sorted({re.sub(r"[^ ,:]*/", "", r["config"]["data"]["data_description"]) for r in runs})  # no folders
     devices = sorted({f"{r['config']['device']['name']} ({r['config']['device']['precision']})" for r in runs})
-    return f"data: {', '.join(data)} · device: {', '.join(devices)}"
+    return "\n".join(textwrap.fill(line, 80) for line in (f"data: {'; '.join(data)}",
+                                                          f"device: {'; '.join(devices)}"))
 
 
 def _label(run: dict, model: str, several: bool) -> str:
@@ -52,7 +55,7 @@ def _curves(runs, x_key, xlabel, title, out: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("validation bits / character (lower is better)")
-    ax.set_title(f"{title}\n{_context(runs)}", fontsize=10)
+    ax.set_title(f"{title}\n{_context(runs)}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -76,12 +79,13 @@ def _bars(runs, value, xlabel, title, out: Path, references: bool, log: bool = F
                 if r["model"] == "ngram":
                     order = run["config"]["effective_config"]["NGRAM"]["order"]
                     ax.axvline(r[value], color="#d62728", ls="--", lw=1)
-                    ax.text(r[value], len(rows) - 0.4, f" {order}-gram", color="#d62728", fontsize=8)
+                    where = f" ({run['name']})" if several else ""
+                    ax.text(r[value], len(rows) - 0.4, f" {order}-gram{where}", color="#d62728", fontsize=8)
     if log:
         ax.set_xscale("log")
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
-    ax.set_title(f"{title}\n{_context(runs)}", fontsize=10)
+    ax.set_title(f"{title}\n{_context(runs)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
