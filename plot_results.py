@@ -43,7 +43,7 @@ def _label(run: dict, model: str, several: bool) -> str:
 
 
 def _curves(runs, x_key, xlabel, title, out: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     several = len(runs) > 1
     for run in runs:
         models = dict.fromkeys(m["model"] for m in run["metrics"])
@@ -57,7 +57,7 @@ def _curves(runs, x_key, xlabel, title, out: Path) -> Path:
     ax.set_ylabel("validation bits / character (lower is better)")
     ax.set_title(f"{title}\n{_context(runs)}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: never hides a point
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
