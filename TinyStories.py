@@ -14,10 +14,9 @@ from reservoir import device as dev
 from reservoir import train
 from reservoir.checkpoint import CheckpointError
 from reservoir.data import DataError, prepare_data
+from reservoir.messages import TAG, say
 from reservoir.models import build_model
 from reservoir.results import ResultsError, Run, find_run_dir, format_table, read_json, resumed_config
-
-TAG = "[ReservoirNLP]"
 
 
 def run_experiment(config: dict, process_index: int = 0) -> Run:
@@ -30,45 +29,46 @@ def run_experiment(config: dict, process_index: int = 0) -> Run:
     info = dev.select_device(config, process_index)
     dev.enable_transparent_hugepages(info)
     requested, config = config, apply_device_adjustments(config, info.kind)
-    say = print if info.is_main_process else (lambda *a, **k: None)
-    say(info.banner(), flush=True)
+    main = info.is_main_process
+    if main:
+        print(info.banner(), flush=True)
 
     # --- data and tokenizer
     data = prepare_data(config)
-    say(f"{TAG} data: {data.description}; {data.tokenizer.kind} tokenizer, vocab {data.tokenizer.vocab_size}, "
-        f"{data.train.size:,} training / {data.val.size:,} validation tokens", flush=True)
+    say(f"data: {data.description}; {data.tokenizer.kind} tokenizer, vocab {data.tokenizer.vocab_size}, "
+        f"{data.train.size:,} training / {data.val.size:,} validation tokens", main)
 
     # --- the results folder
     run = Run.open(config, info, resume_dir)
     if resume_dir is None:
         run.write_config(requested, config, info, data.describe())
-    say(f"{TAG} results: {run.path}{' (resumed)' if resume_dir else ''}", flush=True)
+    say(f"results: {run.path}{' (resumed)' if resume_dir else ''}", main)
 
     # --- every model: build, train, evaluate, sample
     for name in config["MODELS"]:
         if name in run.finished_models():
-            say(f"{TAG} {name}: finished in {run.path}, skipped", flush=True)
+            say(f"{name}: finished in {run.path}, skipped", main)
             continue
         model = build_model(name, data.tokenizer.vocab_size, config)
         outcome = train.fit(name, model, data, config, info, run)
-        samples = train.sample_stories(model, data, config, info) if info.is_main_process else []
+        samples = train.sample_stories(model, data, config, info) if main else []
         record = train.summary_record(name, model, outcome, config, info, data)
         run.record_summary(record, samples)
         dev.barrier(info, f"{name}_recorded")  # every process sees the model finished before the next
-        say(f"{TAG} {name}: {record['val_bpc']:.3f} bits/char after {record['train_tokens']:,} tokens "
-            f"in {record['train_seconds']:.1f}s", flush=True)
+        say(f"{name}: {record['val_bpc']:.3f} bits/char after {record['train_tokens']:,} tokens "
+            f"in {record['train_seconds']:.1f}s", main)
         if samples:
-            say(f"    {samples[0][1][:300]!r}", flush=True)
+            print(f"    {samples[0][1][:300]!r}", flush=True)
 
     # --- results and plots
-    if info.is_main_process:
+    if main:
         print(f"\n{TAG} {run.path}: validation bits/char on {data.description}, {info.name}\n"
               f"{format_table(run.summaries())}", flush=True)
         if config["PLOTS"]:
             import plot_results
 
             for png in plot_results.plot_runs([run.path]):
-                print(f"{TAG} plot: {png}")
+                say(f"plot: {png}")
     return run
 
 

@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import socket
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -25,24 +24,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .messages import say, warn
 from .synthetic import synthetic_stories
 
 EOT = "<|endoftext|>"
 HUB_DATASET = "roneneldan/TinyStories"
-TAG = "[ReservoirNLP]"
 _EOT_MARK = "\ue000"  # a private-use character standing for EOT inside joined text
 
 
 class DataError(ValueError):
     """Bad data input: reported as one line that says what to fix."""
-
-
-def _say(message: str) -> None:
-    print(f"{TAG} {message}", flush=True)
-
-
-def _warn(message: str) -> None:
-    print(f"{TAG} WARNING: {message}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------ sources
@@ -210,7 +201,7 @@ def load_corpus(config: dict) -> Corpus:
             if local:
                 corpus = _load_files(config["DATA_DIR"], config["VAL_PATH"], config)
             else:
-                _warn(f"TinyStories is not available ({hub_error}); no TinyStories files in "
+                warn(f"TinyStories is not available ({hub_error}); no TinyStories files in "
                       f"DATA_DIR={config['DATA_DIR']!r}. USING THE BUILT-IN SYNTHETIC CORPUS: its numbers are "
                       "not TinyStories numbers.")
                 corpus = _synthetic(config)
@@ -370,11 +361,11 @@ def load_or_train_tokenizer(kind: str, vocab_size: int, corpus: Corpus, cache_di
         try:
             return cls.from_json(path.read_text(encoding="utf-8"))
         except Exception as e:  # noqa: BLE001 - a broken cache file is rebuilt, whatever broke it
-            _warn(f"tokenizer cache {path} is unreadable ({type(e).__name__}); training it again")
+            warn(f"tokenizer cache {path} is unreadable ({type(e).__name__}); training it again")
     start = time.perf_counter()
     tokenizer = cls.train(corpus.train, vocab_size)
     _atomic_write(path, lambda tmp: Path(tmp).write_text(tokenizer.to_json(), encoding="utf-8"))
-    _say(f"trained {kind} tokenizer (vocab {tokenizer.vocab_size}) in {time.perf_counter() - start:.1f}s")
+    say(f"trained {kind} tokenizer (vocab {tokenizer.vocab_size}) in {time.perf_counter() - start:.1f}s")
     return tokenizer
 
 
@@ -399,9 +390,9 @@ def cached_tokens(tokenizer, stories: list[str], text_hash: str, cache_dir: str 
                   and int(ids.sum(dtype=np.int64)) == meta["checksum"])
             if ok:
                 return ids
-            _warn(f"token cache {array_path} does not match its metadata; rebuilding it")
+            warn(f"token cache {array_path} does not match its metadata; rebuilding it")
         except Exception as e:  # noqa: BLE001 - any unreadable cache is rebuilt
-            _warn(f"token cache {array_path} is unreadable ({type(e).__name__}); rebuilding it")
+            warn(f"token cache {array_path} is unreadable ({type(e).__name__}); rebuilding it")
     ids = tokenizer.encode_stories(stories)
     if ids.size and int(ids.max()) >= tokenizer.vocab_size:
         raise DataError(f"tokenizer produced id {int(ids.max())} >= vocab {tokenizer.vocab_size}")

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-TAG = "[ReservoirNLP]"
+from .messages import TAG, warn
+
 _GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips appear on the PCI bus with Google's vendor id
 
 
@@ -112,10 +113,6 @@ def available_kinds() -> list[str]:
     return kinds
 
 
-def _warn(message: str) -> None:
-    print(f"{TAG} WARNING: {message}", file=sys.stderr, flush=True)
-
-
 def resolve_kind(device: str = "auto", use_tpu: bool = False) -> str:
     """The device kind to use for a DEVICE / USE_TPU request (see configs.py)."""
     kinds = available_kinds()
@@ -128,7 +125,7 @@ def resolve_kind(device: str = "auto", use_tpu: bool = False) -> str:
             if not xla_installed()
             else "no TPU chips were found and PJRT_DEVICE is not set"
         )
-        _warn(
+        warn(
             f"a TPU was requested (USE_TPU=True) but {why}; "
             f"using {'the GPU' if fallback == 'cuda' else 'the CPU'} ({fallback}) instead. "
             "See README_TPU.md to set up torch_xla."

@@ -23,9 +23,9 @@ from tqdm import tqdm
 from . import device as dev
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DataError, TokenData, TrainWindows, eval_windows, tokenizer_hash
+from .messages import say
 from .results import Run
 
-TAG = "[ReservoirNLP]"
 CALIBRATION_TOKENS = 16384  # training tail held out from the ridge fit to calibrate its probabilities
 
 
@@ -143,15 +143,10 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
         device = dev.compute_device(info, getattr(model, "host_only", False))
         model.to(device)
         run.forget_metrics(name, saved["progress"]["step"])
-        _say(info, f"{name}: finished in the checkpoint; evaluating it again")
+        say(f"{name}: finished in the checkpoint; evaluating it again", info.is_main_process)
         return Outcome(Progress(**saved["progress"]), evaluator(model, info, device), saved.get("extra", {}))
     run.forget_metrics(name, saved["progress"]["step"] if saved else -1)  # evaluations past the checkpoint are redone
     return trainer(name, model, data, config, info, run, evaluator, identity, saved)
-
-
-def _say(info: dev.DeviceInfo, message: str) -> None:
-    if info.is_main_process:
-        tqdm.write(f"{TAG} {message}")
 
 
 def _tokens_per_step(config: dict, info: dev.DeviceInfo) -> int:
@@ -239,7 +234,8 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
         scaler.load_state_dict(saved["scaler"])
         dev.set_rng_state(info, saved["rng"])
         progress = Progress(**saved["progress"])
-        _say(info, f"{name}: resuming at step {progress.step} ({progress.tokens:,} tokens, {progress.seconds:.0f}s)")
+        say(f"{name}: resuming at step {progress.step} ({progress.tokens:,} tokens, {progress.seconds:.0f}s)",
+            info.is_main_process)
     budget = Budget.from_config(config)
     accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
     batches = _batches(TrainWindows(data.train, config["SEQ_LEN"], config["SEED"]), info, config, progress)
@@ -370,7 +366,8 @@ def _fit_counts(name, model, data, config, info, run, evaluator, identity, saved
     extra = model.fit_counts(np.asarray(fit_ids), np.asarray(held_ids))
     progress = Progress(step=math.ceil(total / _tokens_per_step(config, info)), tokens=len(fit_ids) + len(held_ids),
                         seconds=time.perf_counter() - started)
-    _say(info, f"{name}: counted {progress.tokens:,} tokens in {progress.seconds:.1f}s (discount {extra['discount']})")
+    say(f"{name}: counted {progress.tokens:,} tokens in {progress.seconds:.1f}s (discount {extra['discount']})",
+        info.is_main_process)
     return _finish(name, model, info, run, evaluator, identity, progress, torch.device("cpu"), extra)
 
 
