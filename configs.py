@@ -265,7 +265,8 @@ def validate(config: dict) -> dict:
     if not checked["SAMPLE_PROMPTS"] or not all(isinstance(p, str) and p for p in checked["SAMPLE_PROMPTS"]):
         raise ConfigError("SAMPLE_PROMPTS must be a list of non-empty strings, "
                           "e.g. SAMPLE_PROMPTS=['Once upon a time']")
-    if not any(checked[k] for k in ("MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S")):
+    budgets = ("MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S")
+    if not checked["RESUME"] and not any(checked[k] for k in budgets):  # a resumed run keeps its own budget
         raise ConfigError("no training budget: set at least one of MAX_STEPS, TOKEN_BUDGET, TIME_BUDGET_S")
     if checked["USE_TPU"] and checked["DEVICE"] in ("cuda", "cpu"):
         raise ConfigError(f"USE_TPU=True contradicts DEVICE={checked['DEVICE']!r}; set one of them")
