@@ -97,7 +97,11 @@ def test_launcher_runs_the_experiment_in_a_launched_process(tmp_path):
     assert summary(tmp_path, "l")["lstm"]["train_steps"] == 2
 
 
-def test_persistent_compile_cache_skips_compilation_in_a_second_process(tmp_path):
+def test_persistent_compile_cache_is_written_and_looked_up_by_a_second_process(tmp_path):
+    """XLA_CACHE_DIR reaches torch_xla: the first process writes every graph, the second
+    looks every one up. torch_xla 2.9 then fails to deserialize them (pytorch/xla#9094,
+    also on TPU; fix pending upstream), so the second run still compiles: this asserts
+    the wiring, and fails loudly the day hits start (update README_TPU then)."""
     script = (
         "import sys; sys.path.insert(0, '.');"
         "import torch, torch_xla.debug.metrics as met;"
@@ -105,12 +109,14 @@ def test_persistent_compile_cache_skips_compilation_in_a_second_process(tmp_path
         f"info = dev.select_device({{'USE_TPU': True, 'XLA_CACHE_DIR': r'{tmp_path / 'xla'}'}});"
         "m = torch.nn.Linear(8, 8).to(info.device); y = (m(torch.ones(4, 8, device=info.device)) ** 2).sum();"
         "y.backward(); dev.mark_step(info);"
-        "print(met.counter_value('PersistentCacheMiss') or 0, met.counter_value('PersistentCacheHit') or 0)")
-    first = python(["-c", script]).stdout.split()
-    second = python(["-c", script]).stdout.split()
-    assert int(first[0]) > 0 and int(first[1]) == 0, first
-    assert int(second[0]) == 0 and int(second[1]) == int(first[0]), second
-    assert (tmp_path / "xla" / "process0").is_dir()
+        "print(*(int(met.counter_value(n) or 0) for n in "
+        "('PersistentCacheMiss', 'PersistentCacheHit', 'PersistentCacheDeserializeFailure')))")
+    miss, hit, failed = map(int, python(["-c", script]).stdout.split()[-3:])
+    assert miss > 0 and hit == failed == 0
+    assert len(list((tmp_path / "xla" / "process0").iterdir())) == miss  # one file per graph, per process
+    miss2, hit2, failed2 = map(int, python(["-c", script]).stdout.split()[-3:])
+    assert miss2 == 0 and hit2 + failed2 == miss  # every graph found on disk
+    assert failed2 == miss, "torch_xla now reads its cache back: say so in README_TPU.md and assert hits"
 
 
 def test_bf16_and_gradient_checkpointing_on_xla():

@@ -32,7 +32,7 @@ from reservoir.data import prepare_data  # noqa: E402
 from reservoir.models import build_model  # noqa: E402
 from reservoir.results import Run  # noqa: E402
 
-TINY = ["USE_TPU=True", "DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=2",
+TINY = ["USE_TPU=True", "MAX_STEPS=1", "DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=2",
         "EVAL_TOKENS=128", "TIME_BUDGET_S=None", "CHECKPOINT_EVERY=0", "WARMUP_STEPS=2", "ESN.units=32",
         "DEEP_ESN.units=16", "NVAR.input_dim=4", "LINEAR_RESERVOIR.units=16", "LINEAR_RESERVOIR.readout_hidden=32",
         "LSTM.hidden=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32"]
