@@ -9,13 +9,12 @@ A checkpoint is a ``torch.save`` of plain containers, numbers and tensors, so
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
 from . import device as dev
+from .files import atomic_write
 
 FORMAT = 1
 
@@ -25,25 +24,11 @@ class CheckpointError(RuntimeError):
 
 
 def save_checkpoint(path: str | Path, payload: dict, info: dev.DeviceInfo) -> None:
-    """Write ``payload`` to ``path``: a temporary file in the same folder, fsync, rename.
-
-    A crash at any moment leaves either the previous checkpoint or the new one.
-    """
+    """Write ``payload`` to ``path`` atomically: a crash leaves the previous checkpoint or the new one."""
     cpu_payload = dev.to_cpu(info, {"format": FORMAT, **payload})  # every process joins the XLA transfer
     if not info.is_main_process:
         return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(cpu_payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(path, lambda tmp: torch.save(cpu_payload, tmp))
 
 
 def load_checkpoint(path: str | Path, expect: dict) -> dict:

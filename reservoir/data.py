@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import socket
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .files import atomic_write, atomic_write_text
 from .messages import say, warn
 from .synthetic import synthetic_stories
 
@@ -220,19 +220,6 @@ def _sha256(*parts: bytes | str) -> str:
     return digest.hexdigest()
 
 
-def _atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp_path)``, then rename onto ``path``: readers never see a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 class CharTokenizer:
     """One token per character seen in training (+ ``<|endoftext|>`` and ``<unk>``).
 
@@ -364,12 +351,17 @@ def load_or_train_tokenizer(kind: str, vocab_size: int, corpus: Corpus, cache_di
             warn(f"tokenizer cache {path} is unreadable ({type(e).__name__}); training it again")
     start = time.perf_counter()
     tokenizer = cls.train(corpus.train, vocab_size)
-    _atomic_write(path, lambda tmp: Path(tmp).write_text(tokenizer.to_json(), encoding="utf-8"))
+    atomic_write_text(path, tokenizer.to_json())
     say(f"trained {kind} tokenizer (vocab {tokenizer.vocab_size}) in {time.perf_counter() - start:.1f}s")
     return tokenizer
 
 
 # ------------------------------------------------------------------ token cache
+
+
+def _save_array(path: str, ids: np.ndarray) -> None:
+    with open(path, "wb") as f:  # a file object: np.save would append '.npy' to a bare path
+        np.save(f, ids)
 
 
 def cached_tokens(tokenizer, stories: list[str], text_hash: str, cache_dir: str | Path, split: str) -> np.ndarray:
@@ -399,8 +391,8 @@ def cached_tokens(tokenizer, stories: list[str], text_hash: str, cache_dir: str 
     ids = ids.astype(dtype)
     meta = {"n_tokens": int(ids.size), "dtype": np.dtype(dtype).name, "tokenizer": tok_hash,
             "text": text_hash, "checksum": int(ids.sum(dtype=np.int64)), "split": split}
-    _atomic_write(array_path, lambda tmp: np.save(open(tmp, "wb"), ids))
-    _atomic_write(meta_path, lambda tmp: Path(tmp).write_text(json.dumps(meta)))
+    atomic_write(array_path, lambda tmp: _save_array(tmp, ids))
+    atomic_write_text(meta_path, json.dumps(meta))
     return np.load(array_path, mmap_mode="r")
 
 

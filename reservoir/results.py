@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import platform
-import tempfile
 from pathlib import Path
 
 import torch
 
 from . import device as dev
+from .files import atomic_write_text
 
 SUMMARY_FIELDS = ("model", "params_total", "params_trainable", "train_seconds", "train_tokens", "tokens_per_second",
                   "val_loss", "val_ppl", "val_bpc", "device", "precision", "data_source", "tokenizer", "vocab_size",
@@ -34,15 +33,7 @@ class ResultsError(ValueError):
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 def read_json(path: Path, what: str):
@@ -164,9 +155,6 @@ class Run:
                            "global_batch": global_batch, "tokens_per_step": global_batch * effective["SEQ_LEN"]},
                 "data": data, "started": datetime.datetime.now().isoformat(timespec="seconds")})
 
-    def config(self) -> dict:
-        return read_json(self.path / "config.json", "the run's config")
-
     # --- metrics.jsonl: appended per evaluation
     def log_metrics(self, record: dict) -> None:
         if self.writes:
@@ -180,11 +168,7 @@ class Run:
         rows = read_metrics(self.path)
         kept = [r for r in rows if r.get("model") != model or r.get("step", 0) <= after_step]
         if len(kept) != len(rows):
-            path = self.path / "metrics.jsonl"
-            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".metrics.", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
-            os.replace(tmp, path)
+            atomic_write_text(self.path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
 
     # --- summary.json and samples.txt: rewritten whole when a model finishes
     def summaries(self) -> list[dict]:
@@ -210,10 +194,7 @@ class Run:
         for r in records:
             blocks.append(f"=== {r['model']}  (val {r['val_bpc']:.3f} bits/char)")
             blocks += [f"--- prompt: {s['prompt']!r}\n{s['text']}\n" for s in r["samples"]]
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".samples.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("\n".join(blocks) + "\n")
-        os.replace(tmp, self.path / "samples.txt")
+        atomic_write_text(self.path / "samples.txt", "\n".join(blocks) + "\n")
 
 
 def format_table(records: list[dict]) -> str:
