@@ -17,6 +17,7 @@ from reservoir.data import DataError, prepare_data
 from reservoir.messages import TAG, say
 from reservoir.models import build_model
 from reservoir.results import ResultsError, Run, find_run_dir, format_table, read_json, resumed_config
+from reservoir.tracking import TrackingError, check_available
 
 
 def run_experiment(config: dict, process_index: int = 0) -> Run:
@@ -32,6 +33,7 @@ def run_experiment(config: dict, process_index: int = 0) -> Run:
     main = info.is_main_process
     if main:
         print(info.banner(), flush=True)
+        check_available(config["LOGGERS"])  # a tracker that cannot start fails now, not mid-run
 
     # --- data and tokenizer
     data = prepare_data(config)
@@ -42,9 +44,30 @@ def run_experiment(config: dict, process_index: int = 0) -> Run:
     run = Run.open(config, info, resume_dir)
     if resume_dir is None:
         run.write_config(requested, config, info, data.describe())
+    if not (run.path / "tokenizer.json").exists():  # the folder alone is then enough for sample.py
+        run.write_tokenizer(data.tokenizer.to_json())
     say(f"results: {run.path}{' (resumed)' if resume_dir else ''}", main)
 
-    # --- every model: build, train, evaluate, sample
+    try:
+        _train_every_model(config, info, data, run)
+    finally:
+        run.close()
+
+    # --- results and plots
+    if main:
+        print(f"\n{TAG} {run.path}: validation bits/char on {data.description}, {info.name}\n"
+              f"{format_table(run.summaries())}", flush=True)
+        if config["PLOTS"]:
+            import plot_results
+
+            for png in plot_results.plot_runs([run.path]):
+                say(f"plot: {png}")
+    return run
+
+
+def _train_every_model(config: dict, info, data, run: Run) -> None:
+    """Every model: build, train, evaluate, sample, record."""
+    main = info.is_main_process
     for name in config["MODELS"]:
         if name in run.finished_models():
             say(f"{name}: finished in {run.path}, skipped", main)
@@ -60,17 +83,6 @@ def run_experiment(config: dict, process_index: int = 0) -> Run:
         if samples:
             print(f"    {samples[0][1][:300]!r}", flush=True)
 
-    # --- results and plots
-    if main:
-        print(f"\n{TAG} {run.path}: validation bits/char on {data.description}, {info.name}\n"
-              f"{format_table(run.summaries())}", flush=True)
-        if config["PLOTS"]:
-            import plot_results
-
-            for png in plot_results.plot_runs([run.path]):
-                say(f"plot: {png}")
-    return run
-
 
 def main(argv: list[str]) -> int:
     config = config_from_argv(argv)
@@ -79,7 +91,7 @@ def main(argv: list[str]) -> int:
             dev.launch(run_experiment, config)  # one process per TPU chip
         else:
             run_experiment(config)
-    except (ConfigError, dev.DeviceError, DataError, ResultsError, CheckpointError) as e:
+    except (ConfigError, dev.DeviceError, DataError, ResultsError, CheckpointError, TrackingError) as e:
         raise SystemExit(f"error: {e}") from None
     except KeyboardInterrupt:
         raise SystemExit(f"{TAG} interrupted; continue from the last checkpoint with RESUME=latest") from None

@@ -83,6 +83,8 @@ SHARED_CONFIG = {
     "RESULTS_DIR": "results",  # every run writes a new folder under here
     "RUN_NAME": None,  # name of the run folder; None means a timestamp
     "PLOTS": True,  # write the PNG plots at the end of the run (plot_results.py)
+    "LOGGERS": [],  # trackers besides the run's own files ('csv', always on): 'tensorboard' (<run>/tb/), 'wandb'
+    "WANDB_PROJECT": "reservoir-nlp",  # W&B project of LOGGERS=['wandb'] (WANDB_MODE=offline logs locally)
 }
 
 # Validation rules for values whose type alone does not say what is allowed.
@@ -99,6 +101,7 @@ _POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "
              "SAMPLE_TOP_K"}
 _NON_NEGATIVE = {"NUM_WORKERS", "SEED", "GRAD_CLIP", "WEIGHT_DECAY", "WARMUP_STEPS", "CHECKPOINT_EVERY",
                  "SAMPLE_TOKENS", "SAMPLE_TEMPERATURE"}
+_LOGGERS = ("csv", "tensorboard", "wandb")
 _FRACTION = {"VAL_FRACTION"}  # strictly between 0 and 1
 _UNIT_INTERVAL = {"MIN_LR_FRACTION"}  # 0 to 1 inclusive
 # Rules inside the per-model blocks, by hyper-parameter name.
@@ -151,7 +154,7 @@ def _closest_key(name: str, keys) -> str:
     return f"; did you mean {match[0]}?" if match else f"; valid keys: {', '.join(keys)}"
 
 
-def _parse_literal(text: str):
+def parse_literal(text: str):
     """Python literal if it parses as one, else the raw string (so DEVICE=cpu works unquoted)."""
     lowered = text.strip().lower()
     if lowered in ("true", "yes", "on"):
@@ -262,6 +265,10 @@ def validate(config: dict) -> dict:
             raise ConfigError(f"unknown model {name!r} in MODELS{hint} (models: {', '.join(known_models)})")
     if not checked["MODELS"]:
         raise ConfigError("MODELS is empty; name at least one model, e.g. MODELS=esn,transformer")
+    unknown = [name for name in checked["LOGGERS"] if name not in _LOGGERS]
+    if unknown:
+        raise ConfigError(f"unknown logger {unknown[0]!r} in LOGGERS (loggers: {', '.join(_LOGGERS)}), "
+                          "e.g. LOGGERS=tensorboard,wandb")
     if not checked["SAMPLE_PROMPTS"] or not all(isinstance(p, str) and p for p in checked["SAMPLE_PROMPTS"]):
         raise ConfigError("SAMPLE_PROMPTS must be a list of non-empty strings, "
                           "e.g. SAMPLE_PROMPTS=['Once upon a time']")
@@ -287,9 +294,9 @@ def parse_overrides(args: list[str], base: dict | None = None) -> dict:
         if dot:
             if not isinstance(SHARED_CONFIG[key], dict):
                 raise ConfigError(f"{key} has no sub-keys; write {key}=VALUE")
-            config[key] = {**config[key], sub.strip().lower(): _parse_literal(text)}
+            config[key] = {**config[key], sub.strip().lower(): parse_literal(text)}
         else:
-            config[key] = _parse_literal(text)
+            config[key] = parse_literal(text)
     return validate(config)
 
 

@@ -2,6 +2,9 @@
 
     results/<run>/config.json      effective config, versions, device, data, world size
     results/<run>/metrics.jsonl    one line per evaluation (model, step, tokens, seconds, losses, val_bpc)
+    results/<run>/train_log.jsonl  one line per training-loss read (model, step, tokens, seconds, train_loss, lr)
+    results/<run>/tokenizer.json   the run's tokenizer, so the folder alone is enough to sample (sample.py)
+    results/<run>/tb/, wandb/      TensorBoard / W&B files when LOGGERS asks for them
     results/<run>/summary.json     one record per finished model
     results/<run>/samples.txt      generated stories, per model
     results/<run>/checkpoints/     <model>.pt
@@ -22,6 +25,7 @@ import torch
 
 from . import device as dev
 from .files import atomic_write_text
+from .tracking import Trackers
 
 SUMMARY_FIELDS = ("model", "params_total", "params_trainable", "train_seconds", "train_tokens", "tokens_per_second",
                   "val_loss", "val_ppl", "val_bpc", "device", "precision", "data_source", "tokenizer", "vocab_size",
@@ -45,8 +49,9 @@ def read_json(path: Path, what: str):
         raise ResultsError(f"{path} ({what}) is not valid JSON ({e}); the run folder is damaged") from None
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
+def read_metrics(run_dir: Path, file: str = "metrics.jsonl") -> list[dict]:
+    """The evaluations (or, with ``file="train_log.jsonl"``, the training-loss reads) of a run."""
+    path = Path(run_dir) / file
     if not path.exists():
         return []
     rows = []
@@ -124,9 +129,10 @@ def versions() -> dict:
 class Run:
     """One results folder. Every method is safe to call on every process; only rank 0 writes."""
 
-    def __init__(self, path: Path, info: dev.DeviceInfo):
+    def __init__(self, path: Path, info: dev.DeviceInfo, trackers: Trackers | None = None):
         self.path, self.info = Path(path), info
         self.writes = info.is_main_process
+        self.trackers = trackers
 
     @classmethod
     def open(cls, config: dict, info: dev.DeviceInfo, resume_dir: Path | None = None) -> Run:
@@ -135,7 +141,7 @@ class Run:
         if path is None:
             path = _new_run_dir(config["RESULTS_DIR"], config["RUN_NAME"]) if info.is_main_process else None
             path = dev.broadcast_object(info, str(path) if path else None)
-        return cls(Path(path), info)
+        return cls(Path(path), info, Trackers.open(config, Path(path), info.is_main_process))
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -155,20 +161,37 @@ class Run:
                            "global_batch": global_batch, "tokens_per_step": global_batch * effective["SEQ_LEN"]},
                 "data": data, "started": datetime.datetime.now().isoformat(timespec="seconds")})
 
-    # --- metrics.jsonl: appended per evaluation
-    def log_metrics(self, record: dict) -> None:
+    def write_tokenizer(self, tokenizer_json: str) -> None:
         if self.writes:
-            with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            atomic_write_text(self.path / "tokenizer.json", tokenizer_json)
 
-    def forget_metrics(self, model: str, after_step: int) -> None:
-        """Drop ``model``'s evaluations past ``after_step`` (they are redone when it resumes)."""
+    # --- metrics.jsonl (per evaluation) and train_log.jsonl (per loss read): appended, and sent to the trackers
+    def log_metrics(self, record: dict) -> None:
+        self._append("metrics.jsonl", record, {"val/loss": record.get("val_loss"), "val/bpc": record.get("val_bpc"),
+                                               "val/ppl": record.get("val_ppl")})
+
+    def log_train(self, record: dict) -> None:
+        self._append("train_log.jsonl", record, {"train/loss": record.get("train_loss"), "train/lr": record.get("lr"),
+                                                 "train/tokens": record.get("tokens"),
+                                                 "train/tokens_per_second": record.get("tokens_per_second")})
+
+    def _append(self, file: str, record: dict, scalars: dict) -> None:
         if not self.writes:
             return
-        rows = read_metrics(self.path)
-        kept = [r for r in rows if r.get("model") != model or r.get("step", 0) <= after_step]
-        if len(kept) != len(rows):
-            atomic_write_text(self.path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
+        with open(self.path / file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.trackers is not None:
+            self.trackers.log(record["model"], record.get("seed", 0), record["step"], scalars)
+
+    def forget_metrics(self, model: str, after_step: int) -> None:
+        """Drop ``model``'s evaluations and loss reads past ``after_step`` (redone when it resumes)."""
+        if not self.writes:
+            return
+        for file in ("metrics.jsonl", "train_log.jsonl"):
+            rows = read_metrics(self.path, file)
+            kept = [r for r in rows if r.get("model") != model or r.get("step", 0) <= after_step]
+            if len(kept) != len(rows):
+                atomic_write_text(self.path / file, "".join(json.dumps(r) + "\n" for r in kept))
 
     # --- summary.json and samples.txt: rewritten whole when a model finishes
     def summaries(self) -> list[dict]:
@@ -188,6 +211,12 @@ class Run:
         records.append({**record, "samples": [{"prompt": p, "text": t} for p, t in samples]})
         write_json_atomic(self.path / "summary.json", records)
         self._write_samples(records)
+        if self.trackers is not None:
+            self.trackers.finish_model(record["model"], record["seed"], record)
+
+    def close(self) -> None:
+        if self.trackers is not None:
+            self.trackers.close()
 
     def _write_samples(self, records: list[dict]) -> None:
         blocks = []

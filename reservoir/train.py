@@ -25,6 +25,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DataError, TokenData, TrainWindows, eval_windows, tokenizer_hash
 from .messages import say
 from .results import Run
+from .sampling import SampleSettings, write_stories
 
 CALIBRATION_TOKENS = 16384  # training tail held out from the ridge fit to calibrate its probabilities
 
@@ -153,17 +154,17 @@ def _tokens_per_step(config: dict, info: dev.DeviceInfo) -> int:
     return config["BATCH_SIZE"] * config["GRAD_ACCUM"] * info.replicas * config["SEQ_LEN"]
 
 
-def _finish(name, model, info, run, evaluator, identity, progress: Progress, device, extra: dict,
+def _finish(name, model, info, run, evaluator, identity, progress: Progress, device, extra: dict, seed: int,
             optimizer=None, scaler=None) -> Outcome:
     """The final evaluation and the 'finished' checkpoint, shared by every kind of fit."""
     final = evaluator(model, info, device)
-    _log_eval(run, name, progress, final)
+    _log_eval(run, name, seed, progress, final)
     _save(run, name, model, info, identity, progress, True, optimizer, scaler, extra)
     return Outcome(progress, final, extra)
 
 
-def _log_eval(run: Run, name: str, progress: Progress, result: dict) -> None:
-    record = {"model": name, "step": progress.step, "tokens": progress.tokens,
+def _log_eval(run: Run, name: str, seed: int, progress: Progress, result: dict) -> None:
+    record = {"model": name, "seed": seed, "step": progress.step, "tokens": progress.tokens,
               "seconds": round(progress.seconds, 3), "train_loss": progress.last_train_loss, **result}
     run.log_metrics(record)
 
@@ -273,18 +274,22 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
             loss_sum.zero_()
             progress.train_loss_steps = 0
             bar.update(100 * min(1.0, budget.progress(progress.step, progress.tokens, progress.seconds)) - bar.n)
-            bar.set_postfix_str(f"step {progress.step}, loss {progress.last_train_loss:.3f}, "
-                                f"{progress.tokens / max(progress.seconds, 1e-9):,.0f} tok/s")
+            speed = progress.tokens / max(progress.seconds, 1e-9)
+            bar.set_postfix_str(f"step {progress.step}, loss {progress.last_train_loss:.3f}, {speed:,.0f} tok/s")
+            run.log_train({"model": name, "seed": config["SEED"], "step": progress.step, "tokens": progress.tokens,
+                           "seconds": round(progress.seconds, 3), "train_loss": progress.last_train_loss,
+                           "lr": lr, "tokens_per_second": round(speed, 1)})
         if done:
             break
         paused = time.perf_counter()
         if evaluate:
-            _log_eval(run, name, progress, evaluator(model, info, info.device))
+            _log_eval(run, name, config["SEED"], progress, evaluator(model, info, info.device))
         if checkpoint:
             _save(run, name, model, info, identity, progress, False, optimizer, scaler)
         started += time.perf_counter() - paused  # evaluation and checkpoints are not training time
     bar.close()
-    return _finish(name, model, info, run, evaluator, identity, progress, info.device, {}, optimizer, scaler)
+    return _finish(name, model, info, run, evaluator, identity, progress, info.device, {}, config["SEED"],
+                   optimizer, scaler)
 
 
 # --------------------------------------------------------------------- closed-form fits
@@ -351,7 +356,7 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
     progress.seconds = time.perf_counter() - started
     bar.set_postfix_str(f"{progress.tokens:,} tokens, {progress.tokens / progress.seconds:,.0f} tok/s")
     bar.close()
-    return _finish(name, model, info, run, evaluator, identity, progress, info.device, extra)
+    return _finish(name, model, info, run, evaluator, identity, progress, info.device, extra, config["SEED"])
 
 
 def _fit_counts(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
@@ -368,26 +373,18 @@ def _fit_counts(name, model, data, config, info, run, evaluator, identity, saved
                         seconds=time.perf_counter() - started)
     say(f"{name}: counted {progress.tokens:,} tokens in {progress.seconds:.1f}s (discount {extra['discount']})",
         info.is_main_process)
-    return _finish(name, model, info, run, evaluator, identity, progress, torch.device("cpu"), extra)
+    return _finish(name, model, info, run, evaluator, identity, progress, torch.device("cpu"), extra, config["SEED"])
 
 
 # --------------------------------------------------------------------- samples
 
 
-@torch.no_grad()
 def sample_stories(model, data: TokenData, config: dict, info: dev.DeviceInfo) -> list[tuple[str, str]]:
-    """One story per prompt, same seed for every model."""
-    where = dev.sampling_device(info, getattr(model, "host_only", False))
-    sampler = model.to(where)  # sampling comes last: the trained model is already checkpointed
-    sampler.eval()
-    generator = torch.Generator().manual_seed(config["SEED"])
-    tokenizer, out = data.tokenizer, []
-    for prompt in config["SAMPLE_PROMPTS"]:
-        ids = torch.from_numpy(np.asarray(tokenizer.encode(prompt), dtype=np.int64)).to(where)
-        story = sampler.generate(ids, config["SAMPLE_TOKENS"], temperature=config["SAMPLE_TEMPERATURE"],
-                                 top_k=config["SAMPLE_TOP_K"], stop_id=tokenizer.eot_id, generator=generator)
-        out.append((prompt, tokenizer.decode(story.cpu().numpy()).replace("<|endoftext|>", "").rstrip()))
-    return out
+    """One story per prompt, same seed for every model (sample.py reproduces them from the run folder)."""
+    settings = SampleSettings(config["SAMPLE_TOKENS"], config["SAMPLE_TEMPERATURE"], config["SAMPLE_TOP_K"],
+                              config["SEED"])
+    where = dev.sampling_device(info, getattr(model, "host_only", False))  # sampling comes last: already saved
+    return write_stories(model, data.tokenizer, config["SAMPLE_PROMPTS"], settings, where)
 
 
 def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.DeviceInfo, data: TokenData) -> dict:

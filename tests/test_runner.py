@@ -24,11 +24,11 @@ TINY = ["DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "BATCH_SIZE=
         "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32", "WARMUP_STEPS=5"]
 
 
-def run_cli(tmp_path, *args, env=None, check=True):
+def run_cli(tmp_path, *args, env=None, check=True, replace_env=False):
     cmd = [sys.executable, str(ROOT / "TinyStories.py"), *TINY, f"RESULTS_DIR={tmp_path / 'results'}",
            f"CACHE_DIR={tmp_path / 'cache'}", *args]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})},
-                          timeout=600)
+    environment = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=environment, timeout=600)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc

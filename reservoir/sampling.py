@@ -1,0 +1,114 @@
+"""Stories from a trained model: what the runner writes to samples.txt and what sample.py prints.
+
+    model, tokenizer, run = load_trained(run_dir, "transformer")    # the run folder alone is enough
+    stories = write_stories(model, tokenizer, prompts, settings, device)
+
+The run folder holds its config (config.json), its tokenizer (tokenizer.json) and each
+model's checkpoint (checkpoints/<model>.pt), so a folder copied to another machine
+samples there without the original data or token cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import CheckpointError, load_checkpoint
+from .data import EOT, TOKENIZERS, tokenizer_hash
+from .models import build_model
+from .results import ResultsError, read_json
+
+
+@dataclass(frozen=True)
+class SampleSettings:
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    seed: int
+    num_samples: int = 1
+    stop_at_end: bool = True  # one story per sample; False: write on through story ends (shown as blank lines)
+
+
+def decode_story(tokenizer, ids) -> str:
+    """Text of ``ids`` with every end of story shown as a blank line, not a literal marker."""
+    return tokenizer.decode(np.asarray(ids)).replace(EOT, "\n\n").rstrip()
+
+
+@torch.no_grad()
+def write_stories(model, tokenizer, prompts: list[str], settings: SampleSettings,
+                  device: torch.device) -> list[tuple[str, str]]:
+    """(prompt, story) for every prompt, ``num_samples`` each, from one generator seeded once:
+    the same settings give the same stories on every run."""
+    model = model.to(device)
+    model.eval()
+    generator = torch.Generator().manual_seed(settings.seed)
+    stop_id = tokenizer.eot_id if settings.stop_at_end else None
+    out = []
+    for prompt in prompts:
+        ids = torch.from_numpy(np.asarray(tokenizer.encode(prompt), dtype=np.int64)).to(device)
+        for _ in range(settings.num_samples):
+            story = model.generate(ids, settings.max_new_tokens, temperature=settings.temperature,
+                                   top_k=settings.top_k, stop_id=stop_id, generator=generator)
+            out.append((prompt, decode_story(tokenizer, story.cpu().numpy())))
+    return out
+
+
+@dataclass
+class TrainedRun:
+    path: Path
+    config: dict  # the effective config the run trained with
+    summaries: list[dict]
+    step: int  # the training step of the loaded checkpoint
+    finished: bool
+
+
+def load_tokenizer(run_dir: Path, config_json: dict):
+    path = run_dir / "tokenizer.json"
+    if not path.is_file():
+        raise ResultsError(f"{path} is missing: runs write their tokenizer since sample.py exists; sample from a "
+                           "newer run, or copy the tokenizer from data_cache/tokenizers/ into the run folder")
+    kind = config_json["data"]["tokenizer"]
+    try:
+        tokenizer = TOKENIZERS[kind].from_json(path.read_text(encoding="utf-8"))
+    except Exception as e:  # noqa: BLE001 - any unreadable tokenizer file gets the same one-line answer
+        raise ResultsError(f"{path} is not a readable {kind} tokenizer ({type(e).__name__}); the run folder is "
+                           "damaged") from None
+    if tokenizer_hash(tokenizer) != config_json["data"]["tokenizer_hash"]:
+        raise ResultsError(f"{path} is not the tokenizer this run trained with (hash differs); the run folder "
+                           "is damaged")
+    return tokenizer
+
+
+def load_trained(run_dir: str | Path, model_name: str | None = None):
+    """(model on the CPU, tokenizer, TrainedRun) for ``model_name`` in ``run_dir``;
+    without a name, the run's best finished model."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ResultsError(f"{run_dir} is not a folder; give a run folder such as results/<run>")
+    config_json = read_json(run_dir / "config.json", "the run's config")
+    config = config_json["effective_config"]
+    summary_path = run_dir / "summary.json"
+    summaries = read_json(summary_path, "the run's summary") if summary_path.exists() else []
+    if model_name is None:
+        if not summaries:
+            raise ResultsError(f"{run_dir} has no finished model yet; name one with MODEL=<name> "
+                               f"(models of this run: {', '.join(config['MODELS'])})")
+        model_name = min(summaries, key=lambda r: r["val_bpc"])["model"]
+    if model_name not in config["MODELS"]:
+        raise ResultsError(f"MODEL={model_name!r} is not a model of this run (its models: "
+                           f"{', '.join(config['MODELS'])})")
+    checkpoint = run_dir / "checkpoints" / f"{model_name}.pt"
+    if not checkpoint.is_file():
+        raise CheckpointError(f"{checkpoint} does not exist: {model_name} has not reached a checkpoint in this run")
+    tokenizer = load_tokenizer(run_dir, config_json)
+    identity = {"model": model_name, "model_config": config[model_name.upper()],
+                "vocab_size": tokenizer.vocab_size, "tokenizer_hash": tokenizer_hash(tokenizer),
+                "seq_len": config["SEQ_LEN"]}
+    payload = load_checkpoint(checkpoint, identity)
+    model = build_model(model_name, tokenizer.vocab_size, config)
+    model.load_state_dict(payload["model_state"])
+    run = TrainedRun(run_dir, config, summaries, payload["progress"]["step"], bool(payload["finished"]))
+    return model, tokenizer, run
