@@ -59,6 +59,7 @@ def write_stories(model, tokenizer, prompts: list[str], settings: SampleSettings
 @dataclass
 class TrainedRun:
     path: Path
+    model: str
     config: dict  # the effective config the run trained with
     summaries: list[dict]
     step: int  # the training step of the loaded checkpoint
@@ -110,5 +111,5 @@ def load_trained(run_dir: str | Path, model_name: str | None = None):
     payload = load_checkpoint(checkpoint, identity)
     model = build_model(model_name, tokenizer.vocab_size, config)
     model.load_state_dict(payload["model_state"])
-    run = TrainedRun(run_dir, config, summaries, payload["progress"]["step"], bool(payload["finished"]))
+    run = TrainedRun(run_dir, model_name, config, summaries, payload["progress"]["step"], bool(payload["finished"]))
     return model, tokenizer, run

@@ -1,0 +1,110 @@
+"""sample.py: stories from a run folder alone, equal to what the run itself wrote."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from reservoir.data import CharTokenizer
+from reservoir.sampling import SampleSettings, decode_story, load_trained, write_stories
+from tests.test_runner import ROOT, run_cli
+
+MODELS = ["ngram", "esn", "deep_esn", "nvar", "linear_reservoir", "lstm", "transformer"]
+SEPARATOR = "\n" + "-" * 40 + "\n"
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """Every model family, trained briefly; the run folder is then moved away from its data and cache."""
+    tmp = tmp_path_factory.mktemp("sample")
+    run_cli(tmp, f"MODELS={MODELS}", "MAX_STEPS=15", "EVAL_EVERY=15", "PLOTS=False", "RUN_NAME=r",
+            "SAMPLE_TOKENS=40", "SAMPLE_TEMPERATURE=1.0")
+    moved = tmp / "elsewhere" / "r"
+    shutil.move(tmp / "results" / "r", moved)
+    shutil.rmtree(tmp / "cache")  # the run folder alone must be enough
+    return moved
+
+
+def sample(*args, check=True):
+    proc = subprocess.run([sys.executable, str(ROOT / "sample.py"), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_sample_from_checkpoint_equals_the_runs_own_samples(trained_run, model):
+    summary = {r["model"]: r for r in json.loads((trained_run / "summary.json").read_text())}
+    written = [s["text"] for s in summary[model]["samples"]]
+    proc = sample(trained_run, f"MODEL={model}", "STOP_AT_END=True")
+    assert proc.stdout.rstrip("\n").split(SEPARATOR) == written
+    assert f"{model} at step" in proc.stderr and "finished" in proc.stderr
+
+
+def test_samples_continue_past_story_ends_as_blank_lines(trained_run):
+    model, tokenizer, _ = load_trained(trained_run, "ngram")
+    for seed in range(50):  # a seed whose first story ends within the token budget
+        settings = SampleSettings(max_new_tokens=600, temperature=1.0, top_k=None, seed=seed, stop_at_end=True)
+        stopped = write_stories(model, tokenizer, ["Once upon a time"], settings, torch.device("cpu"))[0][1]
+        if len(stopped) < len("Once upon a time") + 600:
+            break
+    else:
+        pytest.fail("no story ended within 600 tokens in 50 seeds")
+    settings = SampleSettings(max_new_tokens=600, temperature=1.0, top_k=None, seed=seed, stop_at_end=False)
+    going_on = write_stories(model, tokenizer, ["Once upon a time"], settings, torch.device("cpu"))[0][1]
+    assert going_on.startswith(stopped)  # the same generator, carried on past the end of the story
+    assert going_on[len(stopped):].startswith("\n\n") and len(going_on) > len(stopped) + 2  # the end: a blank line
+    assert "<|endoftext|>" not in going_on
+
+
+def test_prompt_file_and_num_samples(trained_run, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\n\nTom and his\n", encoding="utf-8")
+    out = sample(trained_run, "MODEL=lstm", f"PROMPT=FILE:{prompts}", "NUM_SAMPLES=2", "MAX_NEW_TOKENS=20",
+                 "STOP_AT_END=True", "SEED=7").stdout.rstrip("\n").split(SEPARATOR)
+    assert len(out) == 4
+    assert [s[:16] for s in out[:2]] == ["Once upon a time"] * 2 and all(s.startswith("Tom and his") for s in out[2:])
+    assert out[0] != out[1]  # two draws, not one story twice
+
+
+def test_default_model_is_the_runs_best(trained_run):
+    summary = json.loads((trained_run / "summary.json").read_text())
+    best = min(summary, key=lambda r: r["val_bpc"])["model"]
+    assert f"{best} at step" in sample(trained_run, "NUM_SAMPLES=1", "MAX_NEW_TOKENS=5").stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["MODEL=gpt"], "not a model of this run"),
+    (["MODEL=esn", "TOP_K=0"], "TOP_K must be >= 1"),
+    (["COLOUR=red"], "is not one of MODEL"),
+    (["PROMPT=FILE:/nonexistent/prompts.txt"], "cannot read it"),
+    (["DEVICE=tpu"], "DEVICE='tpu' is not available"),
+])
+def test_bad_input_is_one_line(trained_run, args, message):
+    proc = sample(trained_run, *args, check=False)
+    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_bad_run_folder_or_missing_checkpoint_is_one_line(trained_run, tmp_path):
+    proc = sample(tmp_path / "nothing-here", check=False)
+    assert proc.returncode != 0 and "not a folder" in proc.stderr and "Traceback" not in proc.stderr
+    copy = tmp_path / "copy"
+    shutil.copytree(trained_run, copy)
+    (copy / "checkpoints" / "esn.pt").unlink()
+    proc = sample(copy, "MODEL=esn", check=False)
+    assert proc.returncode != 0 and "esn.pt does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    (copy / "tokenizer.json").unlink()
+    proc = sample(copy, "MODEL=lstm", check=False)
+    assert proc.returncode != 0 and "tokenizer.json is missing" in proc.stderr and "Traceback" not in proc.stderr
+    proc = sample(check=False)
+    assert proc.returncode != 0 and "run folder" in proc.stderr
+
+
+def test_decode_shows_story_ends_as_blank_lines():
+    tok = CharTokenizer("abc .")
+    ids = tok.encode("ab.<|endoftext|>ca")
+    assert decode_story(tok, ids) == "ab.\n\nca"
