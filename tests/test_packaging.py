@@ -1,0 +1,47 @@
+"""`pip install -e .` / `pip install .`: the package, its modules and its dependencies."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.test_runner import ROOT
+
+SOURCES = ["pyproject.toml", "README.md", "configs.py", "plot_results.py", "reservoir"]
+
+
+def _requirements(text: str) -> list[str]:
+    return [line.split("#")[0].strip() for line in text.splitlines() if line.split("#")[0].strip()]
+
+
+def test_installed_package_imports_from_anywhere_with_the_runtime_dependencies(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in SOURCES:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, source / name)
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                           "--target", str(target), str(source)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    snippet = ("import reservoir.models, reservoir.sampling, configs; "
+               "from reservoir.models import build_model; "
+               "m = build_model('esn', 20, configs.parse_overrides(['ESN.units=16'])); "
+               "print(reservoir.__file__, type(m).__name__)")
+    elsewhere = tmp_path / "notebook"
+    elsewhere.mkdir()
+    run = subprocess.run([sys.executable, "-c", snippet], cwd=elsewhere, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith(str(target)) and run.stdout.strip().endswith("ESN")  # the installed copy
+    metadata = next(target.glob("reservoir_nlp-*.dist-info")) / "METADATA"
+    requires = [line.split(":", 1)[1].strip() for line in metadata.read_text().splitlines()
+                if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    assert requires == _requirements((ROOT / "requirements.txt").read_text())  # one list, kept equal
+
+
+def test_every_module_of_the_package_is_listed():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {str(p.parent.relative_to(ROOT)).replace("/", ".") for p in Path(ROOT / "reservoir").rglob("__init__.py")}
+    assert listed == on_disk
