@@ -283,6 +283,17 @@ def _as_pytest(check):
 globals().update({_as_pytest(check).__name__: _as_pytest(check) for check in CHECKS})
 
 
+def describe_torch_tpu(status: dict | None) -> str:
+    """One informational line on TorchTPU (torch_xla's successor); it never passes or fails the set-up."""
+    if status is None:
+        return "not installed (PyPI torch-tpu, torch_xla's successor; this project uses torch_xla 2.9, README_TPU.md)"
+    if not status["imported"]:
+        return f"{status['version']} installed, but {status['error']}; no 'tpu' device"
+    device = (f"'tpu' device registered ({status['devices']} devices)" if status["tpu_device"]
+              else "no 'tpu' device registered (no TPU here)")
+    return f"{status['version']} installed and imports; {device}; this project runs on torch_xla"
+
+
 def main(argv: list[str]) -> int:
     global _CONFIG
     _CONFIG = config_from_argv(argv)
@@ -292,6 +303,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(info.banner())
+    print(f"INFO  torch_tpu: {describe_torch_tpu(dev.torch_tpu_status())}")
     failed = skipped = 0
     for check in CHECKS:
         name = check.__name__.removeprefix("check_")

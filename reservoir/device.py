@@ -12,8 +12,11 @@ import contextlib
 import functools
 import glob
 import importlib
+import importlib.metadata
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -101,6 +104,47 @@ def xla_usable() -> bool:
     if not xla_installed():
         return False
     return bool(os.environ.get("PJRT_DEVICE")) or tpu_chips_present()
+
+
+_TORCH_TPU_PROBE = """
+import json, torch
+import torch_tpu  # noqa: F401
+try:
+    torch.device("tpu")  # parses only once a backend has registered the 'tpu' device type
+    registered = True
+except RuntimeError:
+    registered = False
+module = getattr(torch, "tpu", None)
+count = int(module.device_count()) if registered and hasattr(module, "device_count") else 0
+print(json.dumps({"tpu_device": registered, "devices": count}))
+"""
+
+
+def torch_tpu_status() -> dict | None:
+    """TorchTPU (PyPI ``torch-tpu``, torch_xla's announced successor), for information only.
+
+    None when it is not installed; else its version and whether importing it registers a
+    ``tpu`` device. The import is probed in a child process: without libtpu it aborts the
+    process that imports it (an absl CHECK failure), which must not take the caller down.
+    """
+    if importlib.util.find_spec("torch_tpu") is None:
+        return None
+    try:
+        version = importlib.metadata.version("torch-tpu")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown version"
+    status = {"version": version, "imported": False, "tpu_device": False, "devices": 0, "error": None}
+    try:
+        child = subprocess.run([sys.executable, "-c", _TORCH_TPU_PROBE], capture_output=True, text=True,
+                               timeout=300)
+    except subprocess.TimeoutExpired:
+        return {**status, "error": "import timed out"}
+    if child.returncode != 0:
+        lines = [line.strip() for line in child.stderr.splitlines() if line.strip()]
+        telling = [line for line in lines if any(w in line for w in ("Error", "failed", "not found", "not set"))]
+        reason = (telling or lines or ["no message"])[-1]
+        return {**status, "error": f"importing it failed (exit {child.returncode}): {reason[:200]}"}
+    return {**status, "imported": True, **json.loads(child.stdout.strip().splitlines()[-1])}
 
 
 def available_kinds() -> list[str]:
