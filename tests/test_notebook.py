@@ -1,9 +1,10 @@
 """notebooks/TinyStories_TPU.ipynb runs top to bottom (on the CPU here: USE_TPU falls back with a warning)."""
 
-import nbformat
 import pytest
 
 from tests.test_runner import ROOT, TINY
+
+nbformat = pytest.importorskip("nbformat")
 
 NOTEBOOK = ROOT / "notebooks" / "TinyStories_TPU.ipynb"
 

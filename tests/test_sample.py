@@ -45,6 +45,15 @@ def test_sample_from_checkpoint_equals_the_runs_own_samples(trained_run, model):
     assert f"{model} at step" in proc.stderr and "finished" in proc.stderr
 
 
+@pytest.mark.xla
+def test_sample_with_the_xla_device(trained_run):
+    """DEVICE=tpu: the device layer picks XLA and generates on the CPU, so the stories are the run's."""
+    summary = {r["model"]: r for r in json.loads((trained_run / "summary.json").read_text())}
+    proc = sample(trained_run, "MODEL=transformer", "DEVICE=tpu", "STOP_AT_END=True")
+    assert proc.stdout.rstrip("\n").split(SEPARATOR) == [s["text"] for s in summary["transformer"]["samples"]]
+    assert "on cpu" in proc.stderr
+
+
 def test_samples_continue_past_story_ends_as_blank_lines(trained_run):
     model, tokenizer, _ = load_trained(trained_run, "ngram")
     for seed in range(50):  # a seed whose first story ends within the token budget

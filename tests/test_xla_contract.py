@@ -62,6 +62,14 @@ def test_no_recompilation_after_warmup_and_one_execution_per_step(model):
     assert result["executions_per_step"] == EXPECTED[model], result
 
 
+def test_tracking_adds_no_device_execution_to_the_step():
+    """Loss read every step: with TensorBoard tracking the step executes exactly as often as without."""
+    runs = {track: json.loads(python(["tests/xla_probe.py", "transformer", "--track", track]).stdout.splitlines()[-1])
+            for track in ("none", "tensorboard")}
+    assert runs["tensorboard"]["executions_per_step"] == runs["none"]["executions_per_step"], runs
+    assert runs["tensorboard"]["compiles_after_warmup"] == 0, runs
+
+
 @pytest.mark.parametrize("breakage", ["item", "dynamic"])
 def test_the_probe_catches_a_host_sync_or_a_dynamic_shape(breakage):
     result = json.loads(python(["tests/xla_probe.py", "transformer", "--inject", breakage]).stdout.splitlines()[-1])

@@ -9,6 +9,9 @@ Prints one JSON line:
 - executions_per_step: device executions per training step, from the difference
   between a K-step and a 2K-step fit (1 for gradient-trained models: the step marker).
 
+``--track tensorboard`` reads the loss every step and sends it to the trackers, so a test can
+check that tracking adds no device execution to the step.
+
 ``--inject`` breaks the hot loop on purpose (an ``.item()`` in forward, or a
 shape that changes every step) so tests can check that the probe notices.
 """
@@ -31,6 +34,7 @@ from reservoir import train  # noqa: E402
 from reservoir.data import prepare_data  # noqa: E402
 from reservoir.models import build_model  # noqa: E402
 from reservoir.results import Run  # noqa: E402
+from reservoir.tracking import Trackers  # noqa: E402
 
 TINY = ["USE_TPU=True", "MAX_STEPS=1", "DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=2",
         "EVAL_TOKENS=128", "TIME_BUDGET_S=None", "CHECKPOINT_EVERY=0", "WARMUP_STEPS=2", "ESN.units=32",
@@ -63,16 +67,18 @@ def counters() -> tuple[int, int]:
     return dev.xla_compile_count(), int(metrics.counter_value("ExecuteComputation") or 0)
 
 
-def fit_once(name: str, overrides: list[str], data, info, injected: str | None) -> None:
+def fit_once(name: str, overrides: list[str], data, info, injected: str | None, track: list[str] = ()) -> None:
     config = parse_overrides(TINY + overrides)
     model = build_model(name, data.tokenizer.vocab_size, config)
     if injected:
         inject(model, injected)
     with tempfile.TemporaryDirectory() as folder:
-        train.fit(name, model, data, config, info, Run(Path(folder), info))
+        trackers = Trackers(list(track), Path(folder), config, "probe")
+        train.fit(name, model, data, config, info, Run(Path(folder), info, trackers))
+        trackers.close()
 
 
-def probe(name: str, injected: str | None = None, k: int = 4) -> dict:
+def probe(name: str, injected: str | None = None, k: int = 4, track: list[str] | None = None) -> dict:
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     config = parse_overrides(TINY + [f"CACHE_DIR={tempfile.mkdtemp()}"])
     info = dev.select_device(config)
@@ -82,10 +88,12 @@ def probe(name: str, injected: str | None = None, k: int = 4) -> dict:
     fit_once(name, ["MAX_STEPS=8", "EVAL_EVERY=2", "LOG_EVERY=3"], data, info, injected)
     after, _ = counters()
     quiet = ["EVAL_EVERY=100000", "LOG_EVERY=100000"]  # only the final evaluation: runs differ by steps alone
+    if track is not None:
+        quiet = ["EVAL_EVERY=100000", "LOG_EVERY=1"]  # a loss read, sent to the trackers, every step
     _, e0 = counters()
-    fit_once(name, [f"MAX_STEPS={k}", *quiet], data, info, injected)
+    fit_once(name, [f"MAX_STEPS={k}", *quiet], data, info, injected, track or ())
     _, e1 = counters()
-    fit_once(name, [f"MAX_STEPS={2 * k}", *quiet], data, info, injected)
+    fit_once(name, [f"MAX_STEPS={2 * k}", *quiet], data, info, injected, track or ())
     _, e2 = counters()
     return {"model": name, "warmup_compiles": warm, "compiles_after_warmup": after - warm,
             "executions_per_step": ((e2 - e1) - (e1 - e0)) / k}
@@ -97,5 +105,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     parser.add_argument("--inject", choices=("item", "dynamic"))
+    parser.add_argument("--track", choices=("none", "tensorboard"), help="read the loss every step, for trackers")
     args = parser.parse_args()
-    print(json.dumps(probe(args.model, args.inject)), flush=True)
+    track = None if args.track is None else ([] if args.track == "none" else [args.track])
+    print(json.dumps(probe(args.model, args.inject, track=track)), flush=True)
