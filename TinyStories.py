@@ -7,26 +7,51 @@ Reads top to bottom: config -> device -> data -> for each model: build, train,
 evaluate, sample -> results -> plots. The machinery lives in reservoir/.
 """
 
+import functools
 import sys
 
-from configs import ConfigError, apply_device_adjustments, config_from_argv, default_config
+from configs import ConfigError, apply_device_adjustments, config_from_argv, default_config, validate
 from reservoir import device as dev
-from reservoir import train
+from reservoir import stopping, train
 from reservoir.checkpoint import CheckpointError
 from reservoir.data import DataError, prepare_data
-from reservoir.messages import TAG, say
+from reservoir.files import StorageError
+from reservoir.messages import TAG, say, warn
 from reservoir.models import build_model
-from reservoir.results import ResultsError, Run, find_run_dir, format_table, read_json, resumed_config
+from reservoir.results import (
+    ResultsError,
+    Run,
+    claim_run_folder,
+    find_run_dir,
+    format_table,
+    read_json,
+    resume_outlook,
+    resumed_config,
+)
 from reservoir.tracking import TrackingError, check_available
 
+ONE_LINE_ERRORS = (ConfigError, dev.DeviceError, DataError, ResultsError, CheckpointError, TrackingError,
+                   StorageError)
 
-def run_experiment(config: dict, process_index: int = 0) -> Run:
-    # --- config and device: a resumed run keeps the settings it started with
-    resume_dir = None
-    if config["RESUME"]:
-        resume_dir = find_run_dir(config["RESULTS_DIR"], config["RESUME"])
-        saved = read_json(resume_dir / "config.json", "the run's config")["requested_config"]
-        config = resumed_config(saved, config, default_config())
+
+def resolve_resume(config: dict) -> tuple[dict, object]:
+    """With RESUME, the saved run's own settings (checked like the command line) and its folder."""
+    if not config["RESUME"]:
+        return config, None
+    resume_dir = find_run_dir(config["RESULTS_DIR"], config["RESUME"])
+    saved = read_json(resume_dir / "config.json", "the run's config")
+    if not isinstance(saved, dict) or not isinstance(saved.get("requested_config"), dict):
+        raise ResultsError(f"{resume_dir / 'config.json'} has no requested_config object; the run folder is damaged")
+    try:
+        return validate(resumed_config(saved["requested_config"], config, default_config())), resume_dir
+    except ConfigError as e:
+        raise ResultsError(f"{resume_dir / 'config.json'} holds settings this version refuses ({e}); "
+                           "start a new run") from None
+
+
+def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claimed=None) -> Run:
+    # --- config and device (RESUME is resolved before, in main: it may decide how many processes run)
+    stopping.install()  # SIGTERM / Ctrl-C: finish the step, checkpoint, exit
     info = dev.select_device(config, process_index)
     dev.enable_transparent_hugepages(info)
     requested, config = config, apply_device_adjustments(config, info.kind)
@@ -40,16 +65,20 @@ def run_experiment(config: dict, process_index: int = 0) -> Run:
     say(f"data: {data.description}; {data.tokenizer.kind} tokenizer, vocab {data.tokenizer.vocab_size}, "
         f"{data.train.size:,} training / {data.val.size:,} validation tokens", main)
 
-    # --- the results folder
-    run = Run.open(config, info, resume_dir)
-    if resume_dir is None:
-        run.write_config(requested, config, info, data.describe())
-    if not (run.path / "tokenizer.json").exists():  # the folder alone is then enough for sample.py
-        run.write_tokenizer(data.tokenizer.to_json())
-    say(f"results: {run.path}{' (resumed)' if resume_dir else ''}", main)
-
+    # --- the results folder (locked for the life of the run)
+    run = Run.open(config, info, resume_dir, claimed)
     try:
+        if main and not (run.path / "config.json").exists():
+            run.write_config(requested, config, info, data.describe())
+        if not (run.path / "tokenizer.json").exists():  # the folder alone is then enough for sample.py
+            run.write_tokenizer(data.tokenizer.to_json())
+        say(f"results: {run.path}{' (resumed)' if resume_dir else ''}", main)
         _train_every_model(config, info, data, run)
+    except BaseException as e:
+        if run.claim is not None and run.claim.discard_if_unused():
+            warn(f"removed {run.path}: no model got as far as a checkpoint, so there is nothing to resume")
+        e.run_dir = run.path  # what main tells the user about resuming
+        raise
     finally:
         run.close()
 
@@ -66,14 +95,22 @@ def run_experiment(config: dict, process_index: int = 0) -> Run:
 
 
 def _train_every_model(config: dict, info, data, run: Run) -> None:
-    """Every model: build, train, evaluate, sample, record."""
+    """Every model: build, train, evaluate, sample, record. A model that diverges is recorded as such."""
     main = info.is_main_process
     for name in config["MODELS"]:
+        if stopping.requested():
+            raise stopping.Stopped(stopping.requested(), None, "every model before this point is finished")
         if name in run.finished_models():
             say(f"{name}: finished in {run.path}, skipped", main)
             continue
         model = build_model(name, data.tokenizer.vocab_size, config)
-        outcome = train.fit(name, model, data, config, info, run)
+        try:
+            outcome = train.fit(name, model, data, config, info, run)
+        except stopping.Diverged as e:
+            warn(str(e))
+            run.record_summary(train.diverged_record(name, model, e, config, info, data), [])
+            dev.barrier(info, f"{name}_recorded")
+            continue
         samples = train.sample_stories(model, data, config, info) if main else []
         record = train.summary_record(name, model, outcome, config, info, data)
         run.record_summary(record, samples)
@@ -86,15 +123,30 @@ def _train_every_model(config: dict, info, data, run: Run) -> None:
 
 def main(argv: list[str]) -> int:
     config = config_from_argv(argv)
+    claim = None
     try:
+        config, resume_dir = resolve_resume(config)
         if dev.wants_launcher(config):
-            dev.launch(run_experiment, config)  # one process per TPU chip
+            # torch_xla's processes cannot share a folder name decided by one of them: decide it here
+            claim = claim_run_folder(config, resume_dir)
+            dev.launch(functools.partial(run_experiment, resume_dir=resume_dir, claimed=claim.path), config)
         else:
-            run_experiment(config)
-    except (ConfigError, dev.DeviceError, DataError, ResultsError, CheckpointError, TrackingError) as e:
+            run_experiment(config, resume_dir=resume_dir)
+    except ONE_LINE_ERRORS as e:
         raise SystemExit(f"error: {e}") from None
-    except KeyboardInterrupt:
-        raise SystemExit(f"{TAG} interrupted; continue from the last checkpoint with RESUME=latest") from None
+    except stopping.Stopped as e:
+        print(f"{TAG} stopped by {e.signal_name}: {e.saved}. {resume_outlook(getattr(e, 'run_dir', None), config)}",
+              file=sys.stderr, flush=True)
+        return e.exit_code
+    except KeyboardInterrupt as e:
+        print(f"{TAG} interrupted. {resume_outlook(getattr(e, 'run_dir', None), config)}", file=sys.stderr,
+              flush=True)
+        return 130
+    finally:
+        if claim is not None:
+            if sys.exc_info()[0] is not None and claim.discard_if_unused():
+                warn(f"removed {claim.path}: no model got as far as a checkpoint")
+            claim.release()
     return 0
 
 

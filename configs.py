@@ -44,6 +44,7 @@ SHARED_CONFIG = {
     "EVAL_EVERY": 250,  # evaluate every this many steps (and always at the end)
     "LOG_EVERY": 25,  # fetch the loss from the device every this many steps (the only host sync in the loop)
     "CHECKPOINT_EVERY": 500,  # checkpoint every this many steps (and always at the end of each model); 0: end only
+    "CHECKPOINT_EVERY_S": 300.0,  # also checkpoint after this many training seconds (a kill loses at most that); 0: off
     "RESUME": None,  # a run folder, or 'latest', to continue: finished models are kept, the interrupted one resumes
     # --- samples ----------------------------------------------------------
     "SAMPLE_PROMPTS": ["Once upon a time", "One day, a little", "Tom and his"],  # one story per prompt per model
@@ -100,7 +101,7 @@ _POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "
              "GRAD_ACCUM", "MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S", "EVAL_EVERY", "LOG_EVERY",
              "SAMPLE_TOP_K"}
 _NON_NEGATIVE = {"NUM_WORKERS", "SEED", "GRAD_CLIP", "WEIGHT_DECAY", "WARMUP_STEPS", "CHECKPOINT_EVERY",
-                 "SAMPLE_TOKENS", "SAMPLE_TEMPERATURE"}
+                 "CHECKPOINT_EVERY_S", "SAMPLE_TOKENS", "SAMPLE_TEMPERATURE"}
 _LOGGERS = ("csv", "tensorboard", "wandb")
 _FRACTION = {"VAL_FRACTION"}  # strictly between 0 and 1
 _UNIT_INTERVAL = {"MIN_LR_FRACTION"}  # 0 to 1 inclusive
@@ -230,6 +231,18 @@ def _validate_block(block: str, values: dict) -> dict:
     return {**copy.deepcopy(defaults), **checked}
 
 
+def _check_model_blocks(config: dict) -> None:
+    """Settings that are each valid but cannot build together: refused before any folder exists."""
+    transformer = config["TRANSFORMER"]
+    if transformer["n_embd"] % transformer["n_head"]:
+        raise ConfigError(f"TRANSFORMER.n_embd={transformer['n_embd']} must be divisible by "
+                          f"TRANSFORMER.n_head={transformer['n_head']}")
+    ring = config["LINEAR_RESERVOIR"]
+    if ring["r_min"] > ring["r_max"] or ring["r_max"] >= 1:
+        raise ConfigError(f"LINEAR_RESERVOIR needs r_min <= r_max < 1 (a stable recurrence), got "
+                          f"r_min={ring['r_min']}, r_max={ring['r_max']}")
+
+
 def validate(config: dict) -> dict:
     """Check every key and value; return the config with values coerced to their types."""
     checked = {}
@@ -272,6 +285,11 @@ def validate(config: dict) -> dict:
     if not checked["SAMPLE_PROMPTS"] or not all(isinstance(p, str) and p for p in checked["SAMPLE_PROMPTS"]):
         raise ConfigError("SAMPLE_PROMPTS must be a list of non-empty strings, "
                           "e.g. SAMPLE_PROMPTS=['Once upon a time']")
+    name = checked["RUN_NAME"]
+    if name is not None and (not name.strip() or name in (".", "..") or any(c in name for c in "/\\\0")):
+        raise ConfigError(f"RUN_NAME must be a plain folder name (no '/', '\\', '.' or '..'), got {name!r}; "
+                          "the run folder is always RESULTS_DIR/RUN_NAME")
+    _check_model_blocks(checked)
     budgets = ("MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S")
     if not checked["RESUME"] and not any(checked[k] for k in budgets):  # a resumed run keeps its own budget
         raise ConfigError("no training budget: set at least one of MAX_STEPS, TOKEN_BUDGET, TIME_BUDGET_S")

@@ -48,7 +48,8 @@ def _curves(runs, x_key, xlabel, title, out: Path) -> Path:
     for run in runs:
         models = dict.fromkeys(m["model"] for m in run["metrics"])
         for model in models:
-            rows = sorted((m for m in run["metrics"] if m["model"] == model), key=lambda m: m["step"])
+            rows = sorted((m for m in run["metrics"] if m["model"] == model and m.get("val_bpc") is not None),
+                          key=lambda m: m["step"])
             xs, ys = [max(m[x_key], 1e-3) for m in rows], [m["val_bpc"] for m in rows]
             style = "o-" if len(rows) > 1 else "s"  # closed-form fits have one point: the end of their pass
             ax.plot(xs, ys, style, markersize=4 if len(rows) > 1 else 8, label=_label(run, model, several))
@@ -66,7 +67,8 @@ def _curves(runs, x_key, xlabel, title, out: Path) -> Path:
 
 def _bars(runs, value, xlabel, title, out: Path, references: bool, log: bool = False) -> Path:
     several = len(runs) > 1
-    rows = [(_label(run, r["model"], several), r[value], r["model"]) for run in runs for r in run["summary"]]
+    rows = [(_label(run, r["model"], several), r[value], r["model"]) for run in runs for r in run["summary"]
+            if r.get(value) is not None]  # a diverged model has no score to draw
     rows.sort(key=lambda row: row[1], reverse=not references)
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 2))
     colors = ["#999999" if model == "ngram" else "#3572b0" for _, _, model in rows]
@@ -76,7 +78,7 @@ def _bars(runs, value, xlabel, title, out: Path, references: bool, log: bool = F
     if references:  # every n-gram of these runs is a reference line: models left of it beat counting
         for run in runs:
             for r in run["summary"]:
-                if r["model"] == "ngram":
+                if r["model"] == "ngram" and r.get(value) is not None:
                     order = run["config"]["effective_config"]["NGRAM"]["order"]
                     ax.axvline(r[value], color="#d62728", ls="--", lw=1)
                     where = f" ({run['name']})" if several else ""

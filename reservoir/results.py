@@ -17,14 +17,21 @@ Only the main process writes; every JSON file is replaced atomically.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
+import math
+import os
 import platform
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from . import device as dev
-from .files import atomic_write_text
+from .checkpoint import CheckpointError, load_checkpoint
+from .files import append_line, atomic_write_text, remove_stale_temporaries
+from .messages import warn
 from .tracking import Trackers
 
 SUMMARY_FIELDS = ("model", "params_total", "params_trainable", "train_seconds", "train_tokens", "tokens_per_second",
@@ -36,8 +43,19 @@ class ResultsError(ValueError):
     """A results folder that cannot be used as asked: reported as one line."""
 
 
+def finite_or_none(obj):
+    """``obj`` with every NaN or infinity replaced by None: result files stay valid JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
+
+
 def write_json_atomic(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(path, json.dumps(finite_or_none(obj), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
 
 
 def read_json(path: Path, what: str):
@@ -49,18 +67,39 @@ def read_json(path: Path, what: str):
         raise ResultsError(f"{path} ({what}) is not valid JSON ({e}); the run folder is damaged") from None
 
 
-def read_metrics(run_dir: Path, file: str = "metrics.jsonl") -> list[dict]:
-    """The evaluations (or, with ``file="train_log.jsonl"``, the training-loss reads) of a run."""
+def read_metrics(run_dir: Path, file: str = "metrics.jsonl", repair: bool = False) -> list[dict]:
+    """The evaluations (or, with ``file="train_log.jsonl"``, the training-loss reads) of a run.
+
+    A last line without its newline is a write that was cut off (a full disk, a kill): it is
+    left out, and with ``repair`` cut off the file, saying so. Any other bad row is an error.
+    """
     path = Path(run_dir) / file
     if not path.exists():
         return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ResultsError(f"{path} is not UTF-8 text; the run folder is damaged") from None
+    lines = text.split("\n")
+    torn = lines.pop()  # '' when the file ends with a newline, else a cut-off last write
+    if torn.strip():
+        if repair:
+            with open(path, "r+b") as f:
+                f.truncate(len(text.encode("utf-8")) - len(torn.encode("utf-8")))
+            warn(f"{path}: its last line was cut off (an interrupted write) and has been removed")
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise ResultsError(f"{path} line {n} is not valid JSON; the run folder is damaged") from None
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise ResultsError(f"{path} line {n} is not valid JSON; the run folder is damaged") from None
+        if not (isinstance(row, dict) and isinstance(row.get("model"), str) and isinstance(row.get("step"), int)
+                and not isinstance(row.get("step"), bool)):
+            raise ResultsError(f"{path} line {n} is not a metrics row (an object with a model name and an "
+                               "integer step); the run folder is damaged")
+        rows.append(row)
     return rows
 
 
@@ -95,7 +134,10 @@ def resumed_config(saved: dict, given: dict, defaults: dict) -> dict:
 
 def _new_run_dir(results_dir: str, run_name: str | None) -> Path:
     root = Path(results_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ResultsError(f"cannot create RESULTS_DIR {root}: {e.strerror}; choose a writable RESULTS_DIR") from None
     if run_name:
         path = root / run_name
         try:
@@ -103,6 +145,8 @@ def _new_run_dir(results_dir: str, run_name: str | None) -> Path:
         except FileExistsError:
             raise ResultsError(f"{path} already exists and results are never overwritten; choose another RUN_NAME, "
                                f"or continue it with RESUME={path}") from None
+        except OSError as e:
+            raise ResultsError(f"cannot create {path}: {e.strerror}; choose a writable RESULTS_DIR") from None
         return path
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
@@ -113,6 +157,85 @@ def _new_run_dir(results_dir: str, run_name: str | None) -> Path:
         except FileExistsError:
             continue
     raise ResultsError(f"could not create a new run folder under {root}")
+
+
+@dataclass
+class Claim:
+    """A run folder this process may write: locked for the life of the run (the OS releases the
+    lock if the process dies), and whether it was created now (and may be removed if nothing ran)."""
+
+    path: Path
+    created: bool
+    lock_fd: int | None = None
+
+    def release(self) -> None:
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)  # closing the descriptor drops the flock
+            self.lock_fd = None
+
+    def discard_if_unused(self) -> bool:
+        """Remove a folder created by this run in which no model reached a checkpoint (so RESUME=latest
+        never picks an empty run); True if it was removed."""
+        if not self.created or (self.path / "summary.json").exists() or any(self.path.glob("checkpoints/*.pt")):
+            return False
+        self.release()
+        shutil.rmtree(self.path, ignore_errors=True)
+        return True
+
+
+def _lock(path: Path) -> int:
+    lock_file = path / ".lock"
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise ResultsError(f"cannot lock {path} for this run ({e.strerror}); is the folder writable?") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise ResultsError(f"{path} is in use by another run (pid {holder}); wait for it to finish, or start a new "
+                           "run instead of resuming this one") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def claim_run_folder(config: dict, resume_dir: Path | None) -> Claim:
+    """The folder this run writes, locked: ``resume_dir``, or a new one under RESULTS_DIR.
+
+    Temporaries an interrupted write left there are removed (no other run can be writing now).
+    """
+    created = resume_dir is None
+    path = _new_run_dir(config["RESULTS_DIR"], config["RUN_NAME"]) if created else Path(resume_dir)
+    claim = Claim(path, created, _lock(path))
+    for folder in (path, path / "checkpoints"):
+        removed = remove_stale_temporaries(folder) if folder.is_dir() else []
+        if removed:
+            warn(f"removed {len(removed)} unfinished temporary file(s) an interrupted write left in {folder}")
+    return claim
+
+
+def resume_outlook(run_dir: Path | None, config: dict) -> str:
+    """What ``RESUME`` would do with this run folder, in one sentence (said when a run is stopped)."""
+    if run_dir is None or not (Path(run_dir) / "config.json").exists():
+        return "Nothing was saved that RESUME could continue; start the run again."
+    run_dir = Path(run_dir)
+    summary = read_json(run_dir / "summary.json", "the run's summary") if (run_dir / "summary.json").exists() else []
+    finished = [r["model"] for r in summary]
+    pending = [m for m in config["MODELS"] if m not in finished]
+    if not pending:
+        return "Every model is finished; nothing to resume."
+    model, step = pending[0], None
+    checkpoint = run_dir / "checkpoints" / f"{model}.pt"
+    if checkpoint.exists():
+        try:
+            step = load_checkpoint(checkpoint, {})["progress"]["step"]
+        except (CheckpointError, KeyError, TypeError):
+            step = None
+    where = f"from its checkpoint at step {step}" if step is not None else "from step 0 (it has no checkpoint)"
+    done = f" ({', '.join(finished)} finished, kept)" if finished else ""
+    return f"python TinyStories.py RESUME={run_dir} continues {model} {where}{done}."
 
 
 def versions() -> dict:
@@ -129,19 +252,33 @@ def versions() -> dict:
 class Run:
     """One results folder. Every method is safe to call on every process; only rank 0 writes."""
 
-    def __init__(self, path: Path, info: dev.DeviceInfo, trackers: Trackers | None = None):
+    def __init__(self, path: Path, info: dev.DeviceInfo, trackers: Trackers | None = None,
+                 claim: Claim | None = None):
         self.path, self.info = Path(path), info
         self.writes = info.is_main_process
         self.trackers = trackers
+        self.claim = claim
 
     @classmethod
-    def open(cls, config: dict, info: dev.DeviceInfo, resume_dir: Path | None = None) -> Run:
-        """The folder to write: ``resume_dir``, or a new one that rank 0 creates and shares."""
-        path = resume_dir
-        if path is None:
-            path = _new_run_dir(config["RESULTS_DIR"], config["RUN_NAME"]) if info.is_main_process else None
-            path = dev.broadcast_object(info, str(path) if path else None)
-        return cls(Path(path), info, Trackers.open(config, Path(path), info.is_main_process))
+    def open(cls, config: dict, info: dev.DeviceInfo, resume_dir: Path | None = None,
+             claimed: Path | None = None) -> Run:
+        """The folder to write. ``claimed``: one the parent process already claimed (torch_xla's
+        launcher decides it before starting the processes); else rank 0 claims ``resume_dir`` or a
+        new folder and shares its path with the other torchrun processes."""
+        claim = None
+        if claimed is not None:
+            path = Path(claimed)
+        else:
+            if info.world_size > 1 and info.is_xla:
+                raise ResultsError("several XLA processes need their run folder decided before the launch "
+                                   "(TPU_PARALLEL='launch' does this); do not call Run.open without it")
+            claim = claim_run_folder(config, resume_dir) if info.is_main_process else None
+            path = dev.broadcast_object(info, str(claim.path) if claim else None)
+        path = Path(path)
+        if info.is_main_process:
+            for file in ("metrics.jsonl", "train_log.jsonl"):  # a cut-off last row is repaired before appending
+                read_metrics(path, file, repair=True)
+        return cls(path, info, Trackers.open(config, path, info.is_main_process), claim)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -178,8 +315,7 @@ class Run:
     def _append(self, file: str, record: dict, scalars: dict) -> None:
         if not self.writes:
             return
-        with open(self.path / file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.path / file, json.dumps(finite_or_none(record), allow_nan=False))
         if self.trackers is not None:
             self.trackers.log(record["model"], record.get("seed", 0), record["step"], scalars)
 
@@ -199,6 +335,7 @@ class Run:
         return read_json(path, "the run's summary") if path.exists() else []
 
     def finished_models(self) -> set[str]:
+        """Models with a summary: finished, or diverged (resuming would only diverge again)."""
         return {r["model"] for r in self.summaries()}
 
     def record_summary(self, record: dict, samples: list[tuple[str, str]]) -> None:
@@ -217,11 +354,14 @@ class Run:
     def close(self) -> None:
         if self.trackers is not None:
             self.trackers.close()
+        if self.claim is not None:
+            self.claim.release()
 
     def _write_samples(self, records: list[dict]) -> None:
         blocks = []
         for r in records:
-            blocks.append(f"=== {r['model']}  (val {r['val_bpc']:.3f} bits/char)")
+            score = f"val {r['val_bpc']:.3f} bits/char" if r.get("val_bpc") is not None else r.get("status", "")
+            blocks.append(f"=== {r['model']}  ({score})")
             blocks += [f"--- prompt: {s['prompt']!r}\n{s['text']}\n" for s in r["samples"]]
         atomic_write_text(self.path / "samples.txt", "\n".join(blocks) + "\n")
 
@@ -231,8 +371,12 @@ def format_table(records: list[dict]) -> str:
     head = (f"{'model':<18}{'val bits/char':>14}{'val ppl':>10}{'params (trained)':>22}{'train s':>9}"
             f"{'tokens':>12}{'tok/s':>10}")
     lines = [head, "-" * len(head)]
-    for r in sorted(records, key=lambda r: r["val_bpc"]):
+    for r in sorted(records, key=lambda r: (r["val_bpc"] is None, r["val_bpc"] or 0.0)):
         params = f"{r['params_total']:,} ({r['params_trainable']:,})"
+        if r["val_bpc"] is None:  # diverged: no number to rank
+            lines.append(f"{r['model']:<18}{'DIVERGED':>14}{'':>10}{params:>22}{r['train_seconds']:>9.1f}"
+                         f"{r['train_tokens']:>12,}{'':>10}  at step {r.get('diverged_at_step')}: {r.get('reason')}")
+            continue
         lines.append(f"{r['model']:<18}{r['val_bpc']:>14.3f}{r['val_ppl']:>10.2f}{params:>22}"
                      f"{r['train_seconds']:>9.1f}{r['train_tokens']:>12,}{r['tokens_per_second']:>10,.0f}")
     return "\n".join(lines)

@@ -97,7 +97,10 @@ def load_trained(run_dir: str | Path, model_name: str | None = None):
         if not summaries:
             raise ResultsError(f"{run_dir} has no finished model yet; name one with MODEL=<name> "
                                f"(models of this run: {', '.join(config['MODELS'])})")
-        model_name = min(summaries, key=lambda r: r["val_bpc"])["model"]
+        scored = [r for r in summaries if r.get("val_bpc") is not None]  # diverged models have no score
+        if not scored:
+            raise ResultsError(f"{run_dir} has no model with a score; name one with MODEL=<name>")
+        model_name = min(scored, key=lambda r: r["val_bpc"])["model"]
     if model_name not in config["MODELS"]:
         raise ResultsError(f"MODEL={model_name!r} is not a model of this run (its models: "
                            f"{', '.join(config['MODELS'])})")

@@ -21,11 +21,13 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from . import device as dev
+from . import stopping
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DataError, TokenData, TrainWindows, eval_windows, tokenizer_hash
 from .messages import say
 from .results import Run
 from .sampling import SampleSettings, write_stories
+from .stopping import Diverged, Stopped
 
 CALIBRATION_TOKENS = 16384  # training tail held out from the ridge fit to calibrate its probabilities
 
@@ -154,10 +156,26 @@ def _tokens_per_step(config: dict, info: dev.DeviceInfo) -> int:
     return config["BATCH_SIZE"] * config["GRAD_ACCUM"] * info.replicas * config["SEQ_LEN"]
 
 
+def _sgd_advice(config: dict) -> str:
+    return f"lower LEARNING_RATE (now {config['LEARNING_RATE']:g}), or keep GRAD_CLIP on"
+
+
+def _ridge_advice(name: str) -> str:
+    block = name.upper()
+    return f"lower {block}.input_scaling or {block}.spectral_radius, or raise {block}.ridge"
+
+
+def _check_finite(name: str, progress: Progress, what: str, value: float | None, advice: str) -> None:
+    """The NaN guard: a non-finite loss stops this model (before anything is saved from it)."""
+    if value is not None and not math.isfinite(value):
+        raise Diverged(name, progress.step, f"{what} is {value}", advice, progress.tokens, progress.seconds)
+
+
 def _finish(name, model, info, run, evaluator, identity, progress: Progress, device, extra: dict, seed: int,
-            optimizer=None, scaler=None) -> Outcome:
+            optimizer=None, scaler=None, advice: str = "") -> Outcome:
     """The final evaluation and the 'finished' checkpoint, shared by every kind of fit."""
     final = evaluator(model, info, device)
+    _check_finite(name, progress, "the validation loss", final["val_loss"], advice)
     _log_eval(run, name, seed, progress, final)
     _save(run, name, model, info, identity, progress, True, optimizer, scaler, extra)
     return Outcome(progress, final, extra)
@@ -239,57 +257,75 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
             info.is_main_process)
     budget = Budget.from_config(config)
     accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
+    saved_step = progress.step if saved is not None else None  # the last checkpoint: kept if training diverges
+    saved_seconds, every_s = progress.seconds, config["CHECKPOINT_EVERY_S"]
+    advice = _sgd_advice(config)
     batches = _batches(TrainWindows(data.train, config["SEQ_LEN"], config["SEED"]), info, config, progress)
     loss_sum = torch.zeros((), device=info.device)  # stays on the device until the next log
     bar = _progress_bar(name, info, budget)
     bar.update(100 * min(1.0, budget.progress(progress.step, progress.tokens, progress.seconds)))
     started = time.perf_counter() - progress.seconds
-    while not budget.spent(progress.step, progress.tokens, progress.seconds):
-        lr = learning_rate(config, progress.step, budget.progress(progress.step, progress.tokens, progress.seconds))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        for micro in range(accum):
-            inputs, targets = next(batches)
-            inputs = inputs.to(info.device, non_blocking=True)  # already there on XLA (MpDeviceLoader)
-            targets = targets.to(info.device, non_blocking=True)
-            with dev.no_gradient_sync(trained, skip=micro < accum - 1), dev.autocast(info):
-                logits = trained(inputs)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-            scaler.scale(loss / accum).backward()
-            loss_sum += loss.detach() / accum
-        dev.optimizer_step(info, optimizer, scaler, config["GRAD_CLIP"])
-        dev.zero_grad(info, optimizer)  # here, not before the next batch: on XLA it joins this step's graph
-        dev.mark_step(info)
-        progress.step += 1
-        progress.tokens += per_step
-        evaluate = progress.step % config["EVAL_EVERY"] == 0
-        checkpoint = config["CHECKPOINT_EVERY"] and progress.step % config["CHECKPOINT_EVERY"] == 0
-        log = evaluate or checkpoint or progress.step % config["LOG_EVERY"] == 0
-        if log or info.world_size == 1:  # several processes agree on the clock at log steps, so stop together
-            progress.seconds = dev.max_across(info, time.perf_counter() - started)
-        done = budget.spent(progress.step, progress.tokens, progress.seconds)
-        progress.train_loss_steps += 1
-        if done or log:  # the loop's only host sync
-            progress.last_train_loss = float(loss_sum) / progress.train_loss_steps
-            loss_sum.zero_()
-            progress.train_loss_steps = 0
-            bar.update(100 * min(1.0, budget.progress(progress.step, progress.tokens, progress.seconds)) - bar.n)
-            speed = progress.tokens / max(progress.seconds, 1e-9)
-            bar.set_postfix_str(f"step {progress.step}, loss {progress.last_train_loss:.3f}, {speed:,.0f} tok/s")
-            run.log_train({"model": name, "seed": config["SEED"], "step": progress.step, "tokens": progress.tokens,
-                           "seconds": round(progress.seconds, 3), "train_loss": progress.last_train_loss,
-                           "lr": lr, "tokens_per_second": round(speed, 1)})
-        if done:
-            break
-        paused = time.perf_counter()
-        if evaluate:
-            _log_eval(run, name, config["SEED"], progress, evaluator(model, info, info.device))
-        if checkpoint:
-            _save(run, name, model, info, identity, progress, False, optimizer, scaler)
-        started += time.perf_counter() - paused  # evaluation and checkpoints are not training time
-    bar.close()
+    try:
+        while not budget.spent(progress.step, progress.tokens, progress.seconds):
+            lr = learning_rate(config, progress.step, budget.progress(progress.step, progress.tokens, progress.seconds))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            for micro in range(accum):
+                inputs, targets = next(batches)
+                inputs = inputs.to(info.device, non_blocking=True)  # already there on XLA (MpDeviceLoader)
+                targets = targets.to(info.device, non_blocking=True)
+                with dev.no_gradient_sync(trained, skip=micro < accum - 1), dev.autocast(info):
+                    logits = trained(inputs)
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+                scaler.scale(loss / accum).backward()
+                loss_sum += loss.detach() / accum
+            dev.optimizer_step(info, optimizer, scaler, config["GRAD_CLIP"])
+            dev.zero_grad(info, optimizer)  # here, not before the next batch: on XLA it joins this step's graph
+            dev.mark_step(info)
+            progress.step += 1
+            progress.tokens += per_step
+            evaluate = progress.step % config["EVAL_EVERY"] == 0
+            checkpoint = bool(config["CHECKPOINT_EVERY"]) and progress.step % config["CHECKPOINT_EVERY"] == 0
+            log = evaluate or checkpoint or progress.step % config["LOG_EVERY"] == 0
+            stop = False
+            if log or info.world_size == 1:  # several processes agree on the clock and on stopping at log steps
+                progress.seconds = dev.max_across(info, time.perf_counter() - started)
+                stop = dev.max_across(info, float(stopping.requested() is not None)) > 0
+                overdue = every_s and progress.seconds - saved_seconds >= every_s  # a kill loses at most every_s
+                checkpoint = checkpoint or stop or bool(overdue)
+                log = log or checkpoint
+            done = budget.spent(progress.step, progress.tokens, progress.seconds)
+            progress.train_loss_steps += 1
+            if done or log:  # the loop's only host sync
+                progress.last_train_loss = float(loss_sum) / progress.train_loss_steps
+                loss_sum.zero_()
+                progress.train_loss_steps = 0
+                bar.update(100 * min(1.0, budget.progress(progress.step, progress.tokens, progress.seconds)) - bar.n)
+                speed = progress.tokens / max(progress.seconds, 1e-9)
+                bar.set_postfix_str(f"step {progress.step}, loss {progress.last_train_loss:.3f}, {speed:,.0f} tok/s")
+                run.log_train({"model": name, "seed": config["SEED"], "step": progress.step, "tokens": progress.tokens,
+                               "seconds": round(progress.seconds, 3), "train_loss": progress.last_train_loss,
+                               "lr": lr, "tokens_per_second": round(speed, 1)})
+                kept = f"checkpoint at step {saved_step} kept" if saved_step is not None else "no checkpoint yet"
+                _check_finite(name, progress, "the training loss", progress.last_train_loss, f"{kept}; {advice}")
+            if done:
+                break
+            paused = time.perf_counter()
+            if evaluate:
+                result = evaluator(model, info, info.device)
+                _check_finite(name, progress, "the validation loss", result["val_loss"], advice)
+                _log_eval(run, name, config["SEED"], progress, result)
+            if checkpoint:
+                _save(run, name, model, info, identity, progress, False, optimizer, scaler)
+                saved_step, saved_seconds = progress.step, progress.seconds
+            if stop:
+                raise Stopped(stopping.requested() or "SIGTERM", name,
+                              f"{name} saved at step {progress.step} ({run.checkpoint_path(name)})")
+            started += time.perf_counter() - paused  # evaluation and checkpoints are not training time
+    finally:
+        bar.close()  # also when the model diverges or a signal stops it
     return _finish(name, model, info, run, evaluator, identity, progress, info.device, {}, config["SEED"],
-                   optimizer, scaler)
+                   optimizer, scaler, advice=advice)
 
 
 # --------------------------------------------------------------------- closed-form fits
@@ -339,6 +375,10 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
         for k in range(chunks):
             if budget.spent(progress.step, progress.tokens, time.perf_counter() - started):
                 break
+            if dev.max_across(info, float(stopping.requested() is not None)) > 0:
+                bar.close()
+                raise Stopped(stopping.requested() or "SIGTERM", name,
+                              f"no checkpoint of {name} (a ridge pass is not checkpointed half-way; it starts again)")
             cut = slice(k * seq, (k + 1) * seq)
             yield (torch.from_numpy(inputs_all[:, cut]).to(info.device),
                    torch.from_numpy(targets_all[:, cut]).to(info.device))
@@ -350,13 +390,19 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
 
     calibration = [(cal[i:i + per_process, :-1], cal[i:i + per_process, 1:]) for i in range(0, len(cal), per_process)]
     reduce = (lambda t: dev.all_reduce_sum(info, t)) if info.world_size > 1 else None
-    extra = model.fit_ridge(chunks_in_budget(), calibration, all_reduce_sum=reduce,
-                            washout=config[name.upper()].get("washout", 0), carry_state=True,
-                            materialize=lambda: dev.mark_step(info))
+    try:
+        extra = model.fit_ridge(chunks_in_budget(), calibration, all_reduce_sum=reduce,
+                                washout=config[name.upper()].get("washout", 0), carry_state=True,
+                                materialize=lambda: dev.mark_step(info))
+    except FloatingPointError as e:  # states or readout not finite
+        bar.close()
+        raise Diverged(name, progress.step, str(e), _ridge_advice(name), progress.tokens,
+                       time.perf_counter() - started) from None
     progress.seconds = time.perf_counter() - started
     bar.set_postfix_str(f"{progress.tokens:,} tokens, {progress.tokens / progress.seconds:,.0f} tok/s")
     bar.close()
-    return _finish(name, model, info, run, evaluator, identity, progress, info.device, extra, config["SEED"])
+    return _finish(name, model, info, run, evaluator, identity, progress, info.device, extra, config["SEED"],
+                   advice=_ridge_advice(name))
 
 
 def _fit_counts(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
@@ -387,10 +433,18 @@ def sample_stories(model, data: TokenData, config: dict, info: dev.DeviceInfo) -
     return write_stories(model, data.tokenizer, config["SAMPLE_PROMPTS"], settings, where)
 
 
+def diverged_record(name: str, model, error: Diverged, config: dict, info: dev.DeviceInfo, data: TokenData) -> dict:
+    """The summary line of a model whose training diverged: no score, the step and the reason."""
+    progress = Progress(step=error.step, tokens=error.tokens, seconds=error.seconds)
+    record = summary_record(name, model, Outcome(progress, {}, {}), config, info, data)
+    return {**record, "status": "diverged", "diverged_at_step": error.step, "reason": error.reason,
+            "advice": error.advice, "val_loss": None, "val_ppl": None, "val_bpc": None, "tokens_per_second": None}
+
+
 def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.DeviceInfo, data: TokenData) -> dict:
     """One line of the comparison (results.SUMMARY_FIELDS and the fit's own facts)."""
     progress = outcome.progress
-    return {"model": name, **model.param_counts(), "train_seconds": round(progress.seconds, 3),
+    return {"model": name, "status": "finished", **model.param_counts(), "train_seconds": round(progress.seconds, 3),
             "train_tokens": progress.tokens, "train_steps": progress.step,
             "tokens_per_second": progress.tokens / max(progress.seconds, 1e-9), **outcome.final,
             "device": info.name, "device_kind": info.kind, "precision": info.precision,

@@ -50,12 +50,21 @@ class RidgeAccumulator:
         self.xty = all_reduce_sum(self.xty)
 
     def solve(self, ridge: float) -> torch.Tensor:
-        """argmin_W |XW - Y|² + ridge |W|² by Cholesky on (XᵀX + ridge I)."""
+        """argmin_W |XW - Y|² + ridge |W|² by Cholesky on (XᵀX + ridge I); by least squares
+        where that matrix is singular (ridge 0 with collinear features, e.g. one-hot inputs)."""
         if self.count == 0:
             raise ValueError("ridge readout: no training states were accumulated")
-        eye = torch.eye(self.xtx.shape[0], dtype=self.dtype)
-        factor = torch.linalg.cholesky(self.xtx + ridge * eye)
-        return torch.cholesky_solve(self.xty, factor)
+        if not (torch.isfinite(self.xtx).all() and torch.isfinite(self.xty).all()):
+            raise FloatingPointError("the reservoir states are not finite")
+        gram = self.xtx + ridge * torch.eye(self.xtx.shape[0], dtype=self.dtype)
+        factor, info = torch.linalg.cholesky_ex(gram)
+        if int(info) == 0:
+            weights = torch.cholesky_solve(self.xty, factor)
+        else:  # not positive definite: the minimum-norm least-squares solution
+            weights = torch.linalg.lstsq(gram, self.xty, driver="gelsd").solution
+        if not torch.isfinite(weights).all():
+            raise FloatingPointError("the ridge solution is not finite")
+        return weights
 
 
 def floor_logits(scores: torch.Tensor, floor: float | torch.Tensor) -> torch.Tensor:

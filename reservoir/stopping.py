@@ -1,0 +1,66 @@
+"""Stopping early and safely: SIGTERM / Ctrl-C, and models whose training diverges.
+
+    stopping.install()                 # the runner, once per process: SIGTERM and SIGINT set a flag
+    if stopping.requested(): ...       # the training loop: finish the step, checkpoint, raise Stopped
+
+Preemptible TPU VMs and cluster schedulers send SIGTERM and kill a little later; Ctrl-C is
+SIGINT. The first signal asks the loop to stop after its current step and checkpoint; a second
+one aborts at once (SIGINT as KeyboardInterrupt, SIGTERM with its default action).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from .messages import warn
+
+_requested: str | None = None
+
+
+class Stopped(Exception):
+    """The run stopped on a signal; ``saved`` says what RESUME continues from."""
+
+    def __init__(self, signal_name: str, model: str | None, saved: str):
+        super().__init__(f"stopped by {signal_name}")
+        self.signal_name, self.model, self.saved = signal_name, model, saved
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(getattr(signal, self.signal_name, signal.SIGTERM))
+
+
+class Diverged(Exception):
+    """A model whose training produced non-finite numbers: that model stops, the run goes on."""
+
+    def __init__(self, model: str, step: int, reason: str, advice: str, tokens: int = 0, seconds: float = 0.0):
+        super().__init__(f"{model} diverged at step {step} ({reason}); {advice}")
+        self.model, self.step, self.reason, self.advice = model, step, reason, advice
+        self.tokens, self.seconds = tokens, seconds  # how far training got
+
+
+def _handler(signum, frame) -> None:
+    global _requested
+    name = signal.Signals(signum).name
+    if _requested is not None:  # a second signal: stop now, whatever is running
+        signal.signal(signum, signal.SIG_DFL)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signum)
+        return
+    _requested = name
+    warn(f"{name} received: finishing the current step, then saving a checkpoint "
+         f"(send it again to stop at once, losing the work since the last checkpoint)")
+
+
+def install() -> None:
+    """Route SIGTERM and SIGINT to the flag (main thread only, as Python requires)."""
+    global _requested
+    _requested = None
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _handler)
+
+
+def requested() -> str | None:
+    """The name of the signal that asked the run to stop, or None."""
+    return _requested

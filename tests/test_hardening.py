@@ -1,0 +1,327 @@
+"""Faults and bad input: divergence, signals, concurrent runs, torn and half-written files,
+full or read-only disks, hostile names and settings, damaged resumes (issue: hardening)."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from configs import ConfigError, parse_overrides
+from reservoir import files
+from reservoir.results import ResultsError, Run, claim_run_folder, read_metrics
+from tests.test_runner import ROOT, TINY, run_cli, summary_of
+
+# --------------------------------------------------------------------- 1. the NaN guard
+
+
+def _no_nan(constant):
+    pytest.fail(f"a result file holds {constant}: not valid JSON")
+
+
+def test_a_diverging_model_stops_alone_and_the_run_goes_on(tmp_path):
+    args = ["MODELS=['transformer','esn','ngram']", "MAX_STEPS=20", "LOG_EVERY=5", "CHECKPOINT_EVERY=0",
+            "LEARNING_RATE=1e9", "ESN.input_scaling=1e300"]
+    proc = run_cli(tmp_path, *args, "RUN_NAME=nan")
+    run_dir = tmp_path / "results" / "nan"
+    summary = summary_of(run_dir)
+    assert summary["transformer"]["status"] == "diverged" and summary["transformer"]["val_bpc"] is None
+    assert summary["transformer"]["diverged_at_step"] == 5  # the first loss read
+    assert summary["esn"]["status"] == "diverged" and "not finite" in summary["esn"]["reason"]
+    assert summary["ngram"]["status"] == "finished" and summary["ngram"]["val_bpc"] > 0  # the run went on
+    assert "transformer diverged at step 5" in proc.stderr and "lower LEARNING_RATE" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    for file in ("metrics.jsonl", "train_log.jsonl"):  # valid JSON everywhere: null, never NaN
+        for line in (run_dir / file).read_text().splitlines():
+            json.loads(line, parse_constant=_no_nan)
+    json.loads((run_dir / "summary.json").read_text(), parse_constant=_no_nan)
+    assert not (run_dir / "checkpoints" / "transformer.pt").exists()  # nothing saved from a diverged model
+    again = run_cli(tmp_path, *args, "RESUME=nan")  # the diverged model is not retried forever
+    assert "transformer: finished" in again.stdout and "Traceback" not in again.stderr
+
+
+def test_diverging_after_a_checkpoint_keeps_that_checkpoint(tmp_path):
+    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=10", "CHECKPOINT_EVERY=5", "LOG_EVERY=1", "RUN_NAME=c")
+    run_dir = tmp_path / "results" / "c"
+    (run_dir / "summary.json").unlink()  # as if it had stopped after the checkpoint at step 5 ...
+    ckpt = torch.load(run_dir / "checkpoints" / "lstm.pt", weights_only=True)
+    ckpt["finished"], ckpt["progress"]["step"] = False, 5
+    for state in ckpt["optimizer"]["state"].values():  # ... with moments that poison the next step
+        state["exp_avg"].fill_(float("nan"))
+    torch.save(ckpt, run_dir / "checkpoints" / "lstm.pt")
+    before = (run_dir / "checkpoints" / "lstm.pt").read_bytes()
+    proc = run_cli(tmp_path, "RESUME=c")
+    assert "lstm diverged at step 7" in proc.stderr and "checkpoint at step 5 kept" in proc.stderr
+    assert (run_dir / "checkpoints" / "lstm.pt").read_bytes() == before
+
+
+def test_ridge_zero_is_solved_not_a_traceback(tmp_path):
+    run_cli(tmp_path, "MODELS=['esn']", "MAX_STEPS=5", "ESN.units=32", "ESN.ridge=0", "RUN_NAME=r0")
+    assert summary_of(tmp_path / "results" / "r0")["esn"]["status"] == "finished"
+
+
+# --------------------------------------------------------------------- 2. SIGTERM, Ctrl-C, timed checkpoints
+
+
+def _start(tmp_path, *args):
+    cmd = [sys.executable, str(ROOT / "TinyStories.py"), *TINY, f"RESULTS_DIR={tmp_path / 'results'}",
+           f"CACHE_DIR={tmp_path / 'cache'}", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_training(run_dir, model="transformer", timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(r["model"] == model for r in read_metrics(run_dir, "train_log.jsonl")):
+            return
+        time.sleep(0.05)
+    pytest.fail("training never started")
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, signum, code):
+    args = ["MODELS=['ngram','transformer']", "MAX_STEPS=100000", "LOG_EVERY=1", "CHECKPOINT_EVERY=0",
+            "CHECKPOINT_EVERY_S=0", "EVAL_EVERY=100000"]
+    proc = _start(tmp_path, *args, "RUN_NAME=sig")
+    run_dir = tmp_path / "results" / "sig"
+    _wait_for_training(run_dir)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    ckpt = torch.load(run_dir / "checkpoints" / "transformer.pt", weights_only=True)
+    step = ckpt["progress"]["step"]
+    assert not ckpt["finished"] and step >= 1
+    assert f"transformer saved at step {step}" in err
+    assert f"RESUME={run_dir} continues transformer from its checkpoint at step {step}" in err
+    assert "Traceback" not in err
+
+
+def test_sigterm_then_resume_finishes_the_run(tmp_path):
+    args = ["MODELS=['transformer']", "MAX_STEPS=400", "LOG_EVERY=1", "CHECKPOINT_EVERY=0", "EVAL_EVERY=100000"]
+    proc = _start(tmp_path, *args, "RUN_NAME=t")
+    run_dir = tmp_path / "results" / "t"
+    _wait_for_training(run_dir)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    step = torch.load(run_dir / "checkpoints" / "transformer.pt", weights_only=True)["progress"]["step"]
+    assert step < 400
+    resumed = run_cli(tmp_path, *args, "RESUME=t")
+    assert f"resuming at step {step}" in resumed.stdout
+    assert summary_of(run_dir)["transformer"]["train_steps"] == 400
+
+
+def test_a_second_signal_stops_at_once(tmp_path):
+    proc = _start(tmp_path, "MODELS=['transformer']", "MAX_STEPS=100000", "LOG_EVERY=1", "RUN_NAME=twice")
+    _wait_for_training(tmp_path / "results" / "twice")
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode in (-signal.SIGTERM, 143)
+    # either way nothing is half-written: the run folder holds only whole files
+    assert not list((tmp_path / "results").rglob("*.tmp"))
+
+
+def test_timed_checkpoints_bound_what_a_kill_loses(tmp_path):
+    proc = _start(tmp_path, "MODELS=['transformer']", "MAX_STEPS=100000", "LOG_EVERY=1000", "CHECKPOINT_EVERY=0",
+                  "CHECKPOINT_EVERY_S=0.5", "EVAL_EVERY=100000", "RUN_NAME=timed")
+    ckpt = tmp_path / "results" / "timed" / "checkpoints" / "transformer.pt"
+    deadline = time.time() + 120
+    while not ckpt.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)
+    proc.kill()
+    proc.communicate()
+    progress = torch.load(ckpt, weights_only=True)["progress"]
+    assert progress["step"] > 0 and 0.5 <= progress["seconds"]  # saved by the clock, not by a step count
+
+
+# --------------------------------------------------------------------- 3. one lock per run
+
+
+def test_a_second_run_on_the_same_folder_is_refused(tmp_path):
+    proc = _start(tmp_path, "MODELS=['transformer']", "MAX_STEPS=100000", "LOG_EVERY=1", "RUN_NAME=busy")
+    run_dir = tmp_path / "results" / "busy"
+    try:
+        _wait_for_training(run_dir)
+        second = run_cli(tmp_path, "RESUME=busy", check=False)
+        assert second.returncode != 0 and "in use by another run" in second.stderr
+        assert f"pid {proc.pid}" in second.stderr and "Traceback" not in second.stderr
+    finally:
+        proc.kill()
+        proc.communicate()
+    rows = read_metrics(run_dir, "train_log.jsonl")
+    assert len(rows) == len({r["step"] for r in rows})  # no duplicated rows from a second trainer
+    claim = claim_run_folder({"RESULTS_DIR": str(tmp_path / "results"), "RUN_NAME": None}, run_dir)
+    claim.release()  # the dead process's lock went with it
+
+
+# --------------------------------------------------------------------- 4. torn metrics rows
+
+
+def test_resume_repairs_a_cut_off_last_metrics_line(tmp_path):
+    run_cli(tmp_path, "MODELS=['lstm','transformer']", "MAX_STEPS=10", "EVAL_EVERY=5", "RUN_NAME=torn")
+    run_dir = tmp_path / "results" / "torn"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps([r for r in summary if r["model"] == "lstm"]))
+    (run_dir / "checkpoints" / "transformer.pt").unlink()
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"model": "transformer", "step": 5, "val_lo')  # what a full disk left
+    proc = run_cli(tmp_path, "RESUME=torn")
+    assert "last line was cut off" in proc.stderr
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows if r["model"] == "transformer"] == [5, 10]
+
+
+def test_a_failed_append_leaves_whole_lines(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    files.append_line(path, '{"model": "a", "step": 1}')
+    real_write = os.write
+
+    def full_disk(fd, data):
+        real_write(fd, data[:7])  # part of the line reaches the disk, then it is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(files.StorageError, match="no space left"):
+        files.append_line(path, '{"model": "a", "step": 2}')
+    monkeypatch.undo()
+    assert path.read_text() == '{"model": "a", "step": 1}\n'
+
+
+def test_bad_metrics_rows_are_one_line_errors(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"model": "a", "step": 1}\n[1, 2]\n')
+    with pytest.raises(ResultsError, match="line 2 is not a metrics row"):
+        read_metrics(tmp_path)
+
+
+# --------------------------------------------------------------------- 5, 6, 12: temporaries, full disks, modes
+
+
+def test_stale_temporaries_are_removed_on_resume(tmp_path):
+    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=5", "RUN_NAME=stale")
+    run_dir = tmp_path / "results" / "stale"
+    stale = [run_dir / ".summary.json.abc123.tmp", run_dir / "checkpoints" / ".lstm.pt.xyz789.tmp"]
+    for path in stale:
+        path.write_bytes(b"\0" * 1000)
+    proc = run_cli(tmp_path, "RESUME=stale")
+    assert not any(p.exists() for p in stale) and "unfinished temporary file" in proc.stderr
+
+
+def test_a_full_disk_during_a_write_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    def no_space(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(files.StorageError, match=r"cannot write .*ckpt.pt: no space left on the device"):
+        files.atomic_write(tmp_path / "ckpt.pt", no_space)
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
+
+
+def test_a_read_only_place_is_one_line(tmp_path, monkeypatch):
+    real_mkstemp = files.tempfile.mkstemp
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", read_only)
+    with pytest.raises(files.StorageError, match="the file system is read-only"):
+        files.atomic_write_text(tmp_path / "summary.json", "[]")
+    monkeypatch.setattr(files.tempfile, "mkstemp", real_mkstemp)
+
+
+def _mount_tmpfs(where, options):
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root in a machine that allows mounts)")
+
+
+def test_real_full_and_read_only_disks_are_one_line_errors(tmp_path):
+    full, readonly = tmp_path / "full", tmp_path / "readonly"
+    _mount_tmpfs(full, "size=64k")  # too small for the token cache
+    try:
+        proc = run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=3", f"CACHE_DIR={full}", check=False)
+        assert proc.returncode != 0 and "no space left on the device" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and not list(full.rglob("*.tmp"))
+    finally:
+        subprocess.run(["umount", str(full)], capture_output=True)
+    _mount_tmpfs(readonly, "ro,size=64k")
+    try:
+        proc = run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=3", f"RESULTS_DIR={readonly}/results", check=False)
+        assert proc.returncode != 0 and "Read-only file system" in proc.stderr and "Traceback" not in proc.stderr
+    finally:
+        subprocess.run(["umount", str(readonly)], capture_output=True)
+
+
+def test_result_files_respect_the_umask(tmp_path):
+    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=3", "RUN_NAME=modes", "PLOTS=False")
+    run_dir = tmp_path / "results" / "modes"
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in (run_dir / "summary.json", run_dir / "checkpoints" / "lstm.pt", run_dir / "config.json",
+                 *(tmp_path / "cache").rglob("*.npy")):
+        assert path.stat().st_mode & 0o777 == 0o666 & ~mask, path
+
+
+# --------------------------------------------------------------------- 7, 8: names and settings
+
+
+@pytest.mark.parametrize("name", ["../escape", "/tmp/abs", "a/b", "..", "."])
+def test_run_names_that_are_not_one_plain_folder_are_refused(name):
+    with pytest.raises(ConfigError, match="plain folder name"):
+        parse_overrides([f"RUN_NAME={name}", "TIME_BUDGET_S=1"])
+
+
+def test_settings_that_cannot_build_are_refused_before_any_folder(tmp_path):
+    proc = run_cli(tmp_path, "MODELS=['transformer']", "MAX_STEPS=3", "TRANSFORMER.n_head=3",
+                   "TRANSFORMER.n_embd=64", check=False)
+    assert proc.returncode != 0 and "divisible by TRANSFORMER.n_head=3" in proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_an_error_before_the_first_model_leaves_no_run_folder(tmp_path):
+    proc = run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=3", "BATCH_SIZE=100000", check=False)
+    assert proc.returncode != 0 and "fewer than one batch" in proc.stderr
+    assert list((tmp_path / "results").iterdir()) == []  # RESUME=latest finds nothing to pick up
+
+
+# --------------------------------------------------------------------- 9: damaged resumes
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda c: c["requested_config"].update(MODELS=["gpt5"]), "unknown model 'gpt5'"),
+    (lambda c: c["requested_config"].update(GRAD_ACCUM="lots"), "GRAD_ACCUM must be an integer"),
+    (lambda c: c.pop("requested_config"), "no requested_config"),
+])
+def test_a_damaged_saved_config_is_a_one_line_error(tmp_path, damage, message):
+    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=3", "RUN_NAME=d", "PLOTS=False")
+    path = tmp_path / "results" / "d" / "config.json"
+    config = json.loads(path.read_text())
+    damage(config)
+    path.write_text(json.dumps(config))
+    proc = run_cli(tmp_path, "RESUME=d", check=False)
+    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------- 13, 14: the launcher's folder and resumes
+
+
+def test_a_non_main_process_uses_the_folder_its_launcher_claimed(tmp_path):
+    """torch_xla.launch's processes cannot agree on a folder by broadcast (broadcast_object is the identity on
+    XLA): the parent claims it and every process opens that one. World size faked at the DeviceInfo."""
+    from reservoir.device import DeviceInfo
+
+    config = parse_overrides(["TIME_BUDGET_S=1", f"RESULTS_DIR={tmp_path / 'results'}"])
+    claim = claim_run_folder(config, None)
+    second = DeviceInfo("tpu", torch.device("cpu"), "XLA:fake", "bf16", world_size=2, rank=1)
+    run = Run.open(config, second, None, claimed=claim.path)
+    assert run.path == claim.path and not run.writes
+    with pytest.raises(ResultsError, match="decided before the launch"):
+        Run.open(config, second)  # the old path: Path(None) on every process but the first
+    claim.release()
