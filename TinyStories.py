@@ -128,7 +128,10 @@ def main(argv: list[str]) -> int:
         config, resume_dir = resolve_resume(config)
         if dev.wants_launcher(config):
             # torch_xla's processes cannot share a folder name decided by one of them: decide it here
+            stopping.install()
             claim = claim_run_folder(config, resume_dir)
+            print(f"{TAG} TPU_PARALLEL='launch': one process per TPU chip (torch_xla.launch), results in {claim.path}",
+                  flush=True)
             dev.launch(functools.partial(run_experiment, resume_dir=resume_dir, claimed=claim.path), config)
         else:
             run_experiment(config, resume_dir=resume_dir)

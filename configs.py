@@ -142,7 +142,13 @@ def help_text(config: dict | None = None) -> str:
     config = SHARED_CONFIG if config is None else config
     comments = key_comments()
     width = max(len(k) for k in config)
-    lines = ["Usage: python TinyStories.py [KEY=VALUE ...]   (keys are case-insensitive)", ""]
+    lines = ["Usage: python TinyStories.py [KEY=VALUE ...]   (keys are case-insensitive)", "",
+             "Values are Python literals or plain words. Lists: comma-separated words need no quotes,",
+             "a Python list must be quoted for the shell:",
+             "  python TinyStories.py MODELS=esn,lstm LOGGERS=tensorboard",
+             "  python TinyStories.py \"MODELS=['esn', 'lstm']\" \"SAMPLE_PROMPTS=['Once upon a time']\"",
+             "  python TinyStories.py ESN.units=500 TRANSFORMER.n_layer=2     # one hyper-parameter of a block",
+             ""]
     for key, value in config.items():
         lines.append(f"  {key:<{width}}  default {value!r}")
         if comments.get(key):

@@ -158,8 +158,13 @@ def check_loader_settings_per_device():
     sharded = dev.DeviceInfo("cpu", torch.device("cpu"), "test", "fp32", world_size=2, rank=1)
     loader = dev.build_loader(dataset, sharded, batch_size=8, shuffle=False)
     assert isinstance(loader.sampler, torch.utils.data.DistributedSampler) and loader.sampler.rank == 1
+    return "cpu (shuffled, drop_last), cuda (pinned, persistent workers), sharded (DistributedSampler) checked"
+
+
+def check_xla_loader_settings():
     if not dev.xla_usable():
-        return "cpu, cuda, sharded checked; XLA SKIPPED (torch_xla not usable here)"
+        skip("torch_xla is not installed or has no device (install it, or set PJRT_DEVICE=CPU)")
+    dataset = torch.utils.data.TensorDataset(torch.arange(100))
     info = dev.select_device({"DEVICE": "tpu", "PRECISION": "bf16"})
     loader = dev.build_loader(dataset, info, batch_size=8, shuffle=True, num_workers=4)
     assert type(loader).__name__ == "MpDeviceLoader", type(loader)
@@ -168,7 +173,7 @@ def check_loader_settings_per_device():
     assert inner.drop_last and inner.num_workers == 0 and not inner.persistent_workers
     first = next(iter(loader))[0]
     assert first.device.type == "xla" and first.shape == (8,)
-    return "cpu, cuda, sharded and XLA (MpDeviceLoader, no shuffle, drop_last, 0 workers) checked"
+    return "MpDeviceLoader, no shuffle, drop_last, 0 workers, batches on the XLA device"
 
 
 def check_dummy_grad_scaler_parity():
@@ -263,6 +268,7 @@ CHECKS = [
     check_auto_never_picks_xla_without_tpu_or_pjrt,
     check_fallback_when_torch_xla_missing,
     check_loader_settings_per_device,
+    check_xla_loader_settings,
     check_dummy_grad_scaler_parity,
     check_precision_per_device,
     check_tpu_batch_and_lr_adjustments,

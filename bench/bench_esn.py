@@ -55,7 +55,7 @@ def ours() -> dict:
     y = torch.from_numpy(train[1: STREAMS * per + 1].reshape(STREAMS, per))
     rss0 = _rss_mb()
     chunk = 100  # time steps per chunk: the fit never holds more than STREAMS x chunk states
-    calib = STREAMS // 10  # streams held out to fit the temperature
+    calib = STREAMS // 10  # streams held out to fit the probability floor
     start = time.perf_counter()
     batches = ((x[calib:, i:i + chunk], y[calib:, i:i + chunk]) for i in range(0, per, chunk))
     info = model.fit_ridge(batches, [(x[:calib, :1000], y[:calib, :1000])], carry_state=True, washout=20)

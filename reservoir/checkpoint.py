@@ -17,6 +17,7 @@ from . import device as dev
 from .files import atomic_write
 
 FORMAT = 1
+SINCE_LATER = ("replicas",)  # identity keys older checkpoints lack: checked only where present
 
 
 class CheckpointError(RuntimeError):
@@ -46,6 +47,8 @@ def load_checkpoint(path: str | Path, expect: dict) -> dict:
         raise CheckpointError(f"checkpoint {path} is not a ReservoirNLP checkpoint (format {FORMAT}); "
                               "delete it or start a new run")
     for key, wanted in expect.items():
+        if key in SINCE_LATER and key not in payload:
+            continue
         if payload.get(key) != wanted:
             raise CheckpointError(f"checkpoint {path} does not match this run: {key} is {payload.get(key)!r}, "
                                   f"the run has {wanted!r}; resume with the run's own settings or start a new run")

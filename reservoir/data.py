@@ -29,6 +29,7 @@ from .synthetic import synthetic_stories
 
 EOT = "<|endoftext|>"
 HUB_DATASET = "roneneldan/TinyStories"
+UNKNOWN_WARNING_SHARE = 0.001  # warn when more validation tokens than this share are <unk>
 _EOT_MARK = "\ue000"  # a private-use character standing for EOT inside joined text
 
 
@@ -224,7 +225,7 @@ class CharTokenizer:
     """One token per character seen in training (+ ``<|endoftext|>`` and ``<unk>``).
 
     Written by hand rather than with ``tokenizers``: a character vocabulary is a
-    lookup table, and a vectorised numpy lookup encodes ~50M chars/s.
+    lookup table, and a vectorised numpy lookup is fast (bench/README.md has the figure).
     """
 
     kind = "char"
@@ -336,6 +337,12 @@ class BPETokenizer:
 TOKENIZERS = {"char": CharTokenizer, "bpe": BPETokenizer}
 
 
+def content_hash(data) -> str:
+    """blake2b of bytes or an array's buffer: sees any changed, added, removed or reordered byte."""
+    buffer = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else data
+    return hashlib.blake2b(buffer, digest_size=16).hexdigest()
+
+
 def tokenizer_hash(tokenizer) -> str:
     return _sha256(tokenizer.to_json())[:16]
 
@@ -344,14 +351,20 @@ def load_or_train_tokenizer(kind: str, vocab_size: int, corpus: Corpus, cache_di
     """A tokenizer trained on the training split, saved once and reused by later runs."""
     cls = TOKENIZERS[kind]
     path = Path(cache_dir) / "tokenizers" / f"{kind}-{vocab_size if kind == 'bpe' else 'all'}-{train_hash[:16]}.json"
+    digest_path = path.with_suffix(".blake2b")  # the file's content hash: an edited file that still parses is caught
     if path.exists():
         try:
-            return cls.from_json(path.read_text(encoding="utf-8"))
+            raw = path.read_bytes()
+            if not digest_path.exists() or digest_path.read_text().strip() != content_hash(raw):
+                raise ValueError("its content does not match its recorded hash")
+            return cls.from_json(raw.decode("utf-8"))
         except Exception as e:  # noqa: BLE001 - a broken cache file is rebuilt, whatever broke it
-            warn(f"tokenizer cache {path} is unreadable ({type(e).__name__}); training it again")
+            warn(f"tokenizer cache {path} is unusable ({type(e).__name__}: {e}); training it again")
     start = time.perf_counter()
     tokenizer = cls.train(corpus.train, vocab_size)
-    atomic_write_text(path, tokenizer.to_json())
+    text = tokenizer.to_json()
+    atomic_write_text(path, text)
+    atomic_write_text(digest_path, content_hash(text.encode("utf-8")))
     say(f"trained {kind} tokenizer (vocab {tokenizer.vocab_size}) in {time.perf_counter() - start:.1f}s")
     return tokenizer
 
@@ -379,7 +392,7 @@ def cached_tokens(tokenizer, stories: list[str], text_hash: str, cache_dir: str 
             meta = json.loads(meta_path.read_text())
             ids = np.load(array_path, mmap_mode="r")
             ok = (ids.dtype == dtype and ids.shape == (meta["n_tokens"],) and meta["tokenizer"] == tok_hash
-                  and int(ids.sum(dtype=np.int64)) == meta["checksum"])
+                  and content_hash(ids) == meta["blake2b"])
             if ok:
                 return ids
             warn(f"token cache {array_path} does not match its metadata; rebuilding it")
@@ -390,7 +403,7 @@ def cached_tokens(tokenizer, stories: list[str], text_hash: str, cache_dir: str 
         raise DataError(f"tokenizer produced id {int(ids.max())} >= vocab {tokenizer.vocab_size}")
     ids = ids.astype(dtype)
     meta = {"n_tokens": int(ids.size), "dtype": np.dtype(dtype).name, "tokenizer": tok_hash,
-            "text": text_hash, "checksum": int(ids.sum(dtype=np.int64)), "split": split}
+            "text": text_hash, "blake2b": content_hash(ids), "split": split}
     atomic_write(array_path, lambda tmp: _save_array(tmp, ids))
     atomic_write_text(meta_path, json.dumps(meta))
     return np.load(array_path, mmap_mode="r")
@@ -403,18 +416,20 @@ class TokenData:
     tokenizer: object
     source: str
     description: str
-    chars_per_token: float  # on the validation split: converts nats/token to bits/char
+    chars_per_token: float  # validation characters per token (reported; bits/char count exact characters)
+    val_unknown_share: float = 0.0  # validation tokens the tokenizer could not map (<unk>)
 
     def describe(self) -> dict:
         return {"data_source": self.source, "data_description": self.description,
                 "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size,
                 "tokenizer_hash": tokenizer_hash(self.tokenizer), "train_tokens": int(self.train.size),
-                "val_tokens": int(self.val.size), "chars_per_token": self.chars_per_token}
+                "val_tokens": int(self.val.size), "chars_per_token": self.chars_per_token,
+                "val_unknown_share": self.val_unknown_share}
 
 
-def prepare_data(config: dict, corpus: Corpus | None = None) -> TokenData:
+def prepare_data(config: dict) -> TokenData:
     """Corpus -> tokenizer -> cached token arrays, checked against SEQ_LEN."""
-    corpus = corpus or load_corpus(config)
+    corpus = load_corpus(config)
     train_hash = _sha256(EOT.join(corpus.train))
     val_hash = _sha256(EOT.join(corpus.val))
     tokenizer = load_or_train_tokenizer(config["TOKENIZER"], config["VOCAB_SIZE"], corpus,
@@ -427,7 +442,12 @@ def prepare_data(config: dict, corpus: Corpus | None = None) -> TokenData:
             raise DataError(f"SEQ_LEN={config['SEQ_LEN']} is longer than the {name} data ({ids.size} tokens); "
                             "lower SEQ_LEN or use more data")
     chars = sum(len(s) + 1 for s in corpus.val)  # + 1: each story's end-of-story token counts as one char
-    return TokenData(train, val, tokenizer, corpus.source, corpus.description, chars / val.size)
+    unk_id = getattr(tokenizer, "unk_id", None)  # byte-level BPE maps every character
+    unknown = int(np.count_nonzero(val == unk_id)) / val.size if unk_id is not None else 0.0
+    if unknown > UNKNOWN_WARNING_SHARE:
+        warn(f"{unknown:.1%} of the validation tokens are characters the training text never has (<unk>): "
+             "the two splits do not share an alphabet, so bits/char there measure little; check VAL_PATH")
+    return TokenData(train, val, tokenizer, corpus.source, corpus.description, chars / val.size, unknown)
 
 
 # ------------------------------------------------------------------ windows

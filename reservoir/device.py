@@ -1,9 +1,12 @@
 """The one home for device logic: choosing TPU (torch_xla) / CUDA / CPU, precision,
 gradient scaling, XLA step markers and data loaders.
 
-Nothing else in the codebase asks which device it runs on; it asks this module
-for a context (``autocast``), a scaler, a loader or a step, and this module
-answers per device. torch_xla is imported lazily so the rest works without it.
+The training loop, the models and the results ask this module for a context
+(``autocast``), a scaler, a loader, a step, a transfer or a collective, and this
+module answers per device. Elsewhere, code reads ``DeviceInfo`` only where the answer
+differs by design (results.py: XLA processes cannot broadcast a folder name), and the
+reservoirs ask a tensor's own device only to pick a sparse kernel that XLA lacks.
+torch_xla is imported lazily so the rest works without it.
 """
 
 from __future__ import annotations
@@ -406,12 +409,13 @@ def optimizer_step(info: DeviceInfo, optimizer, scaler, max_grad_norm: float = 0
 
 
 def all_reduce_sum(info: DeviceInfo, tensor: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor over all processes (identity with one process)."""
-    if info.world_size == 1:
-        return tensor
+    """Sum a tensor over all processes (the sum of one is itself). On XLA the collective runs
+    whatever the world size, so XLA:CPU exercises the code path that real chips use."""
     if info.is_xla:
         xm = _xla()[2]
         return xm.all_reduce(xm.REDUCE_SUM, tensor)
+    if info.world_size == 1:
+        return tensor
     torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
     return tensor
 

@@ -1,12 +1,15 @@
 """How the codebase talks to the researcher: one tag, status lines and warnings.
 
 Status lines go through ``tqdm.write`` so they never tear a progress bar, and only
-the main process speaks (pass ``main=False`` elsewhere).
+the main process speaks (pass ``main=False`` elsewhere). Progress is a tqdm bar on a
+terminal and a plain line every few seconds anywhere else (a log file would otherwise
+collect thousands of carriage-return updates on one line).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 from tqdm import tqdm
 
@@ -21,3 +24,39 @@ def say(message: str, main: bool = True) -> None:
 
 def warn(message: str) -> None:
     print(f"{TAG} WARNING: {message}", file=sys.stderr, flush=True)
+
+
+class PlainProgress:
+    """tqdm's small interface (update, n, set_postfix_str, close) as one plain line every ``every`` seconds."""
+
+    def __init__(self, total: float, desc: str, every: float = 10.0, disable: bool = False, file=None):
+        self.total, self.desc, self.every, self.disable = total, desc, every, disable
+        self.file = file or sys.stderr
+        self.n, self.postfix = 0.0, ""
+        self._started = self._printed = time.monotonic()
+
+    def update(self, amount: float = 1) -> None:
+        self.n += amount
+        if time.monotonic() - self._printed >= self.every:
+            self._print()
+
+    def set_postfix_str(self, text: str) -> None:
+        self.postfix = text
+
+    def _print(self) -> None:
+        self._printed = time.monotonic()
+        if not self.disable:
+            elapsed = self._printed - self._started
+            line = f"{TAG} {self.desc}: {100 * self.n / self.total:3.0f}% after {elapsed:.0f}s"
+            print(f"{line}, {self.postfix}" if self.postfix else line, file=self.file, flush=True)
+
+    def close(self) -> None:
+        self._print()
+        self.disable = True  # closing twice prints once
+
+
+def progress(total: float, desc: str, disable: bool = False, **tqdm_options):
+    """A progress bar on a terminal, plain periodic lines elsewhere (log files, notebooks' pipes)."""
+    if sys.stderr.isatty():
+        return tqdm(total=total, desc=desc, disable=disable, **tqdm_options)
+    return PlainProgress(total, desc, disable=disable)

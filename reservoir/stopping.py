@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 from .messages import warn
 
@@ -54,8 +55,11 @@ def _handler(signum, frame) -> None:
 
 
 def install() -> None:
-    """Route SIGTERM and SIGINT to the flag (main thread only, as Python requires)."""
+    """Route SIGTERM and SIGINT to the flag. Python lets only the main thread do that; a run started in
+    another thread (torch_xla's launcher on XLA:CPU) shares the flag its process's main thread set up."""
     global _requested
+    if threading.current_thread() is not threading.main_thread():
+        return
     _requested = None
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _handler)

@@ -18,13 +18,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 from torch.nn import functional as F
-from tqdm import tqdm
 
 from . import device as dev
 from . import stopping
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DataError, TokenData, TrainWindows, eval_windows, tokenizer_hash
-from .messages import say
+from .messages import progress, say
 from .results import Run
 from .sampling import SampleSettings, write_stories
 from .stopping import Diverged, Stopped
@@ -137,7 +136,8 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
     trainer = {"sgd": _train_sgd, "ridge": _fit_ridge, "counts": _fit_counts}[model.trainer]
     evaluator = Evaluator(data, config, config["BATCH_SIZE"])
     identity = {"model": name, "model_config": config[name.upper()], "vocab_size": data.tokenizer.vocab_size,
-                "tokenizer_hash": tokenizer_hash(data.tokenizer), "seq_len": config["SEQ_LEN"]}
+                "tokenizer_hash": tokenizer_hash(data.tokenizer), "seq_len": config["SEQ_LEN"],
+                "replicas": info.replicas}  # data order and batch depend on it: a resume must keep it
     saved = None
     if run.checkpoint_path(name).exists():
         saved = load_checkpoint(run.checkpoint_path(name), identity)
@@ -199,8 +199,8 @@ def _save(run, name, model, info, identity, progress, finished, optimizer=None, 
 def _progress_bar(name: str, info: dev.DeviceInfo, budget: Budget):
     limits = [f"{v} {u}" for v, u in ((budget.max_steps, "steps"), (budget.max_tokens, "tokens"),
                                       (budget.max_seconds, "s")) if v]
-    return tqdm(total=100, desc=f"{name} (budget: {', '.join(limits)})", unit="%", disable=not info.is_main_process,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]", leave=True)
+    return progress(100, f"{name} (budget: {', '.join(limits)})", disable=not info.is_main_process, unit="%",
+                    bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]", leave=True)
 
 
 # --------------------------------------------------------------------- gradient training
@@ -448,5 +448,6 @@ def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.D
             "train_tokens": progress.tokens, "train_steps": progress.step,
             "tokens_per_second": progress.tokens / max(progress.seconds, 1e-9), **outcome.final,
             "device": info.name, "device_kind": info.kind, "precision": info.precision,
-            "world_size": info.world_size, "data_source": data.source, "tokenizer": data.tokenizer.kind,
+            "world_size": info.world_size, "data_source": data.source, "val_unknown_share": data.val_unknown_share,
+            "tokenizer": data.tokenizer.kind,
             "vocab_size": data.tokenizer.vocab_size, "seed": config["SEED"], "fit": outcome.extra}

@@ -1,3 +1,4 @@
+import copy
 import subprocess
 import sys
 
@@ -31,8 +32,11 @@ def test_overrides_parse_literals_case_insensitively():
 
 
 def test_defaults_are_not_modified_by_overrides():
-    before = dict(SHARED_CONFIG)
-    parse_overrides(["BATCH_SIZE=7"])
+    before = copy.deepcopy(SHARED_CONFIG)  # deep: a change inside a model block must show
+    parse_overrides(["BATCH_SIZE=7", "ESN.units=3", "MODELS=esn"])
+    config = parse_overrides([])
+    config["ESN"]["units"] = 5  # a caller editing its config must not reach the defaults either
+    config["MODELS"].append("lstm")
     assert SHARED_CONFIG == before
 
 

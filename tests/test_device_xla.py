@@ -41,6 +41,12 @@ def test_xla_zero_grad_keeps_gradient_tensors(xla):
     assert layer.weight.grad is not None and float(layer.weight.grad.abs().sum()) == 0.0
 
 
-def test_all_reduce_with_one_core_is_identity(xla):
+def test_all_reduce_runs_the_xla_collective(xla, monkeypatch):
+    """With one process torch_xla skips the collective unless told not to: make it run for real."""
+    import torch_xla
+
+    monkeypatch.setenv("XLA_ALWAYS_ALLREDUCE", "1")
     t = torch.arange(4.0, device=xla.device)
-    assert torch.equal(dev.all_reduce_sum(xla, t).cpu(), torch.arange(4.0))
+    reduced = dev.all_reduce_sum(xla, t)
+    assert "cross_replica_sum" in torch_xla._XLAC._get_xla_tensors_text([reduced])  # the collective, in the graph
+    assert torch.equal(reduced.cpu(), torch.arange(4.0) * xla.world_size)

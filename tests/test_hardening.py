@@ -325,3 +325,71 @@ def test_a_non_main_process_uses_the_folder_its_launcher_claimed(tmp_path):
     with pytest.raises(ResultsError, match="decided before the launch"):
         Run.open(config, second)  # the old path: Path(None) on every process but the first
     claim.release()
+
+
+def test_a_checkpoint_from_another_world_size_is_refused(tmp_path):
+    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=10", "CHECKPOINT_EVERY=5", "RUN_NAME=w", "PLOTS=False")
+    run_dir = tmp_path / "results" / "w"
+    path = run_dir / "checkpoints" / "lstm.pt"
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["replicas"] == 1  # recorded with every checkpoint
+    ckpt["replicas"], ckpt["finished"] = 2, False  # as if written by 2 processes
+    torch.save(ckpt, path)
+    (run_dir / "summary.json").unlink()
+    proc = run_cli(tmp_path, "RESUME=w", check=False)
+    assert proc.returncode != 0 and "replicas is 2, the run has 1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------- 10, 11: unknown characters, cache hashes
+
+
+def test_validation_text_the_tokenizer_never_saw_is_counted_and_warned(tmp_path):
+    train, val = tmp_path / "train.txt", tmp_path / "val.txt"
+    train.write_text("<|endoftext|>\n".join(["the cat sat on the mat. " * 20] * 30), encoding="utf-8")
+    val.write_text("<|endoftext|>\n".join(["ΩΨΦ ЖЖЖ 日本語 " * 20] * 5), encoding="utf-8")
+    proc = run_cli(tmp_path, f"TRAIN_PATH={train}", f"VAL_PATH={val}", "MODELS=['ngram']", "MAX_STEPS=3",
+                   "RUN_NAME=unk", "PLOTS=False", "EVAL_TOKENS=256")
+    assert "validation tokens are characters the training text never has" in proc.stderr
+    share = summary_of(tmp_path / "results" / "unk")["ngram"]["val_unknown_share"]
+    assert 0.5 < share <= 1.0
+    quiet = run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=3", "RUN_NAME=known", "PLOTS=False")
+    assert "never has" not in quiet.stderr
+    assert summary_of(tmp_path / "results" / "known")["ngram"]["val_unknown_share"] == 0.0
+
+
+def test_reordered_tokens_and_an_edited_tokenizer_are_caught(tmp_path, capsys):
+    import numpy as np
+
+    from reservoir.data import CharTokenizer, Corpus, cached_tokens, load_or_train_tokenizer
+
+    tok = CharTokenizer.train(["abcdef"])
+    stories = ["abc", "fed"] * 50
+    first = np.array(cached_tokens(tok, stories, "h1", tmp_path, "train"))
+    (npy,) = (tmp_path / "tokens").glob("*.npy")
+    raw = bytearray(npy.read_bytes())
+    raw[-2:], raw[-4:-2] = raw[-4:-2], raw[-2:]  # swap the last two tokens: the same sum, another order
+    assert raw != npy.read_bytes()
+    npy.write_bytes(bytes(raw))
+    assert np.array_equal(cached_tokens(tok, stories, "h1", tmp_path, "train"), first)
+    assert "does not match its metadata" in capsys.readouterr().err
+
+    corpus = Corpus(["abc def"], ["abc"], "test", "test corpus")
+    trained = load_or_train_tokenizer("char", 0, corpus, tmp_path, "h2")
+    (path,) = (tmp_path / "tokenizers").glob("*.json")
+    path.write_text(path.read_text().replace("abc", "abx"))  # still parses, but it is not the trained one
+    again = load_or_train_tokenizer("char", 0, corpus, tmp_path, "h2")
+    assert again.chars == trained.chars and "training it again" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------- log hygiene
+
+
+def test_logs_that_are_not_a_terminal_get_plain_lines(tmp_path):
+    proc = run_cli(tmp_path, "MODELS=['lstm','esn']", "TIME_BUDGET_S=3", "ESN.units=32", "PLOTS=False")
+    assert "\r" not in proc.stderr and "\r" not in proc.stdout  # no carriage-return bar updates in a log
+    assert "lstm (budget: 3.0 s): 100% after" in proc.stderr  # the closing progress line
+
+
+def test_help_shows_shell_safe_list_forms():
+    out = subprocess.run([sys.executable, str(ROOT / "TinyStories.py"), "--help"], capture_output=True, text=True)
+    assert "MODELS=esn,lstm" in out.stdout and "\"MODELS=['esn', 'lstm']\"" in out.stdout

@@ -131,9 +131,23 @@ def test_checkpoint_for_another_model_config_is_refused(tmp_path):
     expect = {"model": "lstm", "model_config": {"embed_dim": 64, "hidden": 999, "layers": 1, "dropout": 0.0}}
     with pytest.raises(CheckpointError, match="does not match this run: model_config"):
         load_checkpoint(path, expect)
-    path.write_bytes(b"import os; os.system('echo pwned')")
+    pwned = tmp_path / "pwned"
+    torch.save({"format": 1, "model": _Malicious(str(pwned))}, path)  # a real pickle that would run code
     with pytest.raises(CheckpointError, match="corrupt or not a ReservoirNLP checkpoint"):
         load_checkpoint(path, expect)
+    assert not pwned.exists(), "loading a checkpoint must never run code from it"
+    torch.load(path, weights_only=False)  # the same file, unpickled without the guard, does run it
+    assert pwned.exists()
+
+
+class _Malicious:
+    """Unpickling this calls os.mkdir(path): proof that a loader ran code from the file."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
 
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path):

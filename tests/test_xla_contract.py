@@ -101,8 +101,12 @@ def test_one_spmd_step_equals_one_device_on_the_full_batch(tmp_path):
 
 def test_launcher_runs_the_experiment_in_a_launched_process(tmp_path):
     proc = runner(tmp_path, "USE_TPU=True", "TPU_PARALLEL=launch", "MODELS=['lstm']", "MAX_STEPS=2", "RUN_NAME=l")
-    assert "Core 0/1" in proc.stdout
+    assert "Core 0/1" in proc.stdout and "one process per TPU chip" in proc.stdout
     assert summary(tmp_path, "l")["lstm"]["train_steps"] == 2
+    # RESUME is resolved before deciding to launch: a resumed 'launch' run launches again, in the same folder
+    resumed = python(["TinyStories.py", f"RESULTS_DIR={tmp_path / 'results'}", "RESUME=l"])
+    assert "one process per TPU chip (torch_xla.launch), results in" in resumed.stdout
+    assert "lstm: finished" in resumed.stdout
 
 
 def test_persistent_compile_cache_is_written_and_looked_up_by_a_second_process(tmp_path):
