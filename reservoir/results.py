@@ -258,6 +258,7 @@ class Run:
         self.writes = info.is_main_process
         self.trackers = trackers
         self.claim = claim
+        self.resumed = False  # set by open() for RESUME: fits then say where each model starts
 
     @classmethod
     def open(cls, config: dict, info: dev.DeviceInfo, resume_dir: Path | None = None,
@@ -278,7 +279,9 @@ class Run:
         if info.is_main_process:
             for file in ("metrics.jsonl", "train_log.jsonl"):  # a cut-off last row is repaired before appending
                 read_metrics(path, file, repair=True)
-        return cls(path, info, Trackers.open(config, path, info.is_main_process), claim)
+        run = cls(path, info, Trackers.open(config, path, info.is_main_process), claim)
+        run.resumed = resume_dir is not None
+        return run
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -141,6 +141,8 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
     saved = None
     if run.checkpoint_path(name).exists():
         saved = load_checkpoint(run.checkpoint_path(name), identity)
+    elif run.resumed:
+        say(f"{name}: no checkpoint in {run.path}; training it from step 0", info.is_main_process)
     if saved is not None and saved["finished"]:
         model.load_state_dict(saved["model_state"])
         device = dev.compute_device(info, getattr(model, "host_only", False))

@@ -174,6 +174,7 @@ def test_resume_repairs_a_cut_off_last_metrics_line(tmp_path):
         f.write('{"model": "transformer", "step": 5, "val_lo')  # what a full disk left
     proc = run_cli(tmp_path, "RESUME=torn")
     assert "last line was cut off" in proc.stderr
+    assert "transformer: no checkpoint in" in proc.stdout and "training it from step 0" in proc.stdout
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows if r["model"] == "transformer"] == [5, 10]
 
