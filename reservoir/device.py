@@ -513,6 +513,35 @@ def checkpoint_function(info: DeviceInfo):
     return functools.partial(checkpoint, use_reentrant=False)
 
 
+def sequential_scan(fn, init, xs):
+    """``carry, ys = scan(fn, init, xs)`` as a Python loop over the leading dimension of ``xs``
+    (a tensor or a tuple of tensors); ``fn(carry, x) -> (carry, y)`` with y a tensor."""
+    carry, ys = init, []
+    for t in range(xs[0].shape[0] if isinstance(xs, tuple) else xs.shape[0]):
+        carry, y = fn(carry, tuple(x[t] for x in xs) if isinstance(xs, tuple) else xs[t])
+        ys.append(y)
+    return carry, torch.stack(ys)
+
+
+def time_scan(info: DeviceInfo):
+    """How recurrent models loop over time, or None for their own fused kernels (nn.LSTM) and loops.
+
+    On XLA a Python loop over T time steps is unrolled into one graph of T cells: its compile time
+    grows with SEQ_LEN (the LSTM took minutes at 128). torch_xla's ``scan`` compiles the cell once,
+    as an XLA While loop. The function returned here uses it for tensors on the XLA device and a
+    plain loop for any others (samples are generated on the CPU from the same model).
+    """
+    if not info.is_xla:
+        return None
+    xla_scan = importlib.import_module("torch_xla.experimental.scan").scan
+
+    def scan(fn, init, xs):
+        first = xs[0] if isinstance(xs, tuple) else xs
+        return xla_scan(fn, init, xs) if first.device.type == "xla" else sequential_scan(fn, init, xs)
+
+    return scan
+
+
 def compute_device(info: DeviceInfo, host_only: bool) -> torch.device:
     """Where a model runs: its device, or the CPU for models that compute on the host (n-gram counts)."""
     return torch.device("cpu") if host_only else info.device

@@ -23,12 +23,13 @@ from . import device as dev
 from . import stopping
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DataError, TokenData, TrainWindows, eval_windows, tokenizer_hash
-from .messages import progress, say
+from .messages import progress, say, warn
 from .results import Run
 from .sampling import SampleSettings, write_stories
 from .stopping import Diverged, Stopped
 
 CALIBRATION_TOKENS = 16384  # training tail held out from the ridge fit to calibrate its probabilities
+WARMUP_STEPS = 2  # steps timed as warm-up (compilation on XLA) and not charged to a time budget
 
 
 # --------------------------------------------------------------------- budget and schedule
@@ -77,6 +78,43 @@ class Progress:
     offset: int = 0  # windows of this epoch already consumed, all processes together
     train_loss_steps: int = 0  # steps since the loss was last fetched (checkpoints fetch it: 0 there)
     last_train_loss: float | None = None
+
+
+class WarmUp:
+    """The first steps of a fit: compilation on XLA (the first step's graph, then the second's with
+    optimizer state; a ridge fit's first chunk), caches and autotuning elsewhere. Their wall time is
+    timed apart and not charged to a time budget, so a TPU comparison ranks models, not compilers;
+    their tokens still count as training."""
+
+    def __init__(self, name: str, step: int, steps: int, budget: Budget, main: bool):
+        self.name, self.until, self.budget, self.main = name, step + steps, budget, main
+        self.steps = steps
+        self.began = time.perf_counter()
+        self.wall: float | None = None  # warm-up wall time, once it is over
+        self.after: tuple[int, float] | None = None  # (step, training seconds) when it ended
+
+    @property
+    def running(self) -> bool:
+        return self.wall is None
+
+    def step_done(self, step: int, seconds: float) -> None:
+        if self.running and step >= self.until:
+            self.wall, self.after = time.perf_counter() - self.began, (step, seconds)
+            if self.main and self.budget.max_seconds and self.wall > self.budget.max_seconds:
+                warn(f"{self.name}: its warm-up (compilation) took {self.wall:.0f}s, longer than its "
+                     f"{self.budget.max_seconds:g}s budget; not charged: the budget counts training after warm-up")
+
+    def report(self, step: int, seconds: float) -> dict:
+        """compile_seconds (warm-up beyond what its steps would take once settled) and step_seconds."""
+        wall = self.wall if self.wall is not None else time.perf_counter() - self.began
+        step_seconds = None
+        if self.after is not None and step > self.after[0]:
+            step_seconds = (seconds - self.after[1]) / (step - self.after[0])
+        compile_seconds = max(0.0, wall - self.steps * (step_seconds or 0.0))
+        over = bool(self.budget.max_seconds and wall > self.budget.max_seconds)
+        return {"compile_seconds": round(compile_seconds, 3), "warmup_seconds": round(wall, 3),
+                "step_seconds": None if step_seconds is None else round(step_seconds, 6),
+                "compile_over_budget": over}
 
 
 @dataclass
@@ -134,6 +172,7 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
     """Train ``model`` under the budget, evaluating and checkpointing as configured; resumes
     from ``run``'s checkpoint for ``name`` if there is one."""
     trainer = {"sgd": _train_sgd, "ridge": _fit_ridge, "counts": _fit_counts}[model.trainer]
+    model.use_time_scan(dev.time_scan(info))  # on XLA: recurrences compile one cell, not SEQ_LEN of them
     evaluator = Evaluator(data, config, config["BATCH_SIZE"])
     identity = {"model": name, "model_config": config[name.upper()], "vocab_size": data.tokenizer.vocab_size,
                 "tokenizer_hash": tokenizer_hash(data.tokenizer), "seq_len": config["SEQ_LEN"],
@@ -267,6 +306,7 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
     bar = _progress_bar(name, info, budget)
     bar.update(100 * min(1.0, budget.progress(progress.step, progress.tokens, progress.seconds)))
     started = time.perf_counter() - progress.seconds
+    warm = WarmUp(name, progress.step, WARMUP_STEPS, budget, info.is_main_process)
     try:
         while not budget.spent(progress.step, progress.tokens, progress.seconds):
             lr = learning_rate(config, progress.step, budget.progress(progress.step, progress.tokens, progress.seconds))
@@ -286,6 +326,9 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
             dev.mark_step(info)
             progress.step += 1
             progress.tokens += per_step
+            if warm.running:  # compiling: the training clock stands still
+                started = time.perf_counter() - progress.seconds
+                warm.step_done(progress.step, progress.seconds)
             evaluate = progress.step % config["EVAL_EVERY"] == 0
             checkpoint = bool(config["CHECKPOINT_EVERY"]) and progress.step % config["CHECKPOINT_EVERY"] == 0
             log = evaluate or checkpoint or progress.step % config["LOG_EVERY"] == 0
@@ -326,8 +369,8 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
             started += time.perf_counter() - paused  # evaluation and checkpoints are not training time
     finally:
         bar.close()  # also when the model diverges or a signal stops it
-    return _finish(name, model, info, run, evaluator, identity, progress, info.device, {}, config["SEED"],
-                   optimizer, scaler, advice=advice)
+    return _finish(name, model, info, run, evaluator, identity, progress, info.device,
+                   warm.report(progress.step, progress.seconds), config["SEED"], optimizer, scaler, advice=advice)
 
 
 # --------------------------------------------------------------------- closed-form fits
@@ -372,9 +415,14 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
     progress = Progress(tokens=cal[:, 1:].numel())  # the calibration tail is training data too
     bar = _progress_bar(name, info, budget)
     started = time.perf_counter()
+    warm = WarmUp(name, 0, 1, budget, info.is_main_process)  # the first chunk compiles both graphs on XLA
 
     def chunks_in_budget():
+        nonlocal started
         for k in range(chunks):
+            if warm.running and k == 1:  # the first chunk is done: its time is warm-up, not training
+                started = time.perf_counter()
+                warm.step_done(1, 0.0)
             if budget.spent(progress.step, progress.tokens, time.perf_counter() - started):
                 break
             if dev.max_across(info, float(stopping.requested() is not None)) > 0:
@@ -403,8 +451,9 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
     progress.seconds = time.perf_counter() - started
     bar.set_postfix_str(f"{progress.tokens:,} tokens, {progress.tokens / progress.seconds:,.0f} tok/s")
     bar.close()
-    return _finish(name, model, info, run, evaluator, identity, progress, info.device, extra, config["SEED"],
-                   advice=_ridge_advice(name))
+    timing = warm.report(progress.step, progress.seconds)
+    return _finish(name, model, info, run, evaluator, identity, progress, info.device, {**extra, **timing},
+                   config["SEED"], advice=_ridge_advice(name))
 
 
 def _fit_counts(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
@@ -452,4 +501,6 @@ def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.D
             "device": info.name, "device_kind": info.kind, "precision": info.precision,
             "world_size": info.world_size, "data_source": data.source, "val_unknown_share": data.val_unknown_share,
             "tokenizer": data.tokenizer.kind,
-            "vocab_size": data.tokenizer.vocab_size, "seed": config["SEED"], "fit": outcome.extra}
+            "vocab_size": data.tokenizer.vocab_size, "seed": config["SEED"],
+            **{key: outcome.extra.get(key) for key in ("compile_seconds", "step_seconds", "compile_over_budget")},
+            "fit": outcome.extra}

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -41,18 +42,65 @@ def summary(tmp_path, run):
 
 
 def test_tiny_run_with_use_tpu_completes_on_xla(tmp_path):
-    proc = runner(tmp_path, "USE_TPU=True", "MODELS=['ngram','esn','transformer']", "MAX_STEPS=4", "EVAL_EVERY=2",
-                  "CHECKPOINT_EVERY=2", "RUN_NAME=x")
+    proc = runner(tmp_path, "USE_TPU=True", "MODELS=['ngram','esn','lstm','transformer']", "MAX_STEPS=4",
+                  "EVAL_EVERY=2", "CHECKPOINT_EVERY=2", "RUN_NAME=x")
     assert "TPU code path" in proc.stdout
     config = json.loads((tmp_path / "results" / "x" / "config.json").read_text())
     assert config["device"]["kind"] == "tpu" and config["device"]["precision"] == "bf16"
     assert config["effective_config"]["BATCH_SIZE"] == 8  # the TPU batch multiplier
     assert config["versions"]["torch_xla"]
     records = summary(tmp_path, "x")
-    assert set(records) == {"ngram", "esn", "transformer"}
+    assert set(records) == {"ngram", "esn", "lstm", "transformer"}
     assert all(0 < r["val_bpc"] < 8 and r["device_kind"] == "tpu" for r in records.values())
     ckpt = torch.load(tmp_path / "results" / "x" / "checkpoints" / "transformer.pt", weights_only=True)
     assert all(t.device.type == "cpu" for t in ckpt["model_state"].values())
+
+
+def test_scanned_recurrences_match_the_cpu_forms():
+    """On XLA the LSTM and the reservoirs loop over time with torch_xla's scan (one compiled cell);
+    on the CPU, nn.LSTM's fused kernel and a Python loop. Same weights, fp32: logits within 1e-5,
+    gradients within 1e-6, reservoir states within 1e-5."""
+    script = textwrap.dedent("""
+        import sys, json, torch
+        sys.path.insert(0, ".")
+        from configs import parse_overrides
+        from reservoir import device as dev
+        from reservoir.models import build_model
+        config = parse_overrides(["TIME_BUDGET_S=1", "LSTM.layers=2", "LSTM.hidden=48", "LSTM.embed_dim=16",
+                                  "ESN.units=64", "DEEP_ESN.units=32"])
+        info = dev.select_device({"DEVICE": "tpu", "PRECISION": "fp32"})
+        ids = torch.randint(0, 40, (3, 64), generator=torch.Generator().manual_seed(0))
+        out = {}
+        cpu, xla = build_model("lstm", 40, config), build_model("lstm", 40, config)
+        xla.to(info.device).use_time_scan(dev.time_scan(info))
+        logits_cpu, logits_xla = cpu(ids), xla(ids.to(info.device))
+        logits_cpu.logsumexp(-1).mean().backward()
+        logits_xla.logsumexp(-1).mean().backward()
+        dev.mark_step(info)
+        out["logits"] = float((logits_xla.cpu() - logits_cpu).abs().max())
+        out["grads"] = max(float((a.grad.cpu() - b.grad).abs().max()) for a, b in
+                           zip(xla.parameters(), cpu.parameters()))
+        for name in ("esn", "deep_esn"):
+            cpu, xla = build_model(name, 40, config), build_model(name, 40, config)
+            xla.to(info.device).use_time_scan(dev.time_scan(info))
+            states_cpu = cpu.features(ids)
+            states_xla = xla.features(ids.to(info.device)).cpu()
+            out[name] = float((states_xla - states_cpu).abs().max())
+        print(json.dumps(out))
+    """)
+    result = json.loads(python(["-c", script]).stdout.strip().splitlines()[-1])
+    assert result["logits"] < 1e-5 and result["grads"] < 1e-6, result
+    assert result["esn"] < 1e-5 and result["deep_esn"] < 1e-5, result
+
+
+def test_warm_up_is_not_charged_to_the_time_budget(tmp_path):
+    """A budget shorter than compilation still trains: warm-up is timed apart and reported."""
+    proc = runner(tmp_path, "USE_TPU=True", "MODELS=['lstm']", "TIME_BUDGET_S=0.2", "RUN_NAME=warm")
+    record = summary(tmp_path, "warm")["lstm"]
+    assert record["train_steps"] > 2 and record["train_seconds"] < 5  # trained after warm-up, for its budget
+    assert record["compile_over_budget"] and record["fit"]["warmup_seconds"] > 0.2 and record["compile_seconds"] > 0
+    assert "not charged: the budget counts training after warm-up" in proc.stderr
+    assert "compile s" in proc.stdout and "* warm-up (compilation) took longer" in proc.stdout
 
 
 @pytest.mark.parametrize("model", sorted(EXPECTED))

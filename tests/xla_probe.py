@@ -1,13 +1,17 @@
 """Measure one model's XLA graphs through the real training loop, in a fresh process.
 
-    PJRT_DEVICE=CPU python tests/xla_probe.py transformer [--inject item|dynamic]
+    PJRT_DEVICE=CPU python tests/xla_probe.py transformer [--inject item|dynamic] [--seq-len 512] [--full-size]
 
 Prints one JSON line:
 - warmup_compiles: graphs compiled by a first short fit (training, evaluation, checkpoint);
 - compiles_after_warmup: graphs compiled by a second, longer fit of a fresh model
   with evaluations in between (must be 0: every shape was seen in warm-up);
 - executions_per_step: device executions per training step, from the difference
-  between a K-step and a 2K-step fit (1 for gradient-trained models: the step marker).
+  between a K-step and a 2K-step fit (1 for gradient-trained models: the step marker);
+- compile_seconds: XLA's own CompileTime over the warm-up fit (every graph the model needs).
+
+``--full-size`` keeps the default model sizes (SHARED_CONFIG) instead of tiny ones, for the
+compile times README_TPU.md reports; ``--seq-len`` sets SEQ_LEN (compile time must not grow with it).
 
 ``--track tensorboard`` reads the loss every step and sends it to the trackers, so a test can
 check that tracking adds no device execution to the step.
@@ -36,10 +40,10 @@ from reservoir.models import build_model  # noqa: E402
 from reservoir.results import Run  # noqa: E402
 from reservoir.tracking import Trackers  # noqa: E402
 
-TINY = ["USE_TPU=True", "MAX_STEPS=1", "DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=2",
-        "EVAL_TOKENS=128", "TIME_BUDGET_S=None", "CHECKPOINT_EVERY=0", "WARMUP_STEPS=2", "ESN.units=32",
-        "DEEP_ESN.units=16", "NVAR.input_dim=4", "LINEAR_RESERVOIR.units=16", "LINEAR_RESERVOIR.readout_hidden=32",
-        "LSTM.hidden=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32"]
+BASE = ["USE_TPU=True", "MAX_STEPS=1", "DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=2",
+        "EVAL_TOKENS=128", "TIME_BUDGET_S=None", "CHECKPOINT_EVERY=0", "CHECKPOINT_EVERY_S=0", "WARMUP_STEPS=2"]
+TINY = ["ESN.units=32", "DEEP_ESN.units=16", "NVAR.input_dim=4", "LINEAR_RESERVOIR.units=16",
+        "LINEAR_RESERVOIR.readout_hidden=32", "LSTM.hidden=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32"]
 
 
 _CALLS = [0]  # across fits, so an injected dynamic shape keeps producing new lengths
@@ -67,8 +71,11 @@ def counters() -> tuple[int, int]:
     return dev.xla_compile_count(), int(metrics.counter_value("ExecuteComputation") or 0)
 
 
+SIZES = []  # model-size overrides for this process: TINY's, or none with --full-size
+
+
 def fit_once(name: str, overrides: list[str], data, info, injected: str | None, track: list[str] = ()) -> None:
-    config = parse_overrides(TINY + overrides)
+    config = parse_overrides(BASE + SIZES + overrides)
     model = build_model(name, data.tokenizer.vocab_size, config)
     if injected:
         inject(model, injected)
@@ -78,13 +85,23 @@ def fit_once(name: str, overrides: list[str], data, info, injected: str | None, 
         trackers.close()
 
 
-def probe(name: str, injected: str | None = None, k: int = 4, track: list[str] | None = None) -> dict:
+def compile_seconds() -> float:
+    metrics = __import__("torch_xla.debug.metrics", fromlist=["metric_data"])
+    data = metrics.metric_data("CompileTime")
+    return data[1] / 1e9 if data else 0.0
+
+
+def probe(name: str, injected: str | None = None, k: int = 4, track: list[str] | None = None,
+          seq_len: int = 16, full_size: bool = False) -> dict:
     os.environ.setdefault("PJRT_DEVICE", "CPU")
-    config = parse_overrides(TINY + [f"CACHE_DIR={tempfile.mkdtemp()}"])
+    BASE[BASE.index("SEQ_LEN=16")] = f"SEQ_LEN={seq_len}"
+    SIZES[:] = [] if full_size else TINY
+    config = parse_overrides(BASE + SIZES + [f"CACHE_DIR={tempfile.mkdtemp()}"])
     info = dev.select_device(config)
     data = prepare_data(config)
     fit_once(name, ["MAX_STEPS=3", "EVAL_EVERY=2", "LOG_EVERY=1"], data, info, injected)
     warm, _ = counters()
+    compiling = compile_seconds()
     fit_once(name, ["MAX_STEPS=8", "EVAL_EVERY=2", "LOG_EVERY=3"], data, info, injected)
     after, _ = counters()
     quiet = ["EVAL_EVERY=100000", "LOG_EVERY=100000"]  # only the final evaluation: runs differ by steps alone
@@ -95,8 +112,8 @@ def probe(name: str, injected: str | None = None, k: int = 4, track: list[str] |
     _, e1 = counters()
     fit_once(name, [f"MAX_STEPS={2 * k}", *quiet], data, info, injected, track or ())
     _, e2 = counters()
-    return {"model": name, "warmup_compiles": warm, "compiles_after_warmup": after - warm,
-            "executions_per_step": ((e2 - e1) - (e1 - e0)) / k}
+    return {"model": name, "seq_len": seq_len, "warmup_compiles": warm, "compiles_after_warmup": after - warm,
+            "executions_per_step": ((e2 - e1) - (e1 - e0)) / k, "compile_seconds": round(compiling, 2)}
 
 
 if __name__ == "__main__":
@@ -106,6 +123,9 @@ if __name__ == "__main__":
     parser.add_argument("model")
     parser.add_argument("--inject", choices=("item", "dynamic"))
     parser.add_argument("--track", choices=("none", "tensorboard"), help="read the loss every step, for trackers")
+    parser.add_argument("--seq-len", type=int, default=16)
+    parser.add_argument("--full-size", action="store_true", help="the default model sizes, not tiny ones")
     args = parser.parse_args()
     track = None if args.track is None else ([] if args.track == "none" else [args.track])
-    print(json.dumps(probe(args.model, args.inject, track=track)), flush=True)
+    print(json.dumps(probe(args.model, args.inject, track=track, seq_len=args.seq_len, full_size=args.full_size)),
+          flush=True)

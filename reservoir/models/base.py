@@ -18,6 +18,13 @@ class LanguageModel(nn.Module):
     context_size: int | None = None  # longest context generate() feeds back (None: unlimited)
     _checkpoint = None  # activation checkpointing, set by use_gradient_checkpointing
 
+    def use_time_scan(self, scan_fn) -> None:
+        """Loop over time with ``scan_fn(fn, init, xs) -> (carry, ys)`` (from the device layer; None:
+        each part's own loop or fused kernel). Given to every part that loops over time."""
+        for module in self.modules():
+            if hasattr(module, "time_scan"):
+                module.time_scan = scan_fn
+
     def use_gradient_checkpointing(self, checkpoint_fn) -> None:
         """Recompute the heavy parts' activations in backward instead of storing them.
         ``checkpoint_fn(fn, *inputs)`` comes from the device layer (XLA needs its own)."""

@@ -78,7 +78,12 @@ class Transformer(LanguageModel):
 
 
 class LSTM(LanguageModel):
-    """A standard LSTM language model."""
+    """A standard LSTM language model.
+
+    It runs PyTorch's fused ``nn.LSTM``, or, when given a ``time_scan`` (on XLA), the same cell
+    with the same weights through that scan, so the cell compiles once instead of once per
+    time step (``_scanned``; results match the fused kernel, tested on CPU vs XLA:CPU).
+    """
 
     def __init__(self, vocab_size: int, cfg: dict):
         super().__init__()
@@ -86,8 +91,32 @@ class LSTM(LanguageModel):
         self.lstm = nn.LSTM(cfg["embed_dim"], cfg["hidden"], num_layers=cfg["layers"], batch_first=True,
                             dropout=cfg["dropout"] if cfg["layers"] > 1 else 0.0)
         self.head = nn.Linear(cfg["hidden"], vocab_size)
+        self.time_scan = None  # set by use_time_scan
+
+    def _scanned(self, x):
+        """nn.LSTM's recurrence (gates i, f, g, o; PyTorch's weight layout) through ``time_scan``."""
+        x = x.transpose(0, 1)  # (T, B, features): scan runs over the leading dimension
+        for layer in range(self.lstm.num_layers):
+            w_ih, w_hh = getattr(self.lstm, f"weight_ih_l{layer}"), getattr(self.lstm, f"weight_hh_l{layer}")
+            bias = getattr(self.lstm, f"bias_ih_l{layer}") + getattr(self.lstm, f"bias_hh_l{layer}")
+            drive = x @ w_ih.T + bias  # the input part of every gate, for all steps at once
+
+            def cell(carry, drive_t):
+                h, c, w_hh = carry  # the weight travels in the carry: a scanned cell may not close over tensors
+                i, f, g, o = (drive_t + h @ w_hh.T).chunk(4, dim=-1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h = torch.sigmoid(o) * torch.tanh(c)
+                return (h, c, w_hh), h
+
+            zeros = drive.new_zeros(drive.shape[1], self.lstm.hidden_size)
+            _, x = self.time_scan(cell, (zeros, zeros.clone(), w_hh), drive)
+            if layer < self.lstm.num_layers - 1 and self.lstm.dropout and self.training:
+                x = F.dropout(x, self.lstm.dropout)
+        return x.transpose(0, 1)
 
     def forward(self, ids):
+        if self.time_scan is not None:
+            return self.head(self._scanned(self.embed(ids)))
         return self.head(self._checkpointed(self.lstm, self.embed(ids))[0])
 
 

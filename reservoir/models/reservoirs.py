@@ -62,6 +62,7 @@ class Reservoir(nn.Module):
         self.units, self.leak_rate = units, leak_rate
         self.sparse = bool(self.w.count_nonzero() < 0.05 * self.w.numel())
         self._w_csr = None  # a sparse copy for the recurrence where sparse kernels exist (CPU, CUDA)
+        self.time_scan = None  # set by LanguageModel.use_time_scan: a compiled loop over time (XLA)
 
     def _recurrent(self, x_cols: torch.Tensor) -> torch.Tensor:
         """W @ x for states stored as columns (units, B)."""
@@ -80,6 +81,15 @@ class Reservoir(nn.Module):
         drive = (drive + self.bias).permute(1, 2, 0).contiguous()  # (T, units, B): one column per stream
         x = torch.zeros_like(drive[0]) if state is None else state.T.contiguous().float()
         a = self.leak_rate
+        if self.time_scan is not None:  # one compiled cell, however long the window
+
+            def cell(carry, drive_t):
+                x, w = carry  # the matrix travels in the carry: a scanned cell may not close over tensors
+                x = (1 - a) * x + a * torch.tanh(drive_t + w @ x)
+                return (x, w), x.clone()
+
+            (x, _), states = self.time_scan(cell, (x, self.w), drive)
+            return states.permute(2, 0, 1), x.T
         states = torch.empty_like(drive)
         for t in range(drive.shape[0]):  # only the recurrence is sequential
             x = (1 - a) * x + a * torch.tanh(drive[t] + self._recurrent(x))
