@@ -49,7 +49,7 @@ def resolve_resume(config: dict) -> tuple[dict, object]:
                            "start a new run") from None
 
 
-def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claimed=None) -> Run:
+def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claimed=None, on_evaluation=None) -> Run:
     # --- config and device (RESUME is resolved before, in main: it may decide how many processes run)
     stopping.install()  # SIGTERM / Ctrl-C: finish the step, checkpoint, exit
     info = dev.select_device(config, process_index)
@@ -67,6 +67,7 @@ def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claime
 
     # --- the results folder (locked for the life of the run)
     run = Run.open(config, info, resume_dir, claimed)
+    run.on_evaluation = on_evaluation  # e.g. a sweep's pruner
     try:
         if main and not (run.path / "config.json").exists():
             run.write_config(requested, config, info, data.describe())

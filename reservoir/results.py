@@ -259,6 +259,7 @@ class Run:
         self.trackers = trackers
         self.claim = claim
         self.resumed = False  # set by open() for RESUME: fits then say where each model starts
+        self.on_evaluation = None  # called with every evaluation row (a sweep's pruner listens here)
 
     @classmethod
     def open(cls, config: dict, info: dev.DeviceInfo, resume_dir: Path | None = None,
@@ -309,6 +310,8 @@ class Run:
     def log_metrics(self, record: dict) -> None:
         self._append("metrics.jsonl", record, {"val/loss": record.get("val_loss"), "val/bpc": record.get("val_bpc"),
                                                "val/ppl": record.get("val_ppl")})
+        if self.on_evaluation is not None:
+            self.on_evaluation(record)
 
     def log_train(self, record: dict) -> None:
         self._append("train_log.jsonl", record, {"train/loss": record.get("train_loss"), "train/lr": record.get("lr"),

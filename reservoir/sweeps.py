@@ -1,0 +1,220 @@
+"""Hyper-parameter sweeps on Optuna: every model family tuned the same way, on one machine or many.
+
+    study = open_study(name, storage_url, results_dir, seed)     # Optuna's storage coordinates workers
+    run_trials(study, model, trials, fixed, run_experiment, space)
+    best = write_outputs(study, model, folder, fixed)             # best.json + Optuna's plots
+
+A trial is an ordinary run (its own results folder under ``results/sweeps/<name>/trials/``);
+its objective is the model's final validation bits/char, and its periodic evaluations feed
+a median pruner. Storage is a journal file in the sweep's folder by default (safe for several
+local processes), or any SQLAlchemy URL (``SWEEP_STORAGE=postgresql+psycopg2://...``), through
+which any number of machines work on one study: Optuna's storage hands out trial numbers and
+holds the results, so there is no queue of our own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import socket
+import time
+import warnings
+from pathlib import Path
+
+from .files import atomic_write_text
+from .messages import say, warn
+
+# One declared search space per model, with the ranges reservoirpy's tutorials and the literature
+# use (log-uniform spectral radius 1e-2..10, leak rate 1e-3..1, input scaling 1e-2..10, ridge 1e-8..10;
+# a learning rate 1e-4..1e-2 for gradient-trained models). Keys are the runner's own override names.
+LOG, FLOAT, INT = "log", "float", "int"
+_RESERVOIR = {"spectral_radius": (LOG, 1e-2, 10.0), "leak_rate": (LOG, 1e-3, 1.0),
+              "input_scaling": (LOG, 1e-2, 10.0), "ridge": (LOG, 1e-8, 10.0)}
+SEARCH_SPACES = {
+    "esn": {f"ESN.{k}": v for k, v in _RESERVOIR.items()},
+    "deep_esn": {**{f"DEEP_ESN.{k}": v for k, v in _RESERVOIR.items()}, "DEEP_ESN.inter_scaling": (LOG, 1e-2, 10.0)},
+    "nvar": {"NVAR.delays": (INT, 1, 8), "NVAR.input_dim": (INT, 4, 16), "NVAR.ridge": (LOG, 1e-8, 10.0)},
+    "linear_reservoir": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "LINEAR_RESERVOIR.r_min": (FLOAT, 0.0, 0.95),
+                         "LINEAR_RESERVOIR.input_scaling": (LOG, 1e-2, 10.0), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
+    "transformer": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "TRANSFORMER.dropout": (FLOAT, 0.0, 0.3),
+                    "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
+    "lstm": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "LSTM.dropout": (FLOAT, 0.0, 0.3),
+             "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
+    "ngram": {"NGRAM.order": (INT, 2, 8)},
+}
+_RANGE = re.compile(r"^\s*(log|float|int)\s*\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)\s*$")
+
+
+class SweepError(ValueError):
+    """A sweep that cannot run as asked: reported as one line, nothing in an existing study touched."""
+
+
+def parse_search(text: str, known_keys) -> dict:
+    """``'ESN.spectral_radius=log(0.1,3) ESN.leak_rate=float(0.1,1)'`` -> {key: (kind, low, high)}."""
+    space = {}
+    for item in text.replace(";", " ").split():
+        key, eq, spec = item.partition("=")
+        match = _RANGE.match(spec) if eq else None
+        if not match:
+            raise SweepError(f"SEARCH entry {item!r} is not KEY=log(low,high), float(low,high) or int(low,high)")
+        kind, low, high = match.group(1), float(match.group(2)), float(match.group(3))
+        if not low < high or (kind == LOG and low <= 0):
+            raise SweepError(f"SEARCH entry {item!r}: need low < high (and low > 0 for log)")
+        if kind == INT:
+            low, high = int(low), int(high)
+        space[normalise_key(key, known_keys)] = (kind, low, high)
+    if not space:
+        raise SweepError("SEARCH is empty; give entries like SEARCH='ESN.spectral_radius=log(0.1,3)'")
+    return space
+
+
+def normalise_key(key: str, known_keys) -> str:
+    """``esn.spectral_radius`` -> ``ESN.spectral_radius``, refusing keys the config does not have."""
+    block, dot, name = key.partition(".")
+    canonical = f"{block.upper()}.{name.lower()}" if dot else block.upper()
+    if canonical not in known_keys:
+        raise SweepError(f"search-space key {key!r} is not a setting of this project (e.g. ESN.spectral_radius, "
+                         "LEARNING_RATE); see python TinyStories.py --help")
+    return canonical
+
+
+def suggest(trial, space: dict) -> dict:
+    values = {}
+    for key, (kind, low, high) in space.items():
+        if kind == INT:
+            values[key] = trial.suggest_int(key, int(low), int(high))
+        else:
+            values[key] = trial.suggest_float(key, low, high, log=kind == LOG)
+    return values
+
+
+def override_line(params: dict) -> str:
+    """The settings as the runner's command line takes them: ``ESN.spectral_radius=1.21 ...``."""
+    return " ".join(f"{key}={value!r}" for key, value in params.items())
+
+
+def _storage(storage_url: str | None, folder: Path):
+    import optuna
+
+    if not storage_url:
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        try:
+            return JournalStorage(JournalFileBackend(str(folder / "journal.log")))
+        except OSError as e:
+            raise SweepError(f"cannot open the sweep journal {folder / 'journal.log'} ({e.strerror})") from None
+    for attempt in range(5):
+        try:
+            with warnings.catch_warnings():  # heartbeats are marked experimental; they are what frees dead trials
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(storage_url, heartbeat_interval=30, grace_period=120)
+        except Exception as e:  # noqa: BLE001 - SQLAlchemy, driver and OS errors alike: one line
+            # workers started together on an empty database race to create its tables: the loser retries
+            if "already exists" in str(e) or "UniqueViolation" in str(e) or "duplicate key" in str(e):
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise SweepError(f"cannot open the sweep storage {storage_url} ({reason}); check SWEEP_STORAGE") from None
+    raise SweepError(f"cannot create the sweep tables in {storage_url}: other workers keep racing; start again")
+
+
+def open_study(name: str, storage_url: str | None, folder: Path, seed: int, worker: int):
+    """The study ``name`` in ``storage_url`` (default: a journal file in ``folder``), created or continued."""
+    import optuna
+
+    folder.mkdir(parents=True, exist_ok=True)
+    storage = _storage(storage_url, folder)
+    sampler = optuna.samplers.TPESampler(seed=seed + 7919 * worker)  # workers draw different candidates
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=5)
+    return optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner,
+                               direction="minimize", load_if_exists=True)
+
+
+def run_trials(study, model: str, trials: int, fixed: list[str], folder: Path, run_one, space: dict,
+               parse, worker: int = 0) -> None:
+    """Run trials until the study holds ``trials`` finished ones (all workers together).
+
+    ``run_one(config, on_evaluation)`` runs one experiment and returns its Run; ``parse(args)``
+    turns KEY=VALUE arguments into a validated config.
+    """
+    import optuna
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+
+    done_states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+    def objective(trial):
+        params = suggest(trial, space)
+        run_dir = folder / "trials"
+        args = [*fixed, f"MODELS={[model]}", f"RESULTS_DIR={run_dir}", f"RUN_NAME=trial-{trial.number:04d}",
+                "PLOTS=False", "RESUME=None", *[f"{k}={v!r}" for k, v in params.items()]]
+        config = parse(args)
+        trial.set_user_attr("run_dir", str(run_dir / f"trial-{trial.number:04d}"))
+        trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("worker", f"{worker} (pid {os.getpid()})")
+        started = time.perf_counter()
+
+        def on_evaluation(record):
+            if record.get("val_bpc") is not None and record["model"] == model:
+                trial.report(record["val_bpc"], record["step"])
+                if trial.should_prune():
+                    raise optuna.TrialPruned(f"pruned at step {record['step']}")
+
+        run = run_one(config, on_evaluation)
+        trial.set_user_attr("seconds", round(time.perf_counter() - started, 1))
+        record = next(r for r in run.summaries() if r["model"] == model)
+        if record.get("val_bpc") is None:
+            warn(f"trial {trial.number}: {model} diverged ({record.get('reason')}); recorded as failed")
+            return math.nan  # Optuna records a NaN objective as a failed trial
+        return record["val_bpc"]
+
+    finished = sum(t.state in done_states for t in study.trials)
+    if finished >= trials:
+        say(f"sweep {study.study_name}: already holds {finished} finished trials (TRIALS={trials}); nothing to run")
+        return
+    study.optimize(objective, n_trials=trials - finished, catch=(),
+                   callbacks=[MaxTrialsCallback(trials, states=done_states)])
+
+
+def write_outputs(study, model: str, folder: Path, fixed: list[str]) -> dict:
+    """best.json, and Optuna's plots as PNGs, in the sweep's folder; returns best.json's content."""
+    from optuna.trial import TrialState
+
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    if not complete:
+        raise SweepError(f"sweep {study.study_name} has no completed trial yet; nothing to report")
+    best = study.best_trial
+    seconds = [t.user_attrs["seconds"] for t in complete if "seconds" in t.user_attrs]
+    summary = {
+        "study": study.study_name, "model": model, "best_value_bpc": best.value, "best_trial": best.number,
+        "best_params": best.params, "override": override_line(best.params), "fixed_settings": fixed,
+        "run_dir": best.user_attrs.get("run_dir"), "host": best.user_attrs.get("host"),
+        "trials": {state.name.lower(): sum(t.state == state for t in study.trials)
+                   for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)},
+        "seconds_per_completed_trial": round(sum(seconds) / len(seconds), 1) if seconds else None,
+    }
+    atomic_write_text(folder / "best.json", json.dumps(summary, indent=2) + "\n")
+    _plots(study, folder)
+    return summary
+
+
+def _plots(study, folder: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna.visualization.matplotlib as views
+
+    for name, draw in (("optimization_history", views.plot_optimization_history),
+                       ("param_importances", views.plot_param_importances), ("slice", views.plot_slice)):
+        try:
+            with warnings.catch_warnings():  # Optuna marks its matplotlib views experimental
+                warnings.simplefilter("ignore")
+                draw(study)
+            plt.savefig(folder / f"{name}.png", dpi=110, bbox_inches="tight")
+        except Exception as e:  # noqa: BLE001 - e.g. importances need two finished trials: skip that plot
+            warn(f"sweep plot {name} skipped ({type(e).__name__}: {str(e)[:120]})")
+        finally:
+            plt.close("all")

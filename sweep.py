@@ -1,0 +1,89 @@
+"""Tune one model family with Optuna: every trial is an ordinary run of TinyStories.py.
+
+    python sweep.py MODEL=esn TRIALS=40 SWEEP_NAME=esn-8min [TinyStories.py KEY=VALUE ... as fixed settings]
+    python sweep.py MODEL=esn TRIALS=40 SWEEP_NAME=esn-pg SWEEP_STORAGE=postgresql+psycopg2://user@host/db
+    python sweep.py MODEL=esn SEARCH="ESN.spectral_radius=log(0.1,3) ESN.leak_rate=float(0.05,1)" ...
+
+Sweep keys: MODEL (required), TRIALS (default 20: finished trials of the whole study, all workers
+together), SWEEP_NAME (default <model>-sweep), SWEEP_STORAGE (an SQLAlchemy URL; default a journal
+file in results/sweeps/<name>/), SEARCH (replaces the model's declared search space), SWEEP_WORKER
+(an index per worker started with the same settings, so their samplers differ). Everything else
+is a TinyStories.py setting held fixed for every trial.
+
+The same command on several machines (with one SWEEP_STORAGE) makes them workers on one study;
+running it again continues the study. At the end: results/sweeps/<name>/best.json (with the line
+to paste into TinyStories.py), Optuna's plots as PNGs, and one summary line.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from configs import SHARED_CONFIG, model_blocks, parse_literal, parse_overrides
+from reservoir import stopping
+from reservoir.messages import TAG
+from reservoir.sweeps import SEARCH_SPACES, SweepError, open_study, parse_search, run_trials, write_outputs
+
+SWEEP_KEYS = ("MODEL", "TRIALS", "SWEEP_NAME", "SWEEP_STORAGE", "SEARCH", "SWEEP_WORKER")
+
+
+def known_keys() -> set[str]:
+    keys = {k for k, v in SHARED_CONFIG.items() if not isinstance(v, dict)}
+    return keys | {f"{block}.{name}" for block in model_blocks() for name in SHARED_CONFIG[block]}
+
+
+def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        raise SystemExit(0)
+    sweep, fixed = {}, []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if eq and key.strip().upper() in SWEEP_KEYS:
+            sweep[key.strip().upper()] = value.strip()
+        else:
+            fixed.append(arg)
+    model = sweep.get("MODEL", "").lower()
+    if model not in SEARCH_SPACES:
+        raise SweepError(f"MODEL={model or '?'} is not a model to sweep; choose one of {', '.join(SEARCH_SPACES)}")
+    trials = parse_literal(sweep.get("TRIALS", "20"))
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise SweepError(f"TRIALS must be a whole number >= 1, got {sweep.get('TRIALS')!r}")
+    worker = parse_literal(sweep.get("SWEEP_WORKER", "0"))
+    if isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
+        raise SweepError(f"SWEEP_WORKER must be a whole number >= 0, got {sweep.get('SWEEP_WORKER')!r}")
+    name = sweep.get("SWEEP_NAME") or f"{model}-sweep"
+    if "/" in name or name in (".", ".."):
+        raise SweepError(f"SWEEP_NAME must be a plain name, got {name!r}")
+    space = parse_search(sweep["SEARCH"], known_keys()) if sweep.get("SEARCH") else SEARCH_SPACES[model]
+    return {"model": model, "trials": trials, "name": name, "storage": sweep.get("SWEEP_STORAGE") or None,
+            "space": space, "worker": worker}, fixed
+
+
+def main(argv: list[str]) -> int:
+    from TinyStories import ONE_LINE_ERRORS, run_experiment
+
+    try:
+        settings, fixed = parse_args(argv)
+        base = parse_overrides([*fixed, f"MODELS={[settings['model']]}"])  # fixed settings checked before a trial
+        folder = Path(base["RESULTS_DIR"]) / "sweeps" / settings["name"]
+        study = open_study(settings["name"], settings["storage"], folder, base["SEED"], settings["worker"])
+        run_trials(study, settings["model"], settings["trials"], fixed, folder,
+                   lambda config, hook: run_experiment(config, on_evaluation=hook), settings["space"],
+                   parse_overrides, settings["worker"])
+        best = write_outputs(study, settings["model"], folder, fixed)
+    except (SweepError, *ONE_LINE_ERRORS) as e:
+        raise SystemExit(f"error: {e}") from None
+    except (stopping.Stopped, KeyboardInterrupt) as e:
+        print(f"{TAG} sweep stopped ({getattr(e, 'signal_name', 'Ctrl-C')}); the trial in progress is recorded as "
+              "failed. The same command continues the study.", file=sys.stderr, flush=True)
+        return getattr(e, "exit_code", 130)
+    counts = ", ".join(f"{n} {state}" for state, n in best["trials"].items() if n)
+    print(f"{TAG} sweep {best['study']}: best {best['best_value_bpc']:.4f} bits/char (trial {best['best_trial']}, "
+          f"{counts}); paste: {best['override']}  -> {folder / 'best.json'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,204 @@
+"""sweep.py: Optuna studies over ordinary runs, on a journal file or a real PostgreSQL server."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_runner import ROOT, TINY, summary_of
+
+optuna = pytest.importorskip("optuna")
+FIXED = [*TINY, "TIME_BUDGET_S=None", "TOKEN_BUDGET=20000", "SAMPLE_TOKENS=5"]
+
+
+def sweep(tmp_path, *args, check=True, env=None, background=False):
+    cmd = [sys.executable, str(ROOT / "sweep.py"), *FIXED, f"RESULTS_DIR={tmp_path / 'results'}",
+           f"CACHE_DIR={tmp_path / 'cache'}", *args]
+    environment = {**os.environ, **(env or {})}
+    if background:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=environment)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=environment)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def load(tmp_path, name, storage=None):
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    storage = storage or JournalStorage(JournalFileBackend(str(tmp_path / "results" / "sweeps" / name / "journal.log")))
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def test_a_sweep_writes_best_json_plots_and_continues(tmp_path):
+    proc = sweep(tmp_path, "MODEL=esn", "TRIALS=4", "SWEEP_NAME=esn-tiny")
+    folder = tmp_path / "results" / "sweeps" / "esn-tiny"
+    best = json.loads((folder / "best.json").read_text())
+    assert best["model"] == "esn" and best["trials"]["complete"] == 4
+    assert set(best["best_params"]) == {"ESN.spectral_radius", "ESN.leak_rate", "ESN.input_scaling", "ESN.ridge"}
+    assert best["override"].startswith("ESN.") and f"{best['best_value_bpc']:.4f}" in proc.stdout
+    assert Path(best["run_dir"]).is_dir() and len(list((folder / "trials").iterdir())) == 4  # ordinary runs
+    for png in ("optimization_history.png", "param_importances.png", "slice.png"):
+        assert (folder / png).stat().st_size > 5000
+    sweep(tmp_path, "MODEL=esn", "TRIALS=6", "SWEEP_NAME=esn-tiny")  # the same study, two more trials
+    assert sorted(t.number for t in load(tmp_path, "esn-tiny").trials) == list(range(6))
+    again = sweep(tmp_path, "MODEL=esn", "TRIALS=6", "SWEEP_NAME=esn-tiny")
+    assert "nothing to run" in again.stdout and len(load(tmp_path, "esn-tiny").trials) == 6
+
+    # the pasted override line reproduces the best trial's bits/char
+    cmd = [sys.executable, str(ROOT / "TinyStories.py"), *FIXED, f"RESULTS_DIR={tmp_path / 'again'}",
+           f"CACHE_DIR={tmp_path / 'cache'}", "MODELS=['esn']", "RUN_NAME=best", "PLOTS=False",
+           *best["override"].split()]
+    rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert summary_of(tmp_path / "again" / "best")["esn"]["val_bpc"] == pytest.approx(best["best_value_bpc"],
+                                                                                       rel=1e-9)
+
+
+def test_periodic_evaluations_feed_the_pruner(tmp_path):
+    sweep(tmp_path, "MODEL=lstm", "TRIALS=2", "SWEEP_NAME=lstm-tiny", "TOKEN_BUDGET=None", "MAX_STEPS=12",
+          "EVAL_EVERY=4")
+    for trial in load(tmp_path, "lstm-tiny").trials:
+        assert sorted(trial.intermediate_values) == [4, 8, 12]  # every evaluation reported to Optuna
+
+
+def test_two_workers_at_once_share_one_study(tmp_path):
+    workers = [sweep(tmp_path, "MODEL=esn", "TRIALS=6", "SWEEP_NAME=pair", f"SWEEP_WORKER={i}", background=True)
+               for i in (0, 1)]
+    for worker in workers:
+        out, err = worker.communicate(timeout=900)
+        assert worker.returncode == 0, err[-3000:]
+    trials = load(tmp_path, "pair").trials
+    numbers = [t.number for t in trials]
+    assert len(numbers) == len(set(numbers)) >= 6  # no trial number handed out twice
+    assert all(t.state.name == "COMPLETE" for t in trials)
+    assert len({t.user_attrs["worker"] for t in trials}) == 2  # both workers ran trials
+
+
+def test_a_worker_killed_mid_trial_leaves_the_others_going(tmp_path):
+    args = ["MODEL=lstm", "SWEEP_NAME=killed", "TOKEN_BUDGET=None", "TIME_BUDGET_S=3", "EVAL_EVERY=100000"]
+    doomed = sweep(tmp_path, *args, "TRIALS=3", background=True)
+    trials = tmp_path / "results" / "sweeps" / "killed" / "trials"
+    deadline = time.time() + 300
+    while not list(trials.glob("trial-0000/train_log.jsonl")) and time.time() < deadline:
+        time.sleep(0.05)
+    doomed.kill()  # SIGKILL: no chance to tidy up
+    doomed.communicate()
+    sweep(tmp_path, *args, "TRIALS=2", "SWEEP_WORKER=1")
+    states = {t.number: t.state.name for t in load(tmp_path, "killed").trials}
+    assert states[0] == "RUNNING"  # the killed worker's trial, left as it was
+    assert sorted(n for n, state in states.items() if state == "COMPLETE") == [1, 2]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["MODEL=gpt"], "not a model to sweep"),
+    (["MODEL=esn", "TRIALS=0"], "TRIALS must be a whole number >= 1"),
+    (["MODEL=esn", "SEARCH=ESN.spectral_radios=log(0.1,3)"], "is not a setting of this project"),
+    (["MODEL=esn", "SEARCH=ESN.spectral_radius=log(3,0.1)"], "need low < high"),
+    (["MODEL=esn", "SWEEP_STORAGE=postgresql+psycopg2://nobody@127.0.0.1:1/none"], "cannot open the sweep storage"),
+    (["MODEL=esn", "BATCH_SZE=3"], "did you mean BATCH_SIZE"),
+])
+def test_bad_input_is_one_line_and_leaves_the_study_alone(tmp_path, args, message):
+    sweep(tmp_path, "MODEL=esn", "TRIALS=1", "SWEEP_NAME=kept")
+    journal = tmp_path / "results" / "sweeps" / "kept" / "journal.log"
+    before = journal.read_bytes()
+    proc = sweep(tmp_path, *args, "SWEEP_NAME=kept", check=False)
+    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert journal.read_bytes() == before
+
+
+def test_a_search_override_replaces_the_declared_space(tmp_path):
+    sweep(tmp_path, "MODEL=esn", "TRIALS=2", "SWEEP_NAME=narrow", "SEARCH=esn.leak_rate=float(0.2,0.3)")
+    for trial in load(tmp_path, "narrow").trials:
+        assert set(trial.params) == {"ESN.leak_rate"} and 0.2 <= trial.params["ESN.leak_rate"] <= 0.3
+
+
+def test_every_declared_search_key_is_a_real_setting():
+    from reservoir.sweeps import SEARCH_SPACES, normalise_key
+    from sweep import known_keys
+
+    keys = known_keys()
+    for model, space in SEARCH_SPACES.items():
+        for key in space:
+            assert normalise_key(key, keys) == key, (model, key)
+
+
+# --------------------------------------------------------------------- a real PostgreSQL server
+
+
+def _postgres_bin(name):
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    return str(candidates[-1]) if candidates else None
+
+
+@pytest.fixture
+def postgres():
+    """A PostgreSQL server of its own (Debian's package), on a free local port, removed afterwards."""
+    initdb, pg_ctl = _postgres_bin("initdb"), _postgres_bin("pg_ctl")
+    if not initdb or not pg_ctl:
+        pytest.skip("PostgreSQL is not installed (Debian: apt-get install postgresql)")
+    pytest.importorskip("psycopg2")
+    as_user = []
+    data = Path(tempfile.mkdtemp(prefix="pg-"))
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root: run it as its own system user
+        if not shutil.which("runuser"):
+            pytest.skip("running as root without runuser: cannot start PostgreSQL as another user")
+        shutil.chown(data, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    init = subprocess.run([*as_user, initdb, "-D", str(data / "db"), "-U", "sweeper", "--auth=trust"],
+                          capture_output=True, text=True)
+    if init.returncode:
+        pytest.skip(f"initdb failed here: {init.stderr.strip()[-300:]}")
+    start = subprocess.run([*as_user, pg_ctl, "-D", str(data / "db"), "-l", str(data / "log"), "-w", "-o",
+                            f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"],
+                           capture_output=True, text=True)
+    if start.returncode:
+        pytest.skip(f"PostgreSQL did not start here: {start.stderr.strip()[-300:]}")
+    try:
+        import psycopg2
+
+        deadline = time.time() + 30
+        while True:
+            try:
+                connection = psycopg2.connect(host="127.0.0.1", port=port, user="sweeper", dbname="postgres")
+                break
+            except psycopg2.OperationalError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+        connection.autocommit = True
+        connection.cursor().execute("CREATE DATABASE sweeps")
+        connection.close()
+        yield f"postgresql+psycopg2://sweeper@127.0.0.1:{port}/sweeps"
+    finally:
+        subprocess.run([*as_user, pg_ctl, "-D", str(data / "db"), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_two_workers_on_a_real_postgresql_server(tmp_path, postgres):
+    workers = [sweep(tmp_path, "MODEL=esn", "TRIALS=6", "SWEEP_NAME=pg", f"SWEEP_STORAGE={postgres}",
+                     f"SWEEP_WORKER={i}", background=True) for i in (0, 1)]
+    for worker in workers:
+        out, err = worker.communicate(timeout=900)
+        assert worker.returncode == 0, err[-3000:]
+        assert "sweep pg: best" in out
+    trials = optuna.load_study(study_name="pg", storage=postgres).trials
+    numbers = [t.number for t in trials]
+    assert len(numbers) == len(set(numbers)) >= 6 and all(t.state.name == "COMPLETE" for t in trials)
+    assert len({t.user_attrs["worker"] for t in trials}) == 2
+    best = json.loads((tmp_path / "results" / "sweeps" / "pg" / "best.json").read_text())
+    assert best["trials"]["complete"] == len(trials)
