@@ -63,7 +63,10 @@ SHARED_CONFIG = {
     "CACHE_DIR": "data_cache",  # hub downloads, trained tokenizers and token caches
     "TOKENIZER": "char",  # 'char' (one token per character) | 'bpe' (byte-level BPE trained on the train split)
     "VOCAB_SIZE": 4096,  # BPE vocabulary size (char vocabularies come from the data)
-    "EVAL_TOKENS": 32768,  # validation tokens per evaluation, the same for every model and run
+    "EVAL_TOKENS": 32768,  # validation tokens per periodic evaluation, the same for every model and run
+    "FINAL_EVAL_TOKENS": 262144,  # validation tokens of each model's final evaluation (None: the whole split)
+    "EVAL_MODE": "stream",  # 'stream': state carried, or overlapping windows | 'windows': windows from empty context
+    "EVAL_STRIDE": None,  # stream mode: stride of windowed models' overlapping windows (None: SEQ_LEN // 2)
     # --- models: MODELS names them, each has one block of hyper-parameters (override as ESN.units=500)
     "MODELS": ["ngram", "esn", "linear_reservoir", "lstm", "transformer"],  # trained and compared, in order
     "ESN": {"units": 1000, "spectral_radius": 0.9, "leak_rate": 0.3, "input_scaling": 1.0, "degree": 10,
@@ -95,9 +98,11 @@ _CHOICES = {
     "PRECISION": ("auto", "fp32", "bf16", "fp16"),
     "TOKENIZER": ("char", "bpe"),
     "TPU_PARALLEL": ("single", "spmd", "launch"),
+    "EVAL_MODE": ("stream", "windows"),
 }
 _POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "TPU_LR_MULTIPLIER",
              "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "VOCAB_SIZE", "EVAL_TOKENS",
+             "FINAL_EVAL_TOKENS", "EVAL_STRIDE",
              "GRAD_ACCUM", "MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S", "EVAL_EVERY", "LOG_EVERY",
              "SAMPLE_TOP_K"}
 _NON_NEGATIVE = {"NUM_WORKERS", "SEED", "GRAD_CLIP", "WEIGHT_DECAY", "WARMUP_STEPS", "CHECKPOINT_EVERY",
@@ -113,7 +118,7 @@ _BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling"}
 # Keys whose value may be None, with the type they take otherwise.
 _OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int,
              "MAX_STEPS": int, "TOKEN_BUDGET": int, "TIME_BUDGET_S": float, "RESUME": str, "SAMPLE_TOP_K": int,
-             "XLA_CACHE_DIR": str}
+             "XLA_CACHE_DIR": str, "FINAL_EVAL_TOKENS": int, "EVAL_STRIDE": int}
 
 
 class ConfigError(ValueError):

@@ -72,7 +72,11 @@ def _bars(runs, value, xlabel, title, out: Path, references: bool, log: bool = F
     rows.sort(key=lambda row: row[1], reverse=not references)
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 2))
     colors = ["#999999" if model == "ngram" else "#3572b0" for _, _, model in rows]
-    ax.barh([r[0] for r in rows], [r[1] for r in rows], color=colors)
+    errors = None
+    if references:  # bits/char: the final evaluation's 95% bootstrap interval, where the run has one
+        by_label = {_label(run, r["model"], several): r.get("val_bpc_ci95") for run in runs for r in run["summary"]}
+        errors = [by_label.get(label) or 0.0 for label, _, _ in rows]
+    ax.barh([r[0] for r in rows], [r[1] for r in rows], color=colors, xerr=errors, capsize=3 if errors else 0)
     for i, (_, v, _) in enumerate(rows):
         ax.text(v, i, f" {v:,.3f}" if references else f" {v:,.0f}", va="center", fontsize=8)
     if references:  # every n-gram of these runs is a reference line: models left of it beat counting

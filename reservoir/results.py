@@ -376,16 +376,18 @@ def format_table(records: list[dict]) -> str:
     """The final comparison, best bits/char first. On XLA a column shows each model's warm-up
     compilation (not charged to the budget); '*' marks one longer than the whole budget."""
     compile_column = any(r.get("device_kind") == "tpu" or r.get("compile_over_budget") for r in records)
-    head = (f"{'model':<18}{'val bits/char':>14}{'val ppl':>10}{'params (trained)':>22}{'train s':>9}"
+    head = (f"{'model':<18}{'val bits/char ± 95%':>21}{'val ppl':>10}{'params (trained)':>22}{'train s':>9}"
             f"{'tokens':>12}{'tok/s':>10}" + (f"{'compile s':>11}" if compile_column else ""))
     lines = [head, "-" * len(head)]
     for r in sorted(records, key=lambda r: (r["val_bpc"] is None, r["val_bpc"] or 0.0)):
         params = f"{r['params_total']:,} ({r['params_trainable']:,})"
         if r["val_bpc"] is None:  # diverged: no number to rank
-            lines.append(f"{r['model']:<18}{'DIVERGED':>14}{'':>10}{params:>22}{r['train_seconds']:>9.1f}"
+            lines.append(f"{r['model']:<18}{'DIVERGED':>21}{'':>10}{params:>22}{r['train_seconds']:>9.1f}"
                          f"{r['train_tokens']:>12,}{'':>10}  at step {r.get('diverged_at_step')}: {r.get('reason')}")
             continue
-        line = (f"{r['model']:<18}{r['val_bpc']:>14.3f}{r['val_ppl']:>10.2f}{params:>22}"
+        ci = r.get("val_bpc_ci95")
+        score = f"{r['val_bpc']:.3f}" + (f" ± {ci:.3f}" if ci is not None else "")
+        line = (f"{r['model']:<18}{score:>21}{r['val_ppl']:>10.2f}{params:>22}"
                 f"{r['train_seconds']:>9.1f}{r['train_tokens']:>12,}{r['tokens_per_second']:>10,.0f}")
         if compile_column:
             seconds = r.get("compile_seconds")

@@ -156,8 +156,8 @@ def run_trials(study, model: str, trials: int, fixed: list[str], folder: Path, r
         trial.set_user_attr("worker", f"{worker} (pid {os.getpid()})")
         started = time.perf_counter()
 
-        def on_evaluation(record):
-            if record.get("val_bpc") is not None and record["model"] == model:
+        def on_evaluation(record):  # periodic evaluations only: pruning a finished model would discard it
+            if record.get("val_bpc") is not None and record["model"] == model and not record.get("final"):
                 trial.report(record["val_bpc"], record["step"])
                 if trial.should_prune():
                     raise optuna.TrialPruned(f"pruned at step {record['step']}")

@@ -10,7 +10,6 @@ where one step is one global batch of BATCH_SIZE x GRAD_ACCUM x devices windows.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -23,6 +22,7 @@ from . import device as dev
 from . import stopping
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DataError, TokenData, TrainWindows, eval_windows, tokenizer_hash
+from .evaluation import Evaluator
 from .messages import progress, say, warn
 from .results import Run
 from .sampling import SampleSettings, write_stories
@@ -124,47 +124,6 @@ class Outcome:
     extra: dict  # model-specific facts of the fit (ridge samples, n-gram discount)
 
 
-# --------------------------------------------------------------------- evaluation
-
-
-class Evaluator:
-    """The fixed validation set, the same windows and characters for every model and run.
-
-    Padded to whole batches with zero-weight windows so every batch has one
-    shape (one compiled graph on XLA); the loss is summed on the device and
-    read once per evaluation.
-    """
-
-    def __init__(self, data: TokenData, config: dict, batch_size: int):
-        windows = eval_windows(data.val, config["SEQ_LEN"], config["EVAL_TOKENS"])
-        self.chars = data.tokenizer.count_chars(windows[:, 1:].numpy())
-        self.tokens = windows[:, 1:].numel()
-        pad = -len(windows) % batch_size
-        self.weights = torch.cat([torch.ones(len(windows)), torch.zeros(pad)])
-        self.windows = torch.cat([windows, windows[:1].expand(pad, -1)]) if pad else windows
-        self.batch_size = batch_size
-
-    @torch.no_grad()
-    def __call__(self, model, info: dev.DeviceInfo, device: torch.device) -> dict:
-        was_training = model.training
-        model.eval()
-        total = torch.zeros((), device=device)
-        on_device = device == info.device  # host models (n-gram) are evaluated on the CPU
-        for start in range(0, len(self.windows), self.batch_size):
-            batch = self.windows[start:start + self.batch_size].to(device)
-            weight = self.weights[start:start + self.batch_size].to(device)
-            with dev.autocast(info) if on_device else contextlib.nullcontext():
-                logits = model(batch[:, :-1])
-            nll = F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:], reduction="none").sum(1)
-            total = total + (nll * weight).sum()
-            if on_device:
-                dev.mark_step(info)
-        model.train(was_training)
-        nats = float(total) / self.tokens
-        return {"val_loss": nats, "val_ppl": math.exp(min(nats, 50.0)),
-                "val_bpc": nats * self.tokens / self.chars / math.log(2)}
-
-
 # --------------------------------------------------------------------- the entry point
 
 
@@ -173,7 +132,8 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
     from ``run``'s checkpoint for ``name`` if there is one."""
     trainer = {"sgd": _train_sgd, "ridge": _fit_ridge, "counts": _fit_counts}[model.trainer]
     model.use_time_scan(dev.time_scan(info))  # on XLA: recurrences compile one cell, not SEQ_LEN of them
-    evaluator = Evaluator(data, config, config["BATCH_SIZE"])
+    evaluator = Evaluator(data, config, config["BATCH_SIZE"], config["EVAL_TOKENS"])  # periodic
+    evaluator.final = Evaluator(data, config, config["BATCH_SIZE"], config["FINAL_EVAL_TOKENS"])  # with an interval
     identity = {"model": name, "model_config": config[name.upper()], "vocab_size": data.tokenizer.vocab_size,
                 "tokenizer_hash": tokenizer_hash(data.tokenizer), "seq_len": config["SEQ_LEN"],
                 "replicas": info.replicas}  # data order and batch depend on it: a resume must keep it
@@ -188,7 +148,8 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
         model.to(device)
         run.forget_metrics(name, saved["progress"]["step"])
         say(f"{name}: finished in the checkpoint; evaluating it again", info.is_main_process)
-        return Outcome(Progress(**saved["progress"]), evaluator(model, info, device), saved.get("extra", {}))
+        return Outcome(Progress(**saved["progress"]), evaluator.final(model, info, device, keep=True),
+                       saved.get("extra", {}))
     run.forget_metrics(name, saved["progress"]["step"] if saved else -1)  # evaluations past the checkpoint are redone
     return trainer(name, model, data, config, info, run, evaluator, identity, saved)
 
@@ -215,16 +176,17 @@ def _check_finite(name: str, progress: Progress, what: str, value: float | None,
 def _finish(name, model, info, run, evaluator, identity, progress: Progress, device, extra: dict, seed: int,
             optimizer=None, scaler=None, advice: str = "") -> Outcome:
     """The final evaluation and the 'finished' checkpoint, shared by every kind of fit."""
-    final = evaluator(model, info, device)
+    final = evaluator.final(model, info, device, keep=True)
     _check_finite(name, progress, "the validation loss", final["val_loss"], advice)
-    _log_eval(run, name, seed, progress, final)
+    _log_eval(run, name, seed, progress, final, final=True)
     _save(run, name, model, info, identity, progress, True, optimizer, scaler, extra)
     return Outcome(progress, final, extra)
 
 
-def _log_eval(run: Run, name: str, seed: int, progress: Progress, result: dict) -> None:
+def _log_eval(run: Run, name: str, seed: int, progress: Progress, result: dict, final: bool = False) -> None:
     record = {"model": name, "seed": seed, "step": progress.step, "tokens": progress.tokens,
-              "seconds": round(progress.seconds, 3), "train_loss": progress.last_train_loss, **result}
+              "seconds": round(progress.seconds, 3), "train_loss": progress.last_train_loss, **result,
+              "final": final}
     run.log_metrics(record)
 
 

@@ -16,6 +16,17 @@ class LanguageModel(nn.Module):
 
     trainer = "sgd"
     context_size: int | None = None  # longest context generate() feeds back (None: unlimited)
+    # 'recurrent': state carried through a stream (forward_stream); 'window': a finite context,
+    # scored on overlapping windows (see reservoir/evaluation.py)
+    stream_kind = "window"
+
+    def initial_state(self, batch: int, device) -> object:
+        """The state a stream starts from (recurrent models)."""
+        raise NotImplementedError(f"{type(self).__name__} has no recurrent state")
+
+    def forward_stream(self, ids: torch.Tensor, state) -> tuple[torch.Tensor, object]:
+        """(logits, state after ``ids``), starting from ``state`` (recurrent models)."""
+        raise NotImplementedError(f"{type(self).__name__} has no recurrent state")
     _checkpoint = None  # activation checkpointing, set by use_gradient_checkpointing
 
     def use_time_scan(self, scan_fn) -> None:

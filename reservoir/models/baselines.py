@@ -78,12 +78,15 @@ class Transformer(LanguageModel):
 
 
 class LSTM(LanguageModel):
-    """A standard LSTM language model.
+    """A standard LSTM language model, trained on independent windows from a zero state and
+    evaluated as a stream, its state carried from chunk to chunk.
 
     It runs PyTorch's fused ``nn.LSTM``, or, when given a ``time_scan`` (on XLA), the same cell
     with the same weights through that scan, so the cell compiles once instead of once per
     time step (``_scanned``; results match the fused kernel, tested on CPU vs XLA:CPU).
     """
+
+    stream_kind = "recurrent"
 
     def __init__(self, vocab_size: int, cfg: dict):
         super().__init__()
@@ -93,9 +96,11 @@ class LSTM(LanguageModel):
         self.head = nn.Linear(cfg["hidden"], vocab_size)
         self.time_scan = None  # set by use_time_scan
 
-    def _scanned(self, x):
-        """nn.LSTM's recurrence (gates i, f, g, o; PyTorch's weight layout) through ``time_scan``."""
+    def _scanned(self, x, state=None):
+        """nn.LSTM's recurrence (gates i, f, g, o; PyTorch's weight layout) through ``time_scan``;
+        (outputs, (h_n, c_n)) like nn.LSTM."""
         x = x.transpose(0, 1)  # (T, B, features): scan runs over the leading dimension
+        finals_h, finals_c = [], []
         for layer in range(self.lstm.num_layers):
             w_ih, w_hh = getattr(self.lstm, f"weight_ih_l{layer}"), getattr(self.lstm, f"weight_hh_l{layer}")
             bias = getattr(self.lstm, f"bias_ih_l{layer}") + getattr(self.lstm, f"bias_hh_l{layer}")
@@ -108,16 +113,34 @@ class LSTM(LanguageModel):
                 h = torch.sigmoid(o) * torch.tanh(c)
                 return (h, c, w_hh), h
 
-            zeros = drive.new_zeros(drive.shape[1], self.lstm.hidden_size)
-            _, x = self.time_scan(cell, (zeros, zeros.clone(), w_hh), drive)
+            if state is None:
+                h0 = drive.new_zeros(drive.shape[1], self.lstm.hidden_size)
+                c0 = h0.clone()
+            else:
+                h0, c0 = state[0][layer].to(drive.dtype), state[1][layer].to(drive.dtype)
+            (h, c, _), x = self.time_scan(cell, (h0, c0, w_hh), drive)
+            finals_h.append(h)
+            finals_c.append(c)
             if layer < self.lstm.num_layers - 1 and self.lstm.dropout and self.training:
                 x = F.dropout(x, self.lstm.dropout)
-        return x.transpose(0, 1)
+        return x.transpose(0, 1), (torch.stack(finals_h), torch.stack(finals_c))
 
     def forward(self, ids):
         if self.time_scan is not None:
-            return self.head(self._scanned(self.embed(ids)))
+            return self.head(self._scanned(self.embed(ids))[0])
         return self.head(self._checkpointed(self.lstm, self.embed(ids))[0])
+
+    def initial_state(self, batch, device):
+        zeros = torch.zeros(self.lstm.num_layers, batch, self.lstm.hidden_size, device=device)
+        return zeros, zeros.clone()
+
+    def forward_stream(self, ids, state):
+        x = self.embed(ids)
+        if self.time_scan is not None:
+            out, state = self._scanned(x, state)
+        else:
+            out, state = self.lstm(x, tuple(s.to(x.dtype) for s in state))
+        return self.head(out), state
 
 
 class NGram(LanguageModel):

@@ -131,11 +131,17 @@ class ReservoirLM(LanguageModel):
                 feats = torch.cat([feats, nn.functional.one_hot(ids, self.vocab_size).float()], dim=-1)
         return (feats, state) if return_state else feats
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        feats = self.features(ids)
+    def readout(self, feats: torch.Tensor) -> torch.Tensor:
         if self.readout_kind == "ridge":
             return floor_logits(feats @ self.w_out[:-1] + self.w_out[-1], self.prob_floor)
         return self.head(feats)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.readout(self.features(ids))
+
+    def forward_stream(self, ids, state):
+        feats, state = self.features(ids, state, return_state=True)
+        return self.readout(feats), state
 
     def fixed_param_count(self) -> int:
         fixed = super().fixed_param_count()
@@ -189,7 +195,13 @@ def _esn_kwargs(cfg: dict, seed: int) -> dict:
 
 
 class ESN(ReservoirLM):
-    """Echo state network LM: one leaky tanh reservoir driven by one-hot tokens."""
+    """Echo state network LM: one leaky tanh reservoir driven by one-hot tokens.
+
+    Frozen: the reservoir (W, W_in, bias). Trained: the readout. Evaluated as a stream, its
+    state carried through the text; the ridge fit carries state across training chunks too.
+    """
+
+    stream_kind = "recurrent"
 
     def __init__(self, vocab_size: int, cfg: dict, seed: int):
         super().__init__(cfg["units"], vocab_size, cfg["readout"], cfg["ridge"], cfg["readout_hidden"],
@@ -199,10 +211,16 @@ class ESN(ReservoirLM):
     def reservoir_features(self, ids, state=None):
         return self.reservoir(ids, state)
 
+    def initial_state(self, batch, device):
+        return torch.zeros(batch, self.reservoir.units, device=device)
+
 
 class DeepESN(ReservoirLM):
     """Stacked reservoirs (Gallicchio et al.): layer l is driven by layer l-1's states;
-    the readout sees every layer's states."""
+    the readout sees every layer's states. Frozen: every reservoir; trained: the readout.
+    Evaluated as a stream, every layer's state carried."""
+
+    stream_kind = "recurrent"
 
     def __init__(self, vocab_size: int, cfg: dict, seed: int):
         units, layers = cfg["units"], cfg["layers"]
@@ -225,6 +243,9 @@ class DeepESN(ReservoirLM):
             last.append(final)
         return torch.cat(states, dim=-1), last
 
+    def initial_state(self, batch, device):
+        return [torch.zeros(batch, reservoir.units, device=device) for reservoir in self.layers]
+
 
 class LinearReservoir(LanguageModel):
     """A fixed diagonal complex linear recurrence h_t = λ ⊙ h_{t-1} + B u_t with
@@ -233,7 +254,12 @@ class LinearReservoir(LanguageModel):
     time, so it maps well onto TPUs. A trained nonlinear readout (an MLP over
     Re h, Im h and a trained token embedding) makes the model universal.
     Complex numbers are kept as real pairs so every backend runs it.
+
+    Frozen: λ and B. Trained: the embedding and the readout, on independent windows from a zero
+    state. Evaluated as a stream, the state h carried from chunk to chunk.
     """
+
+    stream_kind = "recurrent"
 
     def __init__(self, vocab_size: int, cfg: dict, seed: int):
         super().__init__()
@@ -252,7 +278,30 @@ class LinearReservoir(LanguageModel):
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, cfg["readout_hidden"]), nn.GELU(),
                                   nn.Linear(cfg["readout_hidden"], vocab_size))
 
-    def scan(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def scan(self, ids: torch.Tensor, state=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """h for every position; from ``state`` = (Re h, Im h) before the window, else from zero."""
+        h_re, h_im = self._scan_inputs(ids)
+        if state is not None:  # + λ^(t+1) h_0: the carried state, decayed and rotated to each position
+            radius = torch.sqrt(self.lam_re**2 + self.lam_im**2)
+            phase = torch.atan2(self.lam_im, self.lam_re)
+            k = torch.arange(1, ids.shape[1] + 1, device=ids.device, dtype=radius.dtype)[:, None]
+            p_re, p_im = radius**k * torch.cos(k * phase), radius**k * torch.sin(k * phase)  # (T, units)
+            s_re, s_im = state[0][:, None, :], state[1][:, None, :]
+            h_re = h_re + p_re * s_re - p_im * s_im
+            h_im = h_im + p_re * s_im + p_im * s_re
+        return h_re, h_im
+
+    def initial_state(self, batch, device):
+        zeros = torch.zeros(batch, self.lam_re.shape[0], device=device)
+        return zeros, zeros.clone()
+
+    def forward_stream(self, ids, state):
+        with torch.autocast(ids.device.type, enabled=False):
+            h_re, h_im = self.scan(ids, (state[0].float(), state[1].float()))
+        logits = self.head(torch.cat([h_re, h_im, self.embed(ids)], dim=-1))
+        return logits, (h_re[:, -1], h_im[:, -1])
+
+    def _scan_inputs(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h_re, h_im = self.b_re[ids], self.b_im[ids]  # (B, T, units)
         p_re, p_im = self.lam_re, self.lam_im  # λ^d for the current stride d
         d, steps = 1, ids.shape[1]
@@ -274,7 +323,8 @@ class LinearReservoir(LanguageModel):
 
 class NVAR(ReservoirLM):
     """Next-generation reservoir computing: the last ``delays`` inputs (through a
-    fixed random token embedding) and all their quadratic monomials."""
+    fixed random token embedding) and all their quadratic monomials. Frozen: the embedding;
+    trained: the readout. No state: evaluated on overlapping windows like the transformer."""
 
     def __init__(self, vocab_size: int, cfg: dict, seed: int):
         delays, dim = cfg["delays"], cfg["input_dim"]

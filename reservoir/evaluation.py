@@ -1,0 +1,152 @@
+"""How every model is scored on validation text, the same tokens and characters for all.
+
+    evaluate = Evaluator(data, config, batch_size, tokens=config["EVAL_TOKENS"])
+    result = evaluate(model, info, device)          # val_loss, val_ppl, val_bpc (+ val_bpc_ci95 with keep=True)
+
+The scored tokens are the first ``tokens`` targets of the validation split, one contiguous
+stream (stories joined by the end-of-story token). Two modes:
+
+- ``stream`` (default): models with state (ESN, deep ESN, linear reservoir, LSTM) read the
+  stream chunk by chunk, ``SEQ_LEN`` tokens at a time, carrying their state, as a recurrent
+  model is used and as reservoirpy reports it. Models with a finite context (transformer,
+  NVAR, n-gram) score overlapping windows of ``SEQ_LEN`` tokens with stride ``EVAL_STRIDE``
+  (default ``SEQ_LEN // 2``), each token scored once, with at least ``SEQ_LEN - stride`` tokens
+  of context (the first window's tokens with what precedes them): the standard way
+  character-level numbers are reported.
+- ``windows``: every model scores non-overlapping ``SEQ_LEN`` windows from an empty context
+  (recurrent models lose their state at each window's start).
+
+Every batch and chunk has one shape (zero-weight padding), so on XLA one graph serves every
+evaluation; losses stay on the device and are read once. Bits per character divide the summed
+loss by the exact characters the scored tokens stand for. A 95% interval comes from a bootstrap
+over story-aligned blocks of the scored tokens (fixed-size blocks when stories are too long).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from . import device as dev
+from .data import TokenData
+
+BOOTSTRAP_SAMPLES = 1000
+MIN_BLOCKS = 20  # fewer stories than this in the scored text: fixed-size blocks instead
+FIXED_BLOCK_TOKENS = 1024
+
+
+def scored_count(data: TokenData, tokens: int | None) -> int:
+    """How many targets an evaluation scores: ``tokens``, or the whole split (None), at most the split."""
+    available = len(data.val) - 1
+    return available if tokens is None else max(1, min(tokens, available))
+
+
+class Evaluator:
+    """The fixed validation stream of one size, scored in ``mode`` ('stream' or 'windows')."""
+
+    def __init__(self, data: TokenData, config: dict, batch_size: int, tokens: int | None):
+        self.mode, self.seq = config["EVAL_MODE"], config["SEQ_LEN"]
+        self.stride = config["EVAL_STRIDE"] or max(1, self.seq // 2)
+        self.batch_size, self.tokenizer = batch_size, data.tokenizer
+        self.n = scored_count(data, tokens)
+        stream = np.asarray(data.val[: self.n + 1], dtype=np.int64)
+        self.targets = stream[1:]
+        self.chars = data.tokenizer.count_chars(self.targets)
+        self.stream = torch.from_numpy(stream)
+
+    # --- the two ways of cutting the stream
+    def _windows(self, stride: int, context: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(windows (W, seq+1), weights (W, seq), target index (W, seq)): windows starting every ``stride``
+        tokens; a window scores its targets from position ``context`` on (the first window all of them)."""
+        starts = list(range(0, self.n, stride))
+        if stride < self.seq:  # overlapping: the last window must reach the end, not restart past it
+            starts = [s for s in starts if s == 0 or s + context < self.n]
+        length = self.seq + 1
+        padded = torch.cat([self.stream, self.stream.new_zeros(max(0, starts[-1] + length - len(self.stream)))])
+        windows = torch.stack([padded[s:s + length] for s in starts])
+        position = torch.arange(self.seq)
+        index = torch.tensor(starts)[:, None] + position[None, :]  # target index of every position
+        weights = (index < self.n) & ((position[None, :] >= context) | (torch.tensor(starts)[:, None] == 0))
+        return windows, weights.float(), index
+
+    @torch.no_grad()
+    def __call__(self, model, info: dev.DeviceInfo, device: torch.device, keep: bool = False) -> dict:
+        """Score ``model``; ``keep`` also returns the per-token losses' bootstrap interval (final evaluation)."""
+        was_training = model.training
+        model.eval()
+        on_device = device == info.device  # host models (n-gram) are evaluated on the CPU
+        context = contextlib.nullcontext if not on_device else (lambda: dev.autocast(info))
+        if self.mode == "stream" and getattr(model, "stream_kind", "window") == "recurrent":
+            nll, index = self._recurrent(model, info, device, on_device, context)
+        elif self.mode == "stream":
+            nll, index = self._batched(model, info, device, on_device, context, *self._windows(self.stride,
+                                                                                              self.seq - self.stride))
+        else:
+            nll, index = self._batched(model, info, device, on_device, context, *self._windows(self.seq, 0))
+        model.train(was_training)
+        total = float(nll.sum())  # the evaluation's one read from the device
+        nats = total / self.n
+        result = {"val_loss": nats, "val_ppl": math.exp(min(nats, 50.0)),
+                  "val_bpc": total / self.chars / math.log(2), "eval_tokens": self.n, "eval_mode": self.mode}
+        if keep and math.isfinite(total):
+            per_token = np.zeros(self.n)
+            values, where = nll.double().cpu().numpy().ravel(), index.cpu().numpy().ravel()
+            scored = where >= 0
+            per_token[where[scored]] = values[scored]
+            result["val_bpc_ci95"] = self.interval(per_token)
+        return result
+
+    def _batched(self, model, info, device, on_device, context, windows, weights, index):
+        """Independent windows, ``batch_size`` at a time (the last batch padded with zero-weight rows)."""
+        pad = -len(windows) % self.batch_size
+        if pad:
+            windows = torch.cat([windows, windows[:1].expand(pad, -1)])
+            weights = torch.cat([weights, torch.zeros(pad, weights.shape[1])])
+            index = torch.cat([index, index[:1].expand(pad, -1)])
+        losses = []
+        for start in range(0, len(windows), self.batch_size):
+            batch = windows[start:start + self.batch_size].to(device)
+            with context():
+                logits = model(batch[:, :-1])
+            nll = F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:], reduction="none")
+            losses.append(nll * weights[start:start + self.batch_size].to(device))
+            if on_device:
+                dev.mark_step(info)
+        index = torch.where(weights > 0, index, torch.full_like(index, -1))
+        return torch.cat(losses), index
+
+    def _recurrent(self, model, info, device, on_device, context):
+        """One stream, ``SEQ_LEN`` tokens at a time, the model's state carried from chunk to chunk."""
+        windows, weights, index = self._windows(self.seq, 0)
+        state = model.initial_state(1, device)
+        if on_device:
+            dev.mark_step(info)  # the zero state as device data: every chunk then runs one graph
+        losses = []
+        for k in range(len(windows)):
+            chunk = windows[k:k + 1].to(device)
+            with context():
+                logits, state = model.forward_stream(chunk[:, :-1], state)
+            nll = F.cross_entropy(logits.float().transpose(1, 2), chunk[:, 1:], reduction="none")
+            losses.append(nll * weights[k:k + 1].to(device))
+            if on_device:
+                dev.mark_step(info)
+        index = torch.where(weights > 0, index, torch.full_like(index, -1))
+        return torch.cat(losses), index
+
+    def interval(self, per_token: np.ndarray, seed: int = 0) -> float:
+        """Half-width of the 95% bootstrap interval of bits/char, resampling story-aligned blocks."""
+        ends = np.flatnonzero(self.targets == self.tokenizer.eot_id) + 1
+        if len(ends) + 1 < MIN_BLOCKS:
+            ends = np.arange(FIXED_BLOCK_TOKENS, self.n, FIXED_BLOCK_TOKENS)
+        bounds = np.concatenate([[0], ends[ends < self.n], [self.n]])
+        nats = np.add.reduceat(per_token, bounds[:-1])
+        spans = zip(bounds[:-1], bounds[1:], strict=True)
+        chars = np.array([self.tokenizer.count_chars(self.targets[a:b]) for a, b in spans], dtype=np.float64)
+        picks = np.random.default_rng(seed).integers(0, len(nats), size=(BOOTSTRAP_SAMPLES, len(nats)))
+        bpc = nats[picks].sum(1) / chars[picks].sum(1) / math.log(2)
+        low, high = np.percentile(bpc, [2.5, 97.5])
+        return float((high - low) / 2)

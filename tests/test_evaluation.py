@@ -1,0 +1,111 @@
+"""Evaluation: stream mode carries state / uses overlapping windows, every target scored once;
+windows mode is the old fixed-window score; the bootstrap interval."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from configs import parse_overrides
+from reservoir.data import CharTokenizer, TokenData
+from reservoir.device import DeviceInfo
+from reservoir.evaluation import Evaluator
+from reservoir.models import build_model
+
+CPU = DeviceInfo("cpu", torch.device("cpu"), "test", "fp32")
+TEXT = ("Once upon a time there was a cat. The cat sat on a mat and sang. " * 40).split(". ")
+
+
+@pytest.fixture(scope="module")
+def data():
+    tok = CharTokenizer.train(TEXT)
+    ids = tok.encode_stories(TEXT)
+    return TokenData(ids, ids, tok, "test", "test text", 1.0)
+
+
+def config(*args):
+    return parse_overrides(["TIME_BUDGET_S=1", "SEQ_LEN=16", "BATCH_SIZE=4", "ESN.units=40", "DEEP_ESN.units=20",
+                            "LSTM.hidden=24", "LSTM.embed_dim=8", "LINEAR_RESERVOIR.units=12",
+                            "LINEAR_RESERVOIR.readout_hidden=16", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=16",
+                            "NVAR.input_dim=3", "ESN.readout=softmax", "DEEP_ESN.readout=softmax", *args])
+    # (softmax readouts: an untrained ridge readout is all zeros, and its loss would not depend on the state)
+
+
+def whole_stream_loss(model, data, n):
+    """The loss of the first n targets read in one forward pass: no state ever dropped."""
+    ids = torch.from_numpy(np.asarray(data.val[: n + 1], dtype=np.int64))[None]
+    with torch.no_grad():
+        return float(F.cross_entropy(model(ids[:, :-1])[0], ids[0, 1:]))
+
+
+@pytest.mark.parametrize("name", ["esn", "deep_esn", "linear_reservoir", "lstm"])
+def test_stream_mode_carries_the_state_of_recurrent_models(data, name):
+    cfg = config()
+    model = build_model(name, data.tokenizer.vocab_size, cfg)
+    model.eval()
+    stream = Evaluator(data, cfg, 4, 200)(model, CPU, CPU.device)
+    assert stream["val_loss"] == pytest.approx(whole_stream_loss(model, data, 200), rel=1e-5)
+    windows = Evaluator(data, config("EVAL_MODE=windows"), 4, 200)(model, CPU, CPU.device)
+    assert windows["val_loss"] != pytest.approx(stream["val_loss"], rel=1e-4)  # state dropped every 16 tokens
+
+
+@pytest.mark.parametrize("stride", [8, 5, 16])
+def test_overlapping_windows_score_every_target_once_with_enough_context(data, stride):
+    evaluator = Evaluator(data, config(f"EVAL_STRIDE={stride}"), 4, 203)
+    windows, weights, index = evaluator._windows(stride, 16 - stride)
+    scored = index[weights > 0]
+    assert sorted(scored.tolist()) == list(range(203))  # each of the first 203 targets exactly once
+    context = torch.arange(16)[None, :].expand_as(index)[weights > 0]
+    first = index[0][weights[0] > 0]
+    assert bool(((context >= 16 - stride) | torch.isin(scored, first)).all())
+    assert torch.equal(windows[:, 1:].gather(1, torch.arange(16)[None].expand_as(index)),
+                       windows[:, 1:])  # (shape check: windows hold seq+1 tokens)
+
+
+def test_stream_mode_of_a_transformer_equals_its_overlapping_window_losses(data):
+    cfg = config("EVAL_STRIDE=8")
+    model = build_model("transformer", data.tokenizer.vocab_size, cfg)
+    model.eval()
+    result = Evaluator(data, cfg, 4, 100)(model, CPU, CPU.device)
+    ids = torch.from_numpy(np.asarray(data.val[:140], dtype=np.int64))
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, 100, 8):  # windows of 16 every 8 tokens; each scores its last 8 (the first all)
+            window = ids[start:start + 17]
+            losses = F.cross_entropy(model(window[None, :-1])[0], window[1:], reduction="none")
+            keep = [p for p in range(16) if (start == 0 or p >= 8) and start + p < 100]
+            total += float(losses[keep].sum())
+            if start + 16 >= 100:
+                break
+    assert result["val_loss"] == pytest.approx(total / 100, rel=1e-5)
+
+
+def test_windows_mode_scores_fixed_windows_from_an_empty_context(data):
+    cfg = config("EVAL_MODE=windows")
+    model = build_model("lstm", data.tokenizer.vocab_size, cfg)
+    model.eval()
+    result = Evaluator(data, cfg, 4, 64)(model, CPU, CPU.device)
+    ids = torch.from_numpy(np.asarray(data.val[:65], dtype=np.int64))
+    windows = ids.unfold(0, 17, 16)
+    with torch.no_grad():
+        loss = F.cross_entropy(model(windows[:, :-1]).transpose(1, 2), windows[:, 1:])
+    assert result["val_loss"] == pytest.approx(float(loss), rel=1e-5)
+    assert result["val_bpc"] == pytest.approx(result["val_loss"] / math.log(2), rel=1e-9)  # char tokens
+
+
+def test_the_interval_is_zero_for_identical_blocks_and_grows_with_spread(data):
+    evaluator = Evaluator(data, config(), 4, 600)
+    assert evaluator.interval(np.full(600, 1.3)) == pytest.approx(0.0, abs=1e-12)
+    noisy = np.random.default_rng(0).exponential(1.3, size=600)
+    assert evaluator.interval(noisy) > 0.01
+    assert evaluator.interval(noisy) == evaluator.interval(noisy)  # seeded: the same run, the same interval
+
+
+def test_final_evaluation_reports_the_interval_and_the_scored_tokens(data):
+    cfg = config()
+    model = build_model("esn", data.tokenizer.vocab_size, cfg)
+    result = Evaluator(data, cfg, 4, None)(model, CPU, CPU.device, keep=True)
+    assert result["eval_tokens"] == len(data.val) - 1 and result["eval_mode"] == "stream"
+    assert 0 < result["val_bpc_ci95"] < result["val_bpc"]
