@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -43,6 +44,19 @@ def scored_count(data: TokenData, tokens: int | None) -> int:
     """How many targets an evaluation scores: ``tokens``, or the whole split (None), at most the split."""
     available = len(data.val) - 1
     return available if tokens is None else max(1, min(tokens, available))
+
+
+@dataclass
+class Evaluations:
+    """What a fit scores itself with: ``periodic`` on EVAL_TOKENS, ``final`` on FINAL_EVAL_TOKENS."""
+
+    periodic: Evaluator
+    final: Evaluator
+
+    @classmethod
+    def for_run(cls, data: TokenData, config: dict) -> Evaluations:
+        return cls(Evaluator(data, config, config["BATCH_SIZE"], config["EVAL_TOKENS"]),
+                   Evaluator(data, config, config["BATCH_SIZE"], config["FINAL_EVAL_TOKENS"]))
 
 
 class Evaluator:

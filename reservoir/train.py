@@ -22,7 +22,7 @@ from . import device as dev
 from . import stopping
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DataError, TokenData, TrainWindows, eval_windows, tokenizer_hash
-from .evaluation import Evaluator
+from .evaluation import Evaluations
 from .messages import progress, say, warn
 from .results import Run
 from .sampling import SampleSettings, write_stories
@@ -132,8 +132,7 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
     from ``run``'s checkpoint for ``name`` if there is one."""
     trainer = {"sgd": _train_sgd, "ridge": _fit_ridge, "counts": _fit_counts}[model.trainer]
     model.use_time_scan(dev.time_scan(info))  # on XLA: recurrences compile one cell, not SEQ_LEN of them
-    evaluator = Evaluator(data, config, config["BATCH_SIZE"], config["EVAL_TOKENS"])  # periodic
-    evaluator.final = Evaluator(data, config, config["BATCH_SIZE"], config["FINAL_EVAL_TOKENS"])  # with an interval
+    evaluator = Evaluations.for_run(data, config)  # periodic, and final (with an interval)
     identity = {"model": name, "model_config": config[name.upper()], "vocab_size": data.tokenizer.vocab_size,
                 "tokenizer_hash": tokenizer_hash(data.tokenizer), "seq_len": config["SEQ_LEN"],
                 "replicas": info.replicas}  # data order and batch depend on it: a resume must keep it
@@ -319,7 +318,7 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
                 break
             paused = time.perf_counter()
             if evaluate:
-                result = evaluator(model, info, info.device)
+                result = evaluator.periodic(model, info, info.device)
                 _check_finite(name, progress, "the validation loss", result["val_loss"], advice)
                 _log_eval(run, name, config["SEED"], progress, result)
             if checkpoint:
