@@ -27,11 +27,12 @@ from reservoir.results import (
     read_json,
     resume_outlook,
     resumed_config,
+    run_seeds,
 )
 from reservoir.tracking import TrackingError, check_available
 
 ONE_LINE_ERRORS = (ConfigError, dev.DeviceError, DataError, ResultsError, CheckpointError, TrackingError,
-                   StorageError)
+                   StorageError, train.BudgetError)
 
 
 def resolve_resume(config: dict) -> tuple[dict, object]:
@@ -96,30 +97,38 @@ def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claime
 
 
 def _train_every_model(config: dict, info, data, run: Run) -> None:
-    """Every model: build, train, evaluate, sample, record. A model that diverges is recorded as such."""
+    """Every seed, every model: build, train, evaluate, sample, record. A model that diverges is
+    recorded as such. Seeds come outermost, so a stopped run has whole comparisons to show."""
     main = info.is_main_process
-    for name in config["MODELS"]:
-        if stopping.requested():
-            raise stopping.Stopped(stopping.requested(), None, "every model before this point is finished")
-        if name in run.finished_models():
-            say(f"{name}: finished in {run.path}, skipped", main)
-            continue
-        model = build_model(name, data.tokenizer.vocab_size, config)
-        try:
-            outcome = train.fit(name, model, data, config, info, run)
-        except stopping.Diverged as e:
-            warn(str(e))
-            run.record_summary(train.diverged_record(name, model, e, config, info, data), [])
-            dev.barrier(info, f"{name}_recorded")
-            continue
-        samples = train.sample_stories(model, data, config, info) if main else []
-        record = train.summary_record(name, model, outcome, config, info, data)
-        run.record_summary(record, samples)
-        dev.barrier(info, f"{name}_recorded")  # every process sees the model finished before the next
-        say(f"{name}: {record['val_bpc']:.3f} bits/char after {record['train_tokens']:,} tokens "
-            f"in {record['train_seconds']:.1f}s", main)
-        if samples:
-            print(f"    {samples[0][1][:300]!r}", flush=True)
+    seeds = run_seeds(config)
+    for seed in seeds:
+        seeded = {**config, "SEED": seed}  # the reservoir draw, initial weights, data order and samples
+        for name in config["MODELS"]:
+            label = name if len(seeds) == 1 else f"{name} (seed {seed})"
+            if stopping.requested():
+                raise stopping.Stopped(stopping.requested(), None, "every model before this point is finished")
+            if (name, seed) in run.finished_models():
+                say(f"{label}: finished in {run.path}, skipped", main)
+                continue
+            model = build_model(name, data.tokenizer.vocab_size, seeded)
+            try:
+                outcome = train.fit(name, model, data, seeded, info, run)
+            except stopping.Diverged as e:
+                warn(str(e))
+                run.record_summary(train.diverged_record(name, model, e, seeded, info, data), [])
+                dev.barrier(info, f"{name}_{seed}_recorded")
+                continue
+            samples = train.sample_stories(model, data, seeded, info) if main else []
+            record = train.summary_record(name, model, outcome, seeded, info, data)
+            run.record_summary(record, samples)
+            dev.barrier(info, f"{name}_{seed}_recorded")  # every process sees the model finished before the next
+            windows = (f" ({record['windows_val_bpc']:.3f} scored as windows)"
+                       if record.get("windows_val_bpc") is not None else "")
+            say(f"{label}: {record['val_bpc']:.3f} bits/char{windows} after {record['train_tokens']:,} tokens "
+                f"in {record['train_seconds']:.1f}s ({record['train_flops'] or 0:.3g} FLOPs, "
+                f"{record['epochs']:.2f} epochs)", main)
+            if samples:
+                print(f"    {samples[0][1][:300]!r}", flush=True)
 
 
 def main(argv: list[str]) -> int:

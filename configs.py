@@ -22,6 +22,7 @@ SHARED_CONFIG = {
     "DEVICE": "auto",  # 'auto' (TPU, CUDA, CPU) | 'tpu' | 'cuda' | 'cpu'; an unavailable explicit choice is an error
     "PRECISION": "auto",  # 'auto' (TPU bf16, CUDA bf16/fp16, CPU fp32) | 'fp32' | 'bf16' | 'fp16' (CUDA only)
     "SEED": 1337,  # seeds every random choice: data order, weights, reservoirs, sampling
+    "SEEDS": None,  # train every model once per seed, e.g. SEEDS=1337,1338,1339 (mean ± sd reported); None: SEED
     # --- optimisation -----------------------------------------------------
     "BATCH_SIZE": 32,  # sequences per step per device (before the TPU multiplier)
     "LEARNING_RATE": 3e-3,  # peak learning rate of gradient-trained models (before the TPU multiplier)
@@ -41,7 +42,9 @@ SHARED_CONFIG = {
     "MAX_STEPS": None,  # optimizer steps per model (None: no step limit)
     "TOKEN_BUDGET": None,  # training tokens per model, all devices together (None: no token limit)
     "TIME_BUDGET_S": 75.0,  # training wall-clock seconds per model, evaluation excluded (None: no time limit)
-    "EVAL_EVERY": 250,  # evaluate every this many steps (and always at the end)
+    "FLOP_BUDGET": None,  # training FLOPs per model (matrix products, see reservoir/flops.py): no load changes it
+    "EVAL_POINTS": 16,  # evaluations per model, log-spaced over its budget, the last one final (1: final only)
+    "EVAL_EVERY": None,  # evaluate every this many steps instead of EVAL_POINTS (and always at the end)
     "LOG_EVERY": 25,  # fetch the loss from the device every this many steps (the only host sync in the loop)
     "CHECKPOINT_EVERY": 500,  # checkpoint every this many steps (and always at the end of each model); 0: end only
     "CHECKPOINT_EVERY_S": 300.0,  # also checkpoint after this many training seconds (a kill loses at most that); 0: off
@@ -104,6 +107,7 @@ _POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "
              "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "VOCAB_SIZE", "EVAL_TOKENS",
              "FINAL_EVAL_TOKENS", "EVAL_STRIDE",
              "GRAD_ACCUM", "MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S", "EVAL_EVERY", "LOG_EVERY",
+             "FLOP_BUDGET", "EVAL_POINTS",
              "SAMPLE_TOP_K"}
 _NON_NEGATIVE = {"NUM_WORKERS", "SEED", "GRAD_CLIP", "WEIGHT_DECAY", "WARMUP_STEPS", "CHECKPOINT_EVERY",
                  "CHECKPOINT_EVERY_S", "SAMPLE_TOKENS", "SAMPLE_TEMPERATURE"}
@@ -118,7 +122,8 @@ _BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling"}
 # Keys whose value may be None, with the type they take otherwise.
 _OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int,
              "MAX_STEPS": int, "TOKEN_BUDGET": int, "TIME_BUDGET_S": float, "RESUME": str, "SAMPLE_TOP_K": int,
-             "XLA_CACHE_DIR": str, "FINAL_EVAL_TOKENS": int, "EVAL_STRIDE": int}
+             "XLA_CACHE_DIR": str, "FINAL_EVAL_TOKENS": int, "EVAL_STRIDE": int, "EVAL_EVERY": int,
+             "FLOP_BUDGET": float, "SEEDS": list}
 
 
 class ConfigError(ValueError):
@@ -293,6 +298,8 @@ def validate(config: dict) -> dict:
     if unknown:
         raise ConfigError(f"unknown logger {unknown[0]!r} in LOGGERS (loggers: {', '.join(_LOGGERS)}), "
                           "e.g. LOGGERS=tensorboard,wandb")
+    if checked["SEEDS"] is not None:
+        checked["SEEDS"] = _seeds(checked["SEEDS"])
     if not checked["SAMPLE_PROMPTS"] or not all(isinstance(p, str) and p for p in checked["SAMPLE_PROMPTS"]):
         raise ConfigError("SAMPLE_PROMPTS must be a list of non-empty strings, "
                           "e.g. SAMPLE_PROMPTS=['Once upon a time']")
@@ -301,12 +308,25 @@ def validate(config: dict) -> dict:
         raise ConfigError(f"RUN_NAME must be a plain folder name (no '/', '\\', '.' or '..'), got {name!r}; "
                           "the run folder is always RESULTS_DIR/RUN_NAME")
     _check_model_blocks(checked)
-    budgets = ("MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S")
+    budgets = ("MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S", "FLOP_BUDGET")
     if not checked["RESUME"] and not any(checked[k] for k in budgets):  # a resumed run keeps its own budget
-        raise ConfigError("no training budget: set at least one of MAX_STEPS, TOKEN_BUDGET, TIME_BUDGET_S")
+        raise ConfigError("no training budget: set at least one of MAX_STEPS, TOKEN_BUDGET, TIME_BUDGET_S, "
+                          "FLOP_BUDGET")
     if checked["USE_TPU"] and checked["DEVICE"] in ("cuda", "cpu"):
         raise ConfigError(f"USE_TPU=True contradicts DEVICE={checked['DEVICE']!r}; set one of them")
     return checked
+
+
+def _seeds(value: list) -> list[int]:
+    seeds = []
+    for item in value:
+        number = parse_literal(item) if isinstance(item, str) else item
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            raise ConfigError(f"SEEDS must be non-negative integers, got {item!r}; e.g. SEEDS=1337,1338,1339")
+        seeds.append(number)
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"SEEDS must name at least one seed, each once, got {value!r}; e.g. SEEDS=1337,1338,1339")
+    return seeds
 
 
 def parse_overrides(args: list[str], base: dict | None = None) -> dict:

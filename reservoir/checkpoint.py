@@ -17,7 +17,7 @@ from . import device as dev
 from .files import atomic_write
 
 FORMAT = 1
-SINCE_LATER = ("replicas",)  # identity keys older checkpoints lack: checked only where present
+SINCE_LATER = ("replicas", "seed")  # identity keys older checkpoints lack: checked only where present
 
 
 class CheckpointError(RuntimeError):

@@ -52,11 +52,25 @@ class Evaluations:
 
     periodic: Evaluator
     final: Evaluator
+    final_windows: Evaluator | None = None  # stream mode: the final tokens also scored as 'windows'
 
     @classmethod
     def for_run(cls, data: TokenData, config: dict) -> Evaluations:
+        windows = None
+        if config["EVAL_MODE"] == "stream":  # the old number too, so runs of either mode compare
+            windows = Evaluator(data, {**config, "EVAL_MODE": "windows"}, config["BATCH_SIZE"],
+                                config["FINAL_EVAL_TOKENS"])
         return cls(Evaluator(data, config, config["BATCH_SIZE"], config["EVAL_TOKENS"]),
-                   Evaluator(data, config, config["BATCH_SIZE"], config["FINAL_EVAL_TOKENS"]))
+                   Evaluator(data, config, config["BATCH_SIZE"], config["FINAL_EVAL_TOKENS"]), windows)
+
+    def score_final(self, model, info: dev.DeviceInfo, device: torch.device) -> dict:
+        """The final evaluation with its interval; in stream mode also ``windows_val_bpc`` (± ``_ci95``)."""
+        result = self.final(model, info, device, keep=True)
+        if self.final_windows is not None:
+            windows = self.final_windows(model, info, device, keep=True)
+            result["windows_val_bpc"] = windows["val_bpc"]
+            result["windows_val_bpc_ci95"] = windows.get("val_bpc_ci95")
+        return result
 
 
 class Evaluator:
@@ -164,3 +178,25 @@ class Evaluator:
         bpc = nats[picks].sum(1) / chars[picks].sum(1) / math.log(2)
         low, high = np.percentile(bpc, [2.5, 97.5])
         return float((high - low) / 2)
+
+
+class EvalPoints:
+    """When a gradient-trained model is evaluated during training: every EVAL_EVERY steps when that is
+    set, else at EVAL_POINTS - 1 points log-spaced in budget share from FIRST_SHARE (the last point is
+    the final evaluation), so learning curves show the early, fast part as well as the end."""
+
+    FIRST_SHARE = 0.01
+
+    def __init__(self, config: dict, share_now: float = 0.0):
+        self.every = config["EVAL_EVERY"]
+        count = config["EVAL_POINTS"]
+        self.shares = [float(x) for x in np.geomspace(self.FIRST_SHARE, 1.0, count)[:-1]] if count > 1 else []
+        self.next = sum(1 for x in self.shares if x <= share_now)  # a resumed fit: points already passed
+
+    def due(self, step: int, share: float) -> bool:
+        if self.every:
+            return step % self.every == 0
+        passed = self.next
+        while self.next < len(self.shares) and share >= self.shares[self.next]:
+            self.next += 1
+        return self.next > passed

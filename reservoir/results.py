@@ -5,9 +5,9 @@
     results/<run>/train_log.jsonl  one line per training-loss read (model, step, tokens, seconds, train_loss, lr)
     results/<run>/tokenizer.json   the run's tokenizer, so the folder alone is enough to sample (sample.py)
     results/<run>/tb/, wandb/      TensorBoard / W&B files when LOGGERS asks for them
-    results/<run>/summary.json     one record per finished model
-    results/<run>/samples.txt      generated stories, per model
-    results/<run>/checkpoints/     <model>.pt
+    results/<run>/summary.json     one record per finished model and seed
+    results/<run>/samples.txt      generated stories, per model and seed
+    results/<run>/checkpoints/     <model>.pt (the first seed), <model>-seed<N>.pt (further SEEDS)
     results/<run>/*.png            plots
 
 A new run always gets a new folder; only ``RESUME`` writes into an old one.
@@ -23,6 +23,7 @@ import math
 import os
 import platform
 import shutil
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,18 @@ SUMMARY_FIELDS = ("model", "params_total", "params_trainable", "train_seconds", 
 
 class ResultsError(ValueError):
     """A results folder that cannot be used as asked: reported as one line."""
+
+
+def run_seeds(config: dict) -> list[int]:
+    """The seeds every model is trained with: SEEDS, or just SEED."""
+    return list(config.get("SEEDS") or [config["SEED"]])
+
+
+def checkpoint_file(run_dir: Path, model: str, seed: int | None, seeds: list[int]) -> Path:
+    """Where ``model``'s checkpoint for ``seed`` lives: ``<model>.pt`` for the run's first seed (so a
+    one-seed run and sample.py's default read the same file), ``<model>-seed<N>.pt`` for the others."""
+    name = model if seed is None or seed == seeds[0] else f"{model}-seed{seed}"
+    return Path(run_dir) / "checkpoints" / f"{name}.pt"
 
 
 def finite_or_none(obj):
@@ -222,20 +235,23 @@ def resume_outlook(run_dir: Path | None, config: dict) -> str:
         return "Nothing was saved that RESUME could continue; start the run again."
     run_dir = Path(run_dir)
     summary = read_json(run_dir / "summary.json", "the run's summary") if (run_dir / "summary.json").exists() else []
-    finished = [r["model"] for r in summary]
-    pending = [m for m in config["MODELS"] if m not in finished]
+    finished = {(r["model"], r.get("seed")) for r in summary}
+    seeds = run_seeds(config)
+    pending = [(m, s) for s in seeds for m in config["MODELS"] if (m, s) not in finished]
     if not pending:
         return "Every model is finished; nothing to resume."
-    model, step = pending[0], None
-    checkpoint = run_dir / "checkpoints" / f"{model}.pt"
+    (model, seed), step = pending[0], None
+    checkpoint = checkpoint_file(run_dir, model, seed, seeds)
     if checkpoint.exists():
         try:
             step = load_checkpoint(checkpoint, {})["progress"]["step"]
         except (CheckpointError, KeyError, TypeError):
             step = None
     where = f"from its checkpoint at step {step}" if step is not None else "from step 0 (it has no checkpoint)"
-    done = f" ({', '.join(finished)} finished, kept)" if finished else ""
-    return f"python TinyStories.py RESUME={run_dir} continues {model} {where}{done}."
+    names = [m if len(seeds) == 1 else f"{m} (seed {s})" for m, s in sorted(finished, key=str)]
+    done = f" ({', '.join(names)} finished, kept)" if finished else ""
+    which = model if len(seeds) == 1 else f"{model} (seed {seed})"
+    return f"python TinyStories.py RESUME={run_dir} continues {which} {where}{done}."
 
 
 def versions() -> dict:
@@ -259,6 +275,7 @@ class Run:
         self.trackers = trackers
         self.claim = claim
         self.resumed = False  # set by open() for RESUME: fits then say where each model starts
+        self.seeds = [0]  # set by open(): run_seeds(config)
         self.on_evaluation = None  # called with every evaluation row (a sweep's pruner listens here)
 
     @classmethod
@@ -282,14 +299,15 @@ class Run:
                 read_metrics(path, file, repair=True)
         run = cls(path, info, Trackers.open(config, path, info.is_main_process), claim)
         run.resumed = resume_dir is not None
+        run.seeds = run_seeds(config)
         return run
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.path / "checkpoints"
 
-    def checkpoint_path(self, model: str) -> Path:
-        return self.checkpoint_dir / f"{model}.pt"
+    def checkpoint_path(self, model: str, seed: int | None = None) -> Path:
+        return checkpoint_file(self.path, model, seed, self.seeds)
 
     def write_config(self, requested: dict, effective: dict, info: dev.DeviceInfo, data: dict) -> None:
         global_batch = effective["BATCH_SIZE"] * effective["GRAD_ACCUM"] * info.replicas
@@ -325,13 +343,14 @@ class Run:
         if self.trackers is not None:
             self.trackers.log(record["model"], record.get("seed", 0), record["step"], scalars)
 
-    def forget_metrics(self, model: str, after_step: int) -> None:
-        """Drop ``model``'s evaluations and loss reads past ``after_step`` (redone when it resumes)."""
+    def forget_metrics(self, model: str, after_step: int, seed: int) -> None:
+        """Drop ``model``'s evaluations and loss reads for ``seed`` past ``after_step`` (redone when it resumes)."""
         if not self.writes:
             return
         for file in ("metrics.jsonl", "train_log.jsonl"):
             rows = read_metrics(self.path, file)
-            kept = [r for r in rows if r.get("model") != model or r.get("step", 0) <= after_step]
+            kept = [r for r in rows if r.get("model") != model or r.get("seed", seed) != seed
+                    or r.get("step", 0) <= after_step]
             if len(kept) != len(rows):
                 atomic_write_text(self.path / file, "".join(json.dumps(r) + "\n" for r in kept))
 
@@ -340,9 +359,9 @@ class Run:
         path = self.path / "summary.json"
         return read_json(path, "the run's summary") if path.exists() else []
 
-    def finished_models(self) -> set[str]:
-        """Models with a summary: finished, or diverged (resuming would only diverge again)."""
-        return {r["model"] for r in self.summaries()}
+    def finished_models(self) -> set[tuple[str, int]]:
+        """(model, seed) pairs with a summary: finished, or diverged (resuming would only diverge again)."""
+        return {(r["model"], r.get("seed")) for r in self.summaries()}
 
     def record_summary(self, record: dict, samples: list[tuple[str, str]]) -> None:
         missing = [f for f in SUMMARY_FIELDS if f not in record]
@@ -350,7 +369,7 @@ class Run:
             raise ValueError(f"summary record lacks {missing}")
         if not self.writes:
             return
-        records = [r for r in self.summaries() if r["model"] != record["model"]]
+        records = [r for r in self.summaries() if (r["model"], r.get("seed")) != (record["model"], record["seed"])]
         records.append({**record, "samples": [{"prompt": p, "text": t} for p, t in samples]})
         write_json_atomic(self.path / "summary.json", records)
         self._write_samples(records)
@@ -365,35 +384,92 @@ class Run:
 
     def _write_samples(self, records: list[dict]) -> None:
         blocks = []
+        several = len({r.get("seed") for r in records}) > 1
         for r in records:
             score = f"val {r['val_bpc']:.3f} bits/char" if r.get("val_bpc") is not None else r.get("status", "")
-            blocks.append(f"=== {r['model']}  ({score})")
+            seed = f" (seed {r.get('seed')})" if several else ""
+            blocks.append(f"=== {r['model']}{seed}  ({score})")
             blocks += [f"--- prompt: {s['prompt']!r}\n{s['text']}\n" for s in r["samples"]]
         atomic_write_text(self.path / "samples.txt", "\n".join(blocks) + "\n")
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def seed_groups(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Records grouped by model, in the order models first appear (one record per seed)."""
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(r["model"], []).append(r)
+    return list(groups.items())
+
+
+def aggregate(group: list[dict]) -> dict:
+    """One model's records over its seeds: mean of every number, ``val_bpc_sd`` across seeds (two or
+    more scored seeds), the interval of a single seed, and whether any seed ran oversubscribed."""
+    scored = [r for r in group if r.get("val_bpc") is not None]
+    first = group[0]
+    out = {"model": first["model"], "seeds": len(group), "scored_seeds": len(scored),
+           "params_total": first["params_total"], "params_trainable": first["params_trainable"],
+           "oversubscribed": any((r.get("machine_load") or {}).get("oversubscribed") for r in group),
+           "compile_over_budget": any(r.get("compile_over_budget") for r in group)}
+    for key in ("train_seconds", "train_tokens", "train_flops", "epochs", "compile_seconds"):
+        values = [r[key] for r in group if r.get(key) is not None]
+        out[key] = _mean(values) if values else None
+    for key in ("val_bpc", "val_ppl", "tokens_per_second"):
+        values = [r[key] for r in scored]
+        out[key] = _mean(values) if values else None
+    loads = [r["machine_load"] for r in group if r.get("machine_load")]
+    out["runnable_mean"] = _mean([x["runnable_mean"] for x in loads]) if loads else None
+    out["cores"] = loads[0]["cores"] if loads else None
+    if len(scored) > 1:
+        out["val_bpc_sd"] = statistics.stdev(r["val_bpc"] for r in scored)
+    out["val_bpc_ci95"] = scored[0].get("val_bpc_ci95") if len(scored) == 1 else None
+    if not scored:
+        out["diverged_at_step"], out["reason"] = first.get("diverged_at_step"), first.get("reason")
+    return out
+
+
 def format_table(records: list[dict]) -> str:
-    """The final comparison, best bits/char first. On XLA a column shows each model's warm-up
-    compilation (not charged to the budget); '*' marks one longer than the whole budget."""
+    """The final comparison, best bits/char first, one line per model (the mean over its seeds).
+
+    ± is the 95% bootstrap interval of a single seed's final evaluation, or the standard deviation
+    across seeds when there are several (the seeds column says how many). On XLA a column shows
+    each model's warm-up compilation (not charged to the budget). '*' marks a warm-up longer than
+    the whole budget, '!' a model trained while the machine was oversubscribed."""
+    rows = [aggregate(group) for _, group in seed_groups(records)]
     compile_column = any(r.get("device_kind") == "tpu" or r.get("compile_over_budget") for r in records)
-    head = (f"{'model':<18}{'val bits/char ± 95%':>21}{'val ppl':>10}{'params (trained)':>22}{'train s':>9}"
-            f"{'tokens':>12}{'tok/s':>10}" + (f"{'compile s':>11}" if compile_column else ""))
+    seeds_column = any(r["seeds"] > 1 for r in rows)
+    head = (f"{'model':<18}" + (f"{'seeds':>6}" if seeds_column else "") + f"{'val bits/char ± 95%':>21}"
+            f"{'val ppl':>9}{'params (trained)':>22}{'train s':>9}{'tokens':>12}{'tok/s':>10}{'FLOPs':>10}"
+            f"{'epochs':>8}{'load':>9}" + (f"{'compile s':>11}" if compile_column else ""))
+    if seeds_column:
+        head = head.replace("val bits/char ± 95%", "val bits/char ± sd ")
     lines = [head, "-" * len(head)]
-    for r in sorted(records, key=lambda r: (r["val_bpc"] is None, r["val_bpc"] or 0.0)):
+    for r in sorted(rows, key=lambda r: (r["val_bpc"] is None, r["val_bpc"] or 0.0)):
         params = f"{r['params_total']:,} ({r['params_trainable']:,})"
+        seeds = f"{r['seeds']:>6}" if seeds_column else ""
         if r["val_bpc"] is None:  # diverged: no number to rank
-            lines.append(f"{r['model']:<18}{'DIVERGED':>21}{'':>10}{params:>22}{r['train_seconds']:>9.1f}"
-                         f"{r['train_tokens']:>12,}{'':>10}  at step {r.get('diverged_at_step')}: {r.get('reason')}")
+            lines.append(f"{r['model']:<18}{seeds}{'DIVERGED':>21}{'':>9}{params:>22}{r['train_seconds']:>9.1f}"
+                         f"{r['train_tokens']:>12,.0f}{'':>10}  at step {r.get('diverged_at_step')}: {r.get('reason')}")
             continue
-        ci = r.get("val_bpc_ci95")
-        score = f"{r['val_bpc']:.3f}" + (f" ± {ci:.3f}" if ci is not None else "")
-        line = (f"{r['model']:<18}{score:>21}{r['val_ppl']:>10.2f}{params:>22}"
-                f"{r['train_seconds']:>9.1f}{r['train_tokens']:>12,}{r['tokens_per_second']:>10,.0f}")
+        spread = r.get("val_bpc_sd") if r.get("val_bpc_sd") is not None else r.get("val_bpc_ci95")
+        score = f"{r['val_bpc']:.3f}" + (f" ± {spread:.3f}" if spread is not None else "")
+        flops = "" if r["train_flops"] is None else f"{r['train_flops']:.2e}"
+        epochs = "" if r["epochs"] is None else f"{r['epochs']:.2f}"
+        load = "" if r["runnable_mean"] is None else f"{r['runnable_mean']:.1f}/{r['cores']}"
+        load += "!" if r["oversubscribed"] else ""
+        line = (f"{r['model']:<18}{seeds}{score:>21}{r['val_ppl']:>9.2f}{params:>22}{r['train_seconds']:>9.1f}"
+                f"{r['train_tokens']:>12,.0f}{r['tokens_per_second']:>10,.0f}{flops:>10}{epochs:>8}{load:>9}")
         if compile_column:
             seconds = r.get("compile_seconds")
             mark = "*" if r.get("compile_over_budget") else ""
             line += f"{'' if seconds is None else f'{seconds:.1f}{mark}':>11}"
         lines.append(line)
-    if any(r.get("compile_over_budget") for r in records):
+    if any(r["oversubscribed"] for r in rows):
+        lines.append("! the machine was oversubscribed while this model trained (load: threads wanting a core / "
+                     "cores): its tok/s and any time-budgeted score understate it; compare with FLOP_BUDGET")
+    if any(r.get("compile_over_budget") for r in rows):
         lines.append("* warm-up (compilation) took longer than the whole time budget; not charged to it")
     return "\n".join(lines)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .files import atomic_write_text
 from .messages import say, warn
+from .results import run_seeds
 
 # One declared search space per model, with the ranges reservoirpy's tutorials and the literature
 # use (log-uniform spectral radius 1e-2..10, leak rate 1e-3..1, input scaling 1e-2..10, ridge 1e-8..10;
@@ -156,19 +157,23 @@ def run_trials(study, model: str, trials: int, fixed: list[str], folder: Path, r
         trial.set_user_attr("worker", f"{worker} (pid {os.getpid()})")
         started = time.perf_counter()
 
+        first_seed = run_seeds(config)[0]  # with SEEDS, the first seed's curve feeds the pruner
+
         def on_evaluation(record):  # periodic evaluations only: pruning a finished model would discard it
-            if record.get("val_bpc") is not None and record["model"] == model and not record.get("final"):
+            if (record.get("val_bpc") is not None and record["model"] == model and not record.get("final")
+                    and record.get("seed") == first_seed):
                 trial.report(record["val_bpc"], record["step"])
                 if trial.should_prune():
                     raise optuna.TrialPruned(f"pruned at step {record['step']}")
 
         run = run_one(config, on_evaluation)
         trial.set_user_attr("seconds", round(time.perf_counter() - started, 1))
-        record = next(r for r in run.summaries() if r["model"] == model)
-        if record.get("val_bpc") is None:
-            warn(f"trial {trial.number}: {model} diverged ({record.get('reason')}); recorded as failed")
+        records = [r for r in run.summaries() if r["model"] == model]  # one per seed
+        diverged = next((r for r in records if r.get("val_bpc") is None), None)
+        if diverged is not None:
+            warn(f"trial {trial.number}: {model} diverged ({diverged.get('reason')}); recorded as failed")
             return math.nan  # Optuna records a NaN objective as a failed trial
-        return record["val_bpc"]
+        return sum(r["val_bpc"] for r in records) / len(records)  # the mean over SEEDS
 
     finished = sum(t.state in done_states for t in study.trials)
     if finished >= trials:

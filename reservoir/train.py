@@ -4,8 +4,10 @@
 
 Gradient-trained models share one loop (``_train_sgd``); ridge readouts and
 n-grams use their one-pass fits. All of them stop at the same budget
-(``Budget``): MAX_STEPS, TOKEN_BUDGET, TIME_BUDGET_S, whichever comes first,
-where one step is one global batch of BATCH_SIZE x GRAD_ACCUM x devices windows.
+(``Budget``): MAX_STEPS, TOKEN_BUDGET, TIME_BUDGET_S, FLOP_BUDGET, whichever comes
+first, where one step is one global batch of BATCH_SIZE x GRAD_ACCUM x devices windows.
+Every fit reports its training FLOPs (reservoir/flops.py), the machine's load while it
+trained (reservoir/machine.py) and its epochs over the training data.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import torch
 from torch.nn import functional as F
 
 from . import device as dev
-from . import stopping
+from . import flops, stopping
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DataError, TokenData, TrainWindows, eval_windows, tokenizer_hash
-from .evaluation import Evaluations
+from .evaluation import EvalPoints, Evaluations
+from .machine import MachineLoad
 from .messages import progress, say, warn
 from .results import Run
 from .sampling import SampleSettings, write_stories
@@ -35,24 +38,34 @@ WARMUP_STEPS = 2  # steps timed as warm-up (compilation on XLA) and not charged 
 # --------------------------------------------------------------------- budget and schedule
 
 
+class BudgetError(ValueError):
+    """A budget no fit can be trained within: reported as one line."""
+
+
 @dataclass(frozen=True)
 class Budget:
     max_steps: int | None
     max_tokens: int | None
     max_seconds: float | None
+    max_flops: float | None = None
 
     @classmethod
     def from_config(cls, config: dict) -> Budget:
-        return cls(config["MAX_STEPS"], config["TOKEN_BUDGET"], config["TIME_BUDGET_S"])
+        return cls(config["MAX_STEPS"], config["TOKEN_BUDGET"], config["TIME_BUDGET_S"], config["FLOP_BUDGET"])
 
-    def progress(self, steps: int, tokens: int, seconds: float) -> float:
+    def progress(self, steps: int, tokens: int, seconds: float, flops: float = 0.0) -> float:
         """How much of the budget is spent (0..1+): the largest share of any limit."""
         shares = [done / limit for done, limit in ((steps, self.max_steps), (tokens, self.max_tokens),
-                                                   (seconds, self.max_seconds)) if limit]
+                                                   (seconds, self.max_seconds), (flops, self.max_flops)) if limit]
         return max(shares)
 
-    def spent(self, steps: int, tokens: int, seconds: float) -> bool:
-        return self.progress(steps, tokens, seconds) >= 1.0
+    def spent(self, steps: int, tokens: int, seconds: float, flops: float = 0.0) -> bool:
+        return self.progress(steps, tokens, seconds, flops) >= 1.0
+
+    def share(self, progress: Progress, seconds: float | None = None) -> float:
+        """``progress`` of a fit as a share of the budget (``seconds``: a clock newer than its own)."""
+        return self.progress(progress.step, progress.tokens, progress.seconds if seconds is None else seconds,
+                             progress.flops)
 
 
 def learning_rate(config: dict, step: int, progress: float) -> float:
@@ -78,6 +91,7 @@ class Progress:
     offset: int = 0  # windows of this epoch already consumed, all processes together
     train_loss_steps: int = 0  # steps since the loss was last fetched (checkpoints fetch it: 0 there)
     last_train_loss: float | None = None
+    flops: float = 0.0  # training FLOPs so far (reservoir/flops.py says what is counted)
 
 
 class WarmUp:
@@ -122,6 +136,7 @@ class Outcome:
     progress: Progress
     final: dict  # val_loss, val_ppl, val_bpc
     extra: dict  # model-specific facts of the fit (ridge samples, n-gram discount)
+    load: dict | None = None  # the machine's load while it trained (machine.MachineLoad.report)
 
 
 # --------------------------------------------------------------------- the entry point
@@ -135,22 +150,33 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
     evaluator = Evaluations.for_run(data, config)  # periodic, and final (with an interval)
     identity = {"model": name, "model_config": config[name.upper()], "vocab_size": data.tokenizer.vocab_size,
                 "tokenizer_hash": tokenizer_hash(data.tokenizer), "seq_len": config["SEQ_LEN"],
-                "replicas": info.replicas}  # data order and batch depend on it: a resume must keep it
-    saved = None
-    if run.checkpoint_path(name).exists():
-        saved = load_checkpoint(run.checkpoint_path(name), identity)
+                "replicas": info.replicas, "seed": config["SEED"]}  # data order and batch: a resume keeps them
+    seed, saved = config["SEED"], None
+    if run.checkpoint_path(name, seed).exists():
+        saved = load_checkpoint(run.checkpoint_path(name, seed), identity)
     elif run.resumed:
-        say(f"{name}: no checkpoint in {run.path}; training it from step 0", info.is_main_process)
+        say(f"{name}: no checkpoint in {run.path} for seed {seed}; training it from step 0", info.is_main_process)
     if saved is not None and saved["finished"]:
         model.load_state_dict(saved["model_state"])
         device = dev.compute_device(info, getattr(model, "host_only", False))
         model.to(device)
-        run.forget_metrics(name, saved["progress"]["step"])
-        say(f"{name}: finished in the checkpoint; evaluating it again", info.is_main_process)
-        return Outcome(Progress(**saved["progress"]), evaluator.final(model, info, device, keep=True),
+        run.forget_metrics(name, saved["progress"]["step"], seed)
+        say(f"{name}: finished in the checkpoint (seed {seed}); evaluating it again", info.is_main_process)
+        return Outcome(Progress(**saved["progress"]), evaluator.score_final(model, info, device),
                        saved.get("extra", {}))
-    run.forget_metrics(name, saved["progress"]["step"] if saved else -1)  # evaluations past the checkpoint are redone
-    return trainer(name, model, data, config, info, run, evaluator, identity, saved)
+    run.forget_metrics(name, saved["progress"]["step"] if saved else -1, seed)  # past the checkpoint: redone
+    with MachineLoad() as load:
+        outcome = trainer(name, model, data, config, info, run, evaluator, identity, saved)
+    outcome.load = load.report()
+    epochs = outcome.progress.tokens / max(1, data.train.size)
+    if epochs > 1:
+        say(f"{name}: passed over its training data {epochs:.1f} times ({outcome.progress.tokens:,} tokens of "
+            f"{data.train.size:,}); more data, not more epochs, is what a longer budget needs", info.is_main_process)
+    if outcome.load["oversubscribed"]:
+        warn(f"{name}: the machine was oversubscribed while it trained ({outcome.load['runnable_mean']:.1f} "
+             f"threads wanted its {outcome.load['cores']} cores on average): its tok/s and any time-budgeted "
+             "score understate it; FLOP_BUDGET or TOKEN_BUDGET compare models whatever the load")
+    return outcome
 
 
 def _tokens_per_step(config: dict, info: dev.DeviceInfo) -> int:
@@ -175,7 +201,7 @@ def _check_finite(name: str, progress: Progress, what: str, value: float | None,
 def _finish(name, model, info, run, evaluator, identity, progress: Progress, device, extra: dict, seed: int,
             optimizer=None, scaler=None, advice: str = "") -> Outcome:
     """The final evaluation and the 'finished' checkpoint, shared by every kind of fit."""
-    final = evaluator.final(model, info, device, keep=True)
+    final = evaluator.score_final(model, info, device)
     _check_finite(name, progress, "the validation loss", final["val_loss"], advice)
     _log_eval(run, name, seed, progress, final, final=True)
     _save(run, name, model, info, identity, progress, True, optimizer, scaler, extra)
@@ -184,7 +210,8 @@ def _finish(name, model, info, run, evaluator, identity, progress: Progress, dev
 
 def _log_eval(run: Run, name: str, seed: int, progress: Progress, result: dict, final: bool = False) -> None:
     record = {"model": name, "seed": seed, "step": progress.step, "tokens": progress.tokens,
-              "seconds": round(progress.seconds, 3), "train_loss": progress.last_train_loss, **result,
+              "seconds": round(progress.seconds, 3), "flops": progress.flops, "train_loss": progress.last_train_loss,
+              **result,
               "final": final}
     run.log_metrics(record)
 
@@ -195,7 +222,7 @@ def _save(run, name, model, info, identity, progress, finished, optimizer=None, 
     if optimizer is not None:
         payload["optimizer"] = optimizer.state_dict()
         payload["scaler"] = scaler.state_dict()
-    save_checkpoint(run.checkpoint_path(name), payload, info)
+    save_checkpoint(run.checkpoint_path(name, identity["seed"]), payload, info)
 
 
 def _progress_bar(name: str, info: dev.DeviceInfo, budget: Budget):
@@ -241,6 +268,8 @@ def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress
 
 
 def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
+    cost = flops.sgd_step(model, data.tokenizer.vocab_size, config["BATCH_SIZE"], config["SEQ_LEN"],
+                          config["GRAD_ACCUM"] * info.replicas)
     model.to(info.device)
     model.train()
     if config["GRADIENT_CHECKPOINTING"]:
@@ -257,7 +286,9 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
         progress = Progress(**saved["progress"])
         say(f"{name}: resuming at step {progress.step} ({progress.tokens:,} tokens, {progress.seconds:.0f}s)",
             info.is_main_process)
+    progress.flops = cost.flops(progress.step)
     budget = Budget.from_config(config)
+    points = EvalPoints(config, budget.share(progress))
     accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
     saved_step = progress.step if saved is not None else None  # the last checkpoint: kept if training diverges
     saved_seconds, every_s = progress.seconds, config["CHECKPOINT_EVERY_S"]
@@ -265,12 +296,12 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
     batches = _batches(TrainWindows(data.train, config["SEQ_LEN"], config["SEED"]), info, config, progress)
     loss_sum = torch.zeros((), device=info.device)  # stays on the device until the next log
     bar = _progress_bar(name, info, budget)
-    bar.update(100 * min(1.0, budget.progress(progress.step, progress.tokens, progress.seconds)))
+    bar.update(100 * min(1.0, budget.share(progress)))
     started = time.perf_counter() - progress.seconds
     warm = WarmUp(name, progress.step, WARMUP_STEPS, budget, info.is_main_process)
     try:
-        while not budget.spent(progress.step, progress.tokens, progress.seconds):
-            lr = learning_rate(config, progress.step, budget.progress(progress.step, progress.tokens, progress.seconds))
+        while budget.share(progress) < 1:
+            lr = learning_rate(config, progress.step, budget.share(progress))
             for group in optimizer.param_groups:
                 group["lr"] = lr
             for micro in range(accum):
@@ -287,12 +318,12 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
             dev.mark_step(info)
             progress.step += 1
             progress.tokens += per_step
+            progress.flops = cost.flops(progress.step)
             if warm.running:  # compiling: the training clock stands still
                 started = time.perf_counter() - progress.seconds
                 warm.step_done(progress.step, progress.seconds)
-            evaluate = progress.step % config["EVAL_EVERY"] == 0
             checkpoint = bool(config["CHECKPOINT_EVERY"]) and progress.step % config["CHECKPOINT_EVERY"] == 0
-            log = evaluate or checkpoint or progress.step % config["LOG_EVERY"] == 0
+            log = checkpoint or progress.step % config["LOG_EVERY"] == 0
             stop = False
             if log or info.world_size == 1:  # several processes agree on the clock and on stopping at log steps
                 progress.seconds = dev.max_across(info, time.perf_counter() - started)
@@ -300,13 +331,16 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
                 overdue = every_s and progress.seconds - saved_seconds >= every_s  # a kill loses at most every_s
                 checkpoint = checkpoint or stop or bool(overdue)
                 log = log or checkpoint
-            done = budget.spent(progress.step, progress.tokens, progress.seconds)
+            share = budget.share(progress)  # from values every process holds alike: they agree to evaluate
+            done = share >= 1
+            evaluate = points.due(progress.step, share) and not done  # the end has its own, final evaluation
+            log = log or evaluate
             progress.train_loss_steps += 1
             if done or log:  # the loop's only host sync
                 progress.last_train_loss = float(loss_sum) / progress.train_loss_steps
                 loss_sum.zero_()
                 progress.train_loss_steps = 0
-                bar.update(100 * min(1.0, budget.progress(progress.step, progress.tokens, progress.seconds)) - bar.n)
+                bar.update(100 * min(1.0, share) - bar.n)
                 speed = progress.tokens / max(progress.seconds, 1e-9)
                 bar.set_postfix_str(f"step {progress.step}, loss {progress.last_train_loss:.3f}, {speed:,.0f} tok/s")
                 run.log_train({"model": name, "seed": config["SEED"], "step": progress.step, "tokens": progress.tokens,
@@ -326,7 +360,7 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
                 saved_step, saved_seconds = progress.step, progress.seconds
             if stop:
                 raise Stopped(stopping.requested() or "SIGTERM", name,
-                              f"{name} saved at step {progress.step} ({run.checkpoint_path(name)})")
+                              f"{name} saved at step {progress.step} ({run.checkpoint_path(name, config['SEED'])})")
             started += time.perf_counter() - paused  # evaluation and checkpoints are not training time
     finally:
         bar.close()  # also when the model diverges or a signal stops it
@@ -358,7 +392,6 @@ def _training_tokens(data: TokenData, config: dict, cap: int | None) -> tuple[np
 def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
     """One streaming pass: the training tokens as parallel streams cut into SEQ_LEN chunks,
     the reservoir state carried from chunk to chunk (one step = one chunk of every stream)."""
-    model.to(info.device)
     budget = Budget.from_config(config)
     fit_ids, cal_ids = _training_tokens(data, config, _token_cap(budget, config, info))
     seq, per_process = config["SEQ_LEN"], config["BATCH_SIZE"] * info.spmd_devices
@@ -372,8 +405,21 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
     layout = np.asarray(fit_ids[: streams * stream_len + 1], dtype=np.int64)
     inputs_all = layout[:-1].reshape(streams, stream_len)[mine]
     targets_all = layout[1:].reshape(streams, stream_len)[mine]
-    cal = eval_windows(cal_ids, seq, len(cal_ids)).to(info.device)
-    progress = Progress(tokens=cal[:, 1:].numel())  # the calibration tail is training data too
+    cal = eval_windows(cal_ids, seq, len(cal_ids))
+    calibration = [(cal[i:i + per_process, :-1], cal[i:i + per_process, 1:]) for i in range(0, len(cal), per_process)]
+    washout = config[name.upper()].get("washout", 0)
+    first_chunk = (torch.from_numpy(inputs_all[:, :seq]), torch.from_numpy(targets_all[:, :seq]))
+    try:
+        measured = flops.ridge_fit(model, first_chunk, calibration, washout)  # one process's streams
+    except FloatingPointError as e:  # the fit itself would fail the same way: say it as the fit would
+        raise Diverged(name, 0, str(e), _ridge_advice(name), 0, 0.0) from None
+    cost = flops.FitCost(per_step=measured.per_step * info.world_size, fixed=measured.fixed)
+    if budget.max_flops and cost.flops(1) > budget.max_flops:
+        raise BudgetError(f"FLOP_BUDGET={budget.max_flops:.3g} does not cover one chunk of {name}'s ridge fit "
+                          f"({cost.flops(1):.3g} FLOPs with its solve and calibration); raise FLOP_BUDGET")
+    model.to(info.device)
+    calibration = [(x.to(info.device), y.to(info.device)) for x, y in calibration]
+    progress = Progress(tokens=cal[:, 1:].numel(), flops=cost.flops(0))  # the calibration tail is training too
     bar = _progress_bar(name, info, budget)
     started = time.perf_counter()
     warm = WarmUp(name, 0, 1, budget, info.is_main_process)  # the first chunk compiles both graphs on XLA
@@ -384,7 +430,7 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
             if warm.running and k == 1:  # the first chunk is done: its time is warm-up, not training
                 started = time.perf_counter()
                 warm.step_done(1, 0.0)
-            if budget.spent(progress.step, progress.tokens, time.perf_counter() - started):
+            if budget.share(progress, time.perf_counter() - started) >= 1:
                 break
             if dev.max_across(info, float(stopping.requested() is not None)) > 0:
                 bar.close()
@@ -395,16 +441,14 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
                    torch.from_numpy(targets_all[:, cut]).to(info.device))
             progress.step += 1
             progress.tokens += streams * seq
-            share = min(1.0, max(budget.progress(progress.step, progress.tokens, time.perf_counter() - started),
-                                 progress.step / chunks))
+            progress.flops = cost.flops(progress.step)
+            share = min(1.0, max(budget.share(progress, time.perf_counter() - started), progress.step / chunks))
             bar.update(100 * share - bar.n)
 
-    calibration = [(cal[i:i + per_process, :-1], cal[i:i + per_process, 1:]) for i in range(0, len(cal), per_process)]
     reduce = (lambda t: dev.all_reduce_sum(info, t)) if info.world_size > 1 else None
     try:
-        extra = model.fit_ridge(chunks_in_budget(), calibration, all_reduce_sum=reduce,
-                                washout=config[name.upper()].get("washout", 0), carry_state=True,
-                                materialize=lambda: dev.mark_step(info))
+        extra = model.fit_ridge(chunks_in_budget(), calibration, all_reduce_sum=reduce, washout=washout,
+                                carry_state=True, materialize=lambda: dev.mark_step(info))
     except FloatingPointError as e:  # states or readout not finite
         bar.close()
         raise Diverged(name, progress.step, str(e), _ridge_advice(name), progress.tokens,
@@ -421,14 +465,17 @@ def _fit_counts(name, model, data, config, info, run, evaluator, identity, saved
     """N-gram counts on the host over the budget's tokens (the time budget is not needed:
     counting takes seconds)."""
     budget = Budget.from_config(config)
-    cap = _token_cap(budget, config, info)
+    cost = flops.count_updates(model.order)
+    caps = [c for c in (_token_cap(budget, config, info), cost.steps_within(budget.max_flops)) if c is not None]
+    cap = max(1, min(caps)) if caps else None
     fit_ids, held_ids = _training_tokens(data, config, cap)
     total = min(cap or data.train.size, len(fit_ids) + len(held_ids))
     fit_ids = fit_ids[: total - len(held_ids)]
     started = time.perf_counter()
     extra = model.fit_counts(np.asarray(fit_ids), np.asarray(held_ids))
-    progress = Progress(step=math.ceil(total / _tokens_per_step(config, info)), tokens=len(fit_ids) + len(held_ids),
-                        seconds=time.perf_counter() - started)
+    tokens = len(fit_ids) + len(held_ids)
+    progress = Progress(step=math.ceil(total / _tokens_per_step(config, info)), tokens=tokens,
+                        seconds=time.perf_counter() - started, flops=cost.flops(tokens))
     say(f"{name}: counted {progress.tokens:,} tokens in {progress.seconds:.1f}s (discount {extra['discount']})",
         info.is_main_process)
     return _finish(name, model, info, run, evaluator, identity, progress, torch.device("cpu"), extra, config["SEED"])
@@ -464,4 +511,7 @@ def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.D
             "tokenizer": data.tokenizer.kind,
             "vocab_size": data.tokenizer.vocab_size, "seed": config["SEED"],
             **{key: outcome.extra.get(key) for key in ("compile_seconds", "step_seconds", "compile_over_budget")},
+            "train_flops": progress.flops or None, "flops_per_token": progress.flops / max(1, progress.tokens) or None,
+            "flops_counted_as": flops.METHODS[model.trainer],
+            "epochs": round(progress.tokens / max(1, data.train.size), 4), "machine_load": outcome.load,
             "fit": outcome.extra}

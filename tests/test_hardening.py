@@ -26,6 +26,7 @@ def _no_nan(constant):
 
 def test_a_diverging_model_stops_alone_and_the_run_goes_on(tmp_path):
     args = ["MODELS=['transformer','esn','ngram']", "MAX_STEPS=20", "LOG_EVERY=5", "CHECKPOINT_EVERY=0",
+            "EVAL_POINTS=1",
             "LEARNING_RATE=1e9", "ESN.input_scaling=1e300"]
     proc = run_cli(tmp_path, *args, "RUN_NAME=nan")
     run_dir = tmp_path / "results" / "nan"
@@ -46,7 +47,8 @@ def test_a_diverging_model_stops_alone_and_the_run_goes_on(tmp_path):
 
 
 def test_diverging_after_a_checkpoint_keeps_that_checkpoint(tmp_path):
-    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=10", "CHECKPOINT_EVERY=5", "LOG_EVERY=1", "RUN_NAME=c")
+    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=10", "CHECKPOINT_EVERY=5", "LOG_EVERY=1", "RUN_NAME=c",
+            "EVAL_POINTS=1")  # no evaluation finds the NaN before the loss read
     run_dir = tmp_path / "results" / "c"
     (run_dir / "summary.json").unlink()  # as if it had stopped after the checkpoint at step 5 ...
     ckpt = torch.load(run_dir / "checkpoints" / "lstm.pt", weights_only=True)

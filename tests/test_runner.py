@@ -202,7 +202,8 @@ def test_plot_script_compares_runs_and_reports_empty_ones(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "plot_results.py"), str(tmp_path / "results" / "a"),
                            str(tmp_path / "results" / "b"), "--out", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["bpc_vs_seconds.png", "bpc_vs_tokens.png", "final_bpc.png",
+    assert sorted(p.name for p in out.iterdir()) == ["bpc_vs_flops.png", "bpc_vs_params.png", "bpc_vs_seconds.png",
+                                                      "bpc_vs_tokens.png", "bpc_vs_train_flops.png", "final_bpc.png",
                                                       "throughput.png"]
     proc = subprocess.run([sys.executable, str(ROOT / "plot_results.py"), str(tmp_path)], capture_output=True,
                           text=True)

@@ -1,0 +1,76 @@
+"""How busy the machine was while a model trained: a wall-clock budget means little without it.
+
+    with MachineLoad() as load:
+        ...                                   # train
+    load.report()   # {'runnable_mean', 'load_avg_1min', 'cores', 'cpu_share', 'oversubscribed'}
+
+A background thread reads the kernel's count of runnable threads (``/proc/loadavg``, fourth field,
+this process's own busy threads included) every ``interval`` seconds; elsewhere it falls back to
+the 1-minute load average. The machine counts as *oversubscribed* when more threads wanted to
+run, on average, than it has cores (with half a core of slack): the model then got less than the
+machine, and its tokens/s and time-budgeted score understate it. ``cpu_share`` is the CPU time
+this process got over the wall time times the cores it may use.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+SLACK = 0.5  # runnable threads above the cores (on average) before a run counts as oversubscribed
+LOADAVG = Path("/proc/loadavg")
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def runnable_threads() -> float:
+    """Threads that are running or waiting for a core right now (the reader itself not counted)."""
+    try:
+        running = LOADAVG.read_text().split()[3].split("/")[0]
+        return max(0.0, float(running) - 1)
+    except (OSError, IndexError, ValueError):
+        return os.getloadavg()[0]
+
+
+class MachineLoad:
+    def __init__(self, interval: float = 1.0):
+        self.interval = interval
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="machine-load", daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.samples.append(runnable_threads())
+
+    def __enter__(self) -> MachineLoad:
+        self._wall, self._cpu = time.perf_counter(), _process_cpu_seconds()
+        self.samples.append(runnable_threads())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(runnable_threads())
+        self.wall, self.cpu = time.perf_counter() - self._wall, _process_cpu_seconds() - self._cpu
+
+    def report(self) -> dict:
+        cores = usable_cores()
+        mean = sum(self.samples) / len(self.samples)
+        return {"runnable_mean": round(mean, 2), "runnable_max": round(max(self.samples), 2),
+                "load_avg_1min": round(os.getloadavg()[0], 2), "cores": cores,
+                "cpu_share": round(self.cpu / max(self.wall * cores, 1e-9), 3),
+                "oversubscribed": mean > cores + SLACK}
+
+
+def _process_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
