@@ -61,11 +61,13 @@ SHARED_CONFIG = {
     "VAL_PATH": None,  # explicit validation file; None means a held-out tail of the training stories
     "VAL_FRACTION": 0.05,  # share of stories held out for validation when there is no validation file
     "MAX_TRAIN_STORIES": None,  # cap on training stories (None: all), keeps laptop runs small
-    "MAX_TRAIN_CHARS": None,  # cap on training characters (None: all)
+    "MAX_TRAIN_CHARS": 50_000_000,  # cap on training characters (None: all); the default outlasts a 75 s budget
     "SYNTHETIC_STORIES": 6000,  # stories the built-in synthetic corpus generates (train + validation)
     "CACHE_DIR": "data_cache",  # hub downloads, trained tokenizers and token caches
+    "HF_DATASET": "roneneldan/TinyStories",  # what DATASET='tinystories' loads with datasets (a hub name or folder)
     "TOKENIZER": "char",  # 'char' (one token per character) | 'bpe' (byte-level BPE trained on the train split)
     "VOCAB_SIZE": 4096,  # BPE vocabulary size (char vocabularies come from the data)
+    "TOKENIZER_TRAIN_CHARS": 20_000_000,  # BPE is trained on the first this many training characters (None: all)
     "EVAL_TOKENS": 32768,  # validation tokens per periodic evaluation, the same for every model and run
     "FINAL_EVAL_TOKENS": 262144,  # validation tokens of each model's final evaluation (None: the whole split)
     "EVAL_MODE": "stream",  # 'stream': state carried, or overlapping windows | 'windows': windows from empty context
@@ -104,8 +106,8 @@ _CHOICES = {
     "EVAL_MODE": ("stream", "windows"),
 }
 _POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "TPU_LR_MULTIPLIER",
-             "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "VOCAB_SIZE", "EVAL_TOKENS",
-             "FINAL_EVAL_TOKENS", "EVAL_STRIDE",
+             "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "TOKENIZER_TRAIN_CHARS", "VOCAB_SIZE",
+             "EVAL_TOKENS", "FINAL_EVAL_TOKENS", "EVAL_STRIDE",
              "GRAD_ACCUM", "MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S", "EVAL_EVERY", "LOG_EVERY",
              "FLOP_BUDGET", "EVAL_POINTS",
              "SAMPLE_TOP_K"}
@@ -123,7 +125,7 @@ _BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling"}
 _OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int,
              "MAX_STEPS": int, "TOKEN_BUDGET": int, "TIME_BUDGET_S": float, "RESUME": str, "SAMPLE_TOP_K": int,
              "XLA_CACHE_DIR": str, "FINAL_EVAL_TOKENS": int, "EVAL_STRIDE": int, "EVAL_EVERY": int,
-             "FLOP_BUDGET": float, "SEEDS": list}
+             "FLOP_BUDGET": float, "SEEDS": list, "TOKENIZER_TRAIN_CHARS": int}
 
 
 class ConfigError(ValueError):

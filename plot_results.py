@@ -171,16 +171,16 @@ def _bars(runs, value, xlabel, title, out: Path, references: bool, log: bool = F
                 xerr=errors, capsize=3 if references else 0)
         for i, (_, r) in enumerate(rows):
             seeds = f" (mean of {r['scored_seeds']} seeds)" if r["scored_seeds"] > 1 else ""
-            ax.text(r[value], i, f" {r[value]:,.3f}{seeds}" if references else f" {r[value]:,.0f}", va="center",
-                    fontsize=8)
+            label = f" {r[value]:,.3f}{seeds}" if references else f" {r[value]:,.0f}"
+            ax.text(r[value] + (_spread(r) if references else 0), i, label, va="center", fontsize=8)
         if references:  # every n-gram is a reference line: models left of it beat counting
-            for run, r in rows:
-                if r["model"] == "ngram":
-                    order = run["config"]["effective_config"]["NGRAM"]["order"]
-                    ax.axvline(r[value], color=model_colour("ngram"), ls="--", lw=1)
-                    where = f" ({run_label(run)})" if several else ""
-                    ax.text(r[value], len(rows) - 0.4, f" {order}-gram{where}", color=model_colour("ngram"),
-                            fontsize=8)
+            ngrams = [(run, r) for run, r in rows if r["model"] == "ngram"]
+            for k, (run, r) in enumerate(ngrams):
+                order = run["config"]["effective_config"]["NGRAM"]["order"]
+                ax.axvline(r[value], color=model_colour("ngram"), ls="--", lw=1)
+                where = f" ({run_label(run)})" if several else ""
+                ax.text(r[value], len(rows) - 0.4 - 0.35 * k, f" {order}-gram{where}",  # one label per line
+                        color=model_colour("ngram"), fontsize=8)
         if log:
             ax.set_xscale("log")
         ax.invert_yaxis()

@@ -6,10 +6,11 @@
     python sample.py results/<run> PROMPT=FILE:prompts.txt        # one prompt per non-empty line
 
 Stories go to stdout, separated by a line of dashes; what was loaded goes to stderr.
-The run folder's config.json, tokenizer.json and checkpoints/<model>.pt are all it
-needs, so a folder copied to another machine samples there. Every key defaults to
-what the run itself used (SAMPLE_PROMPTS, SAMPLE_TOKENS, ...), and STOP_AT_END=True
-gives exactly the stories the run wrote to samples.txt.
+The run folder's config.json, tokenizer.json and checkpoints/<model>.pt (with SEEDS,
+<model>-seed<N>.pt for TRAIN_SEED=N past the first) are all it needs, so a folder
+copied to another machine samples there. Every key defaults to what the run itself
+used (SAMPLE_PROMPTS, SAMPLE_TOKENS, ...), and STOP_AT_END=True gives exactly the
+stories the run wrote to samples.txt.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from reservoir.sampling import SampleSettings, load_trained, write_stories
 
 KEYS = {  # key: what it does (defaults come from the run)
     "MODEL": "which model of the run (default: its best finished model)",
+    "TRAIN_SEED": "which of the run's SEEDS the model was trained with (default: the first, or the best model's)",
     "PROMPT": "a prompt, a list of prompts, or FILE:<path> with one prompt per line (default: SAMPLE_PROMPTS)",
     "NUM_SAMPLES": "stories per prompt (default 1)",
     "MAX_NEW_TOKENS": "tokens generated per story (default: SAMPLE_TOKENS)",
     "TEMPERATURE": "sampling temperature, 0 greedy (default: SAMPLE_TEMPERATURE)",
     "TOP_K": "sample among the k likeliest tokens, None all (default: SAMPLE_TOP_K)",
-    "SEED": "seed of the sampling generator (default: the run's SEED)",
+    "SEED": "seed of the sampling generator (default: the model's training seed, as the run sampled)",
     "DEVICE": "'auto' | 'tpu' | 'cuda' | 'cpu' (default 'auto'; on XLA, sampling itself runs on the CPU)",
     "STOP_AT_END": "stop each story at its end (default False: write on, a story end shows as a blank line)",
 }
@@ -86,20 +88,22 @@ def _number(options: dict, key: str, default, kind, minimum, allow_none: bool = 
 def main(argv: list[str]) -> int:
     run_dir, options = parse_args(argv)
     try:
-        model, tokenizer, run = load_trained(run_dir, options.get("MODEL"))
+        train_seed = _number(options, "TRAIN_SEED", None, int, 0, allow_none=True)
+        model, tokenizer, run = load_trained(run_dir, options.get("MODEL"), train_seed)
         config = run.config
         settings = SampleSettings(
             max_new_tokens=_number(options, "MAX_NEW_TOKENS", config["SAMPLE_TOKENS"], int, 1),
             temperature=_number(options, "TEMPERATURE", config["SAMPLE_TEMPERATURE"], float, 0),
             top_k=_number(options, "TOP_K", config["SAMPLE_TOP_K"], int, 1, allow_none=True),
-            seed=_number(options, "SEED", config["SEED"], int, 0),
+            seed=_number(options, "SEED", run.seed, int, 0),
             num_samples=_number(options, "NUM_SAMPLES", 1, int, 1),
             stop_at_end=bool(options.get("STOP_AT_END", False)))
         prompts = _prompts(options.get("PROMPT", config["SAMPLE_PROMPTS"]))
         info = dev.select_device({"DEVICE": options.get("DEVICE", "auto")})
         where = dev.sampling_device(info, getattr(model, "host_only", False))
         state = "finished" if run.finished else "unfinished, last checkpoint"
-        print(f"{TAG} {run_dir}: {run.model} at step {run.step} ({state}), on {where}", file=sys.stderr)
+        print(f"{TAG} {run_dir}: {run.model} at step {run.step} ({state}, training seed {run.seed}), on {where}",
+              file=sys.stderr)
         stories = write_stories(model, tokenizer, prompts, settings, where)
     except (ConfigError, ResultsError, CheckpointError, dev.DeviceError) as e:
         raise SystemExit(f"error: {e}") from None

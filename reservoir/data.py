@@ -24,11 +24,10 @@ import numpy as np
 import torch
 
 from .files import atomic_write, atomic_write_text
-from .messages import say, warn
+from .messages import progress, say, warn
 from .synthetic import synthetic_stories
 
 EOT = "<|endoftext|>"
-HUB_DATASET = "roneneldan/TinyStories"
 UNKNOWN_WARNING_SHARE = 0.001  # warn when more validation tokens than this share are <unk>
 _EOT_MARK = "\ue000"  # a private-use character standing for EOT inside joined text
 
@@ -39,43 +38,124 @@ class DataError(ValueError):
 
 # ------------------------------------------------------------------ sources
 
-
-@dataclass
-class Corpus:
-    train: list[str]
-    val: list[str]
-    source: str  # 'tinystories' | 'files' | 'synthetic': recorded with results and shown in plots
-    description: str  # where exactly the text came from
+READ_BYTES = 1 << 22  # a text file is read, decoded and split 4 MiB at a time
+FORMAT_PROBE_BYTES = 1 << 20  # a .txt file is TinyStories' raw format when EOT occurs in its first MiB
 
 
-def read_stories(path: str | Path) -> list[str]:
-    """Stories from one file: TinyStories' raw format (stories separated by a line
-    ``<|endoftext|>``), plain text (blank lines separate stories), or ``.jsonl``
-    with a ``text`` field."""
+class Stories:
+    """Stories that can be read again and again, one at a time: every pass over a corpus (its hash,
+    the tokenizer, the encoding) holds one story or one read chunk, never the corpus.
+
+    ``open()`` returns a fresh iterator; ``first`` and ``count`` select a range of it (a held-out
+    tail, a cap), and ``max_chars`` cuts the text after that many characters (the last story short).
+    """
+
+    def __init__(self, open_stories, description: str = "", first: int = 0, count: int | None = None,
+                 max_chars: int | None = None):
+        self._open, self.description = open_stories, description
+        self.first, self.count, self.max_chars = first, count, max_chars
+
+    @classmethod
+    def of(cls, stories: list[str], description: str = "") -> Stories:
+        return cls(lambda: iter(stories), description)
+
+    def select(self, first: int = 0, count: int | None = None, max_chars: int | None = None) -> Stories:
+        """A sub-range of these stories (relative to this range), optionally capped in characters."""
+        remaining = None if self.count is None else self.count - first
+        if count is not None:
+            remaining = count if remaining is None else min(remaining, count)
+        caps = [c for c in (self.max_chars, max_chars) if c]
+        return Stories(self._open, self.description, self.first + first, remaining, min(caps) if caps else None)
+
+    def __iter__(self):
+        chars = 0
+        stop = None if self.count is None else self.first + self.count
+        for index, story in enumerate(self._open()):
+            if stop is not None and index >= stop:
+                return
+            if index < self.first:
+                continue
+            if self.max_chars:
+                if chars >= self.max_chars:
+                    return
+                story = story[: self.max_chars - chars]
+            chars += len(story)
+            yield story
+
+
+def _read_text(path: Path):
+    """(text piece, byte offset of its start) of a UTF-8 file, ``READ_BYTES`` at a time."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    try:
+        with open(path, "rb") as f:
+            while True:
+                raw = f.read(READ_BYTES)
+                try:
+                    text = decoder.decode(raw, final=not raw)
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path} is not UTF-8 text (byte {offset + e.start}); convert it, e.g. with "
+                                    "iconv") from None
+                yield text, offset
+                offset += len(raw)
+                if not raw:
+                    return
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}") from None
+
+
+def _is_raw_tinystories(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return EOT.encode() in f.read(FORMAT_PROBE_BYTES)
+
+
+def iter_stories(path: str | Path):
+    """Stories from one file, read as a stream: TinyStories' raw format (stories separated by a line
+    ``<|endoftext|>``, recognised in the first MiB), plain text (blank lines separate stories), or
+    ``.jsonl`` with a ``text`` field. A bad byte or line is an error naming the file and where."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file {path} does not exist (check DATASET / TRAIN_PATH / VAL_PATH)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text (byte {e.start}); convert it, e.g. with iconv") from None
+    found = 0
     if path.suffix == ".jsonl":
-        stories = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                stories.append(json.loads(line)["text"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise DataError(f"{path}:{n} is not a JSON object with a 'text' field") from None
-    elif EOT in text:
-        stories = text.split(EOT)
+        buffer, line_number = "", 0
+        for text, _ in _read_text(path):
+            buffer += text
+            lines = buffer.split("\n")
+            buffer = lines.pop() if text else ""  # a line cut by the read: completed by the next piece
+            for line in lines:
+                line_number += 1
+                if not line.strip():
+                    continue
+                try:
+                    story = json.loads(line)["text"]
+                    if not isinstance(story, str):
+                        raise TypeError
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise DataError(f"{path}:{line_number} is not a JSON object with a 'text' field") from None
+                if story.strip():
+                    found += 1
+                    yield story.strip()
     else:
-        stories = text.split("\n\n")
-    stories = [s.strip() for s in stories if s.strip()]
-    if not stories:
+        separator = EOT if _is_raw_tinystories(path) else "\n\n"
+        buffer = ""
+        for text, _ in _read_text(path):
+            buffer += text
+            parts = buffer.split(separator)
+            buffer = parts.pop() if text else ""  # a story cut by the read: completed by the next piece
+            for story in parts:
+                if story.strip():
+                    found += 1
+                    yield story.strip()
+    if not found:
         raise DataError(f"{path} has no stories (it is empty or only separators)")
-    return stories
+
+
+def read_stories(path: str | Path) -> list[str]:
+    """Every story of one file (small files; large ones are read with ``iter_stories``)."""
+    return list(iter_stories(path))
 
 
 def _expand(spec: str) -> list[Path]:
@@ -96,12 +176,25 @@ def _split_train_val(files: list[Path]) -> tuple[list[Path], list[Path]]:
     return train, val
 
 
-def _held_out_tail(stories: list[str], fraction: float, where: str) -> tuple[list[str], list[str]]:
-    if len(stories) < 2:
-        raise DataError(f"{where} has only {len(stories)} story; give a validation file (VAL_PATH) "
+def _file_stories(files: list[Path]) -> Stories:
+    return Stories(lambda: (story for f in files for story in iter_stories(f)), ", ".join(map(str, files)))
+
+
+def _held_out_tail(stories: Stories, fraction: float, where: str) -> tuple[Stories, Stories]:
+    total = sum(1 for _ in stories)  # one streaming pass: how many stories there are
+    if total < 2:
+        raise DataError(f"{where} has only {total} story; give a validation file (VAL_PATH) "
                         "or more stories so a tail can be held out")
-    n_val = max(1, int(len(stories) * fraction))
-    return stories[:-n_val], stories[-n_val:]
+    n_val = max(1, int(total * fraction))
+    return stories.select(0, total - n_val), stories.select(total - n_val, n_val)
+
+
+@dataclass
+class Corpus:
+    train: Stories
+    val: Stories
+    source: str  # 'tinystories' | 'files' | 'synthetic': recorded with results and shown in plots
+    description: str  # where exactly the text came from
 
 
 def _load_files(train_spec: str, val_spec: str | None, config: dict) -> Corpus:
@@ -111,9 +204,9 @@ def _load_files(train_spec: str, val_spec: str | None, config: dict) -> Corpus:
         val_files = _expand(val_spec)
     if not train_files:
         raise DataError(f"{train_spec!r} holds only validation files; point TRAIN_PATH at training data")
-    train = [s for f in train_files for s in read_stories(f)]
+    train = _file_stories(train_files)
     if val_files:
-        val = [s for f in val_files for s in read_stories(f)]
+        val = _file_stories(val_files)
     else:
         train, val = _held_out_tail(train, config["VAL_FRACTION"], train_spec)
     names = ", ".join(str(f) for f in train_files + val_files)
@@ -128,29 +221,68 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def _hub_folder(config: dict) -> Path:
+    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in config["HF_DATASET"])
+    return Path(config["CACHE_DIR"]) / "hub" / slug
+
+
+def _materialize(config: dict, split: str, max_stories: int | None, max_chars: int | None, online: bool) -> Path:
+    """The split's stories, up to the caps, as a local TinyStories-format file under CACHE_DIR/hub/.
+
+    With a cap (and always for validation) the split is *streamed* and reading stops at the cap, so
+    only the shards the run needs are fetched; an uncapped training split is loaded whole (and kept
+    in ``datasets``' cache, with the other splits ``datasets`` prepares beside it). The
+    file is written to a temporary name and renamed when complete, so a cut-off download is never used.
+    """
+    cap = f"{max_stories or 'all'}-stories-{max_chars or 'all'}-chars"
+    path = _hub_folder(config) / f"{split}-{cap}.txt"
+    if path.exists():
+        return path
+    if not online:
+        raise DataError(f"{config['HF_DATASET']} {split} split is not in the local cache ({path}) and the hub "
+                        "is unreachable")
+    import datasets
+
+    streaming = split != "train" or bool(max_stories or max_chars)  # only a whole training split is downloaded
+    rows = datasets.load_dataset(config["HF_DATASET"], split=split, streaming=streaming,
+                                 cache_dir=str(Path(config["CACHE_DIR"]) / "hf"))
+    chosen = Stories(lambda: (row["text"] for row in rows)).select(0, max_stories, max_chars)
+    bar = progress(max_chars or 0, f"fetching {config['HF_DATASET']} {split}", delay=5.0, unit="char",
+                   unit_scale=True)
+
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            for story in chosen:
+                if story.strip():
+                    f.write(f"{story.strip()}\n{EOT}\n")
+                    bar.update(len(story))
+
+    atomic_write(path, write)
+    bar.close()
+    return path
+
+
 def _load_hub(config: dict) -> Corpus:
-    """TinyStories through Hugging Face ``datasets`` (downloaded once into CACHE_DIR)."""
-    cache = str(Path(config["CACHE_DIR"]) / "hf")
+    """TinyStories through Hugging Face ``datasets``: the validation split and as much of the training
+    split as the caps allow, each kept as a local file under CACHE_DIR/hub/ (read from there offline)."""
     online = _hub_reachable()
     if not online:
         os.environ["HF_HUB_OFFLINE"] = "1"  # use the local cache only, without waiting on the network
         os.environ["HF_DATASETS_OFFLINE"] = "1"
+    name = config["HF_DATASET"]
     try:
-        import datasets
-
-        if not online:
-            datasets.config.HF_HUB_OFFLINE = True
-        splits = datasets.load_dataset(HUB_DATASET, cache_dir=cache)
+        train_path = _materialize(config, "train", config["MAX_TRAIN_STORIES"], config["MAX_TRAIN_CHARS"], online)
+        val_path = _materialize(config, "validation", None, None, online)
     except Exception as e:  # noqa: BLE001 - any hub/cache failure gets the same advice
+        reason = str(e) if isinstance(e, DataError) else type(e).__name__
         raise DataError(
-            f"cannot load {HUB_DATASET} from the hub{'' if online else ' (offline)'} or the cache {cache} "
-            f"({type(e).__name__}); use DATASET=synthetic, or DATASET=<path to TinyStories-train.txt or a folder>"
+            f"cannot load {name} from the hub{'' if online else ' (offline)'} or the cache {_hub_folder(config)} "
+            f"({reason}); use DATASET=synthetic, or DATASET=<path to TinyStories-train.txt or a folder>"
         ) from None
-    train = splits["train"]
-    if config["MAX_TRAIN_STORIES"]:
-        train = train.select(range(min(len(train), config["MAX_TRAIN_STORIES"])))
-    return Corpus(list(train["text"]), list(splits["validation"]["text"]), "tinystories",
-                  f"Hugging Face {HUB_DATASET}" + (" (cached)" if not online else ""))
+    caps = [f"{k}={config[k]:,}" for k in ("MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS") if config[k]]
+    used = f"training stories up to {' and '.join(caps)}" if caps else "the whole training split"
+    return Corpus(_file_stories([train_path]), _file_stories([val_path]), "tinystories",
+                  f"Hugging Face {name}{'' if online else ' (cached)'}: {used}, the whole validation split")
 
 
 def _local_tinystories(data_dir: str) -> list[Path] | None:
@@ -162,31 +294,20 @@ def _local_tinystories(data_dir: str) -> list[Path] | None:
 
 
 def _synthetic(config: dict) -> Corpus:
-    stories = synthetic_stories(config["SYNTHETIC_STORIES"], config["SEED"])
+    stories = Stories.of(synthetic_stories(config["SYNTHETIC_STORIES"], config["SEED"]))
     train, val = _held_out_tail(stories, config["VAL_FRACTION"], "the synthetic corpus")
-    return Corpus(train, val, "synthetic",
-                  f"built-in synthetic TinyStories-like corpus ({len(stories)} stories, seed {config['SEED']})")
+    return Corpus(train, val, "synthetic", f"built-in synthetic TinyStories-like corpus "
+                  f"({config['SYNTHETIC_STORIES']} stories, seed {config['SEED']})")
 
 
 def _cap(corpus: Corpus, config: dict) -> Corpus:
-    train = corpus.train
-    if config["MAX_TRAIN_STORIES"]:
-        train = train[: config["MAX_TRAIN_STORIES"]]
-    if config["MAX_TRAIN_CHARS"]:
-        kept, total = [], 0
-        for story in train:
-            if total >= config["MAX_TRAIN_CHARS"]:
-                break
-            kept.append(story[: config["MAX_TRAIN_CHARS"] - total])
-            total += len(kept[-1])
-        train = kept
-    if not train or not corpus.val:
-        raise DataError(f"no {'training' if not train else 'validation'} stories in {corpus.description}")
+    train = corpus.train.select(0, config["MAX_TRAIN_STORIES"], config["MAX_TRAIN_CHARS"])
     return Corpus(train, corpus.val, corpus.source, corpus.description)
 
 
 def load_corpus(config: dict) -> Corpus:
-    """The text a run trains and validates on, chosen by DATASET / TRAIN_PATH / VAL_PATH."""
+    """The text a run trains and validates on, chosen by DATASET / TRAIN_PATH / VAL_PATH (read lazily:
+    nothing is read until a pass over the stories)."""
     dataset = config["DATASET"]
     if config["TRAIN_PATH"]:
         corpus = _load_files(config["TRAIN_PATH"], config["VAL_PATH"], config)
@@ -238,8 +359,12 @@ class CharTokenizer:
         self._ids = np.arange(len(self.specials), len(self.specials) + len(self.chars), dtype=np.int64)
 
     @classmethod
-    def train(cls, stories: list[str], vocab_size: int | None = None) -> CharTokenizer:
-        return cls("".join(set("".join(stories))))
+    def train(cls, stories, vocab_size: int | None = None) -> CharTokenizer:
+        """The alphabet of ``stories`` (any iterable: read one story at a time)."""
+        chars: set[str] = set()
+        for story in stories:
+            chars.update(story)
+        return cls("".join(chars))
 
     @property
     def vocab_size(self) -> int:
@@ -285,7 +410,8 @@ class BPETokenizer:
         self.eot_id = tokenizer.token_to_id(EOT)
 
     @classmethod
-    def train(cls, stories: list[str], vocab_size: int) -> BPETokenizer:
+    def train(cls, stories, vocab_size: int) -> BPETokenizer:
+        """Trained from ``stories``, any iterable (``tokenizers`` reads it as a stream)."""
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         minimum = 256 + 1
@@ -297,7 +423,7 @@ class BPETokenizer:
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        tok.train_from_iterator(stories, trainer=trainer, length=len(stories))
+        tok.train_from_iterator(stories, trainer=trainer, length=len(stories) if isinstance(stories, list) else None)
         return cls(tok)
 
     @property
@@ -347,10 +473,14 @@ def tokenizer_hash(tokenizer) -> str:
     return _sha256(tokenizer.to_json())[:16]
 
 
-def load_or_train_tokenizer(kind: str, vocab_size: int, corpus: Corpus, cache_dir: str | Path, train_hash: str):
-    """A tokenizer trained on the training split, saved once and reused by later runs."""
+def load_or_train_tokenizer(kind: str, vocab_size: int, corpus: Corpus, cache_dir: str | Path, train_hash: str,
+                            train_chars: int | None = None):
+    """A tokenizer trained on the training split (BPE: on its first ``train_chars`` characters, None:
+    all), saved once and reused by later runs."""
     cls = TOKENIZERS[kind]
-    path = Path(cache_dir) / "tokenizers" / f"{kind}-{vocab_size if kind == 'bpe' else 'all'}-{train_hash[:16]}.json"
+    sample = f"-{train_chars}" if kind == "bpe" and train_chars else ""
+    name = f"{kind}-{vocab_size if kind == 'bpe' else 'all'}-{train_hash[:16]}{sample}.json"
+    path = Path(cache_dir) / "tokenizers" / name
     digest_path = path.with_suffix(".blake2b")  # the file's content hash: an edited file that still parses is caught
     if path.exists():
         try:
@@ -361,7 +491,8 @@ def load_or_train_tokenizer(kind: str, vocab_size: int, corpus: Corpus, cache_di
         except Exception as e:  # noqa: BLE001 - a broken cache file is rebuilt, whatever broke it
             warn(f"tokenizer cache {path} is unusable ({type(e).__name__}: {e}); training it again")
     start = time.perf_counter()
-    tokenizer = cls.train(corpus.train, vocab_size)
+    stories = corpus.train.select(max_chars=train_chars) if kind == "bpe" and train_chars else corpus.train
+    tokenizer = cls.train(stories, vocab_size)
     text = tokenizer.to_json()
     atomic_write_text(path, text)
     atomic_write_text(digest_path, content_hash(text.encode("utf-8")))
@@ -371,42 +502,93 @@ def load_or_train_tokenizer(kind: str, vocab_size: int, corpus: Corpus, cache_di
 
 # ------------------------------------------------------------------ token cache
 
-
-def _save_array(path: str, ids: np.ndarray) -> None:
-    with open(path, "wb") as f:  # a file object: np.save would append '.npy' to a bare path
-        np.save(f, ids)
+ENCODE_CHARS = 1 << 23  # stories are encoded about 8M characters at a time
 
 
-def cached_tokens(tokenizer, stories: list[str], text_hash: str, cache_dir: str | Path, split: str) -> np.ndarray:
+@dataclass
+class TextStats:
+    """One streaming pass over a split: its hash (the cache key), its stories and characters."""
+
+    sha256: str
+    stories: int
+    chars: int
+
+    @classmethod
+    def scan(cls, stories: Stories) -> TextStats:
+        digest, count, chars = hashlib.sha256(), 0, 0
+        for story in stories:
+            if count:
+                digest.update(EOT.encode())
+            digest.update(story.encode("utf-8"))
+            count += 1
+            chars += len(story)
+        return cls(digest.hexdigest(), count, chars)
+
+
+def _story_batches(stories, chars: int):
+    batch, size = [], 0
+    for story in stories:
+        batch.append(story)
+        size += len(story)
+        if size >= chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _open_tokens(bin_path: Path, meta: dict) -> np.ndarray:
+    if meta["n_tokens"] == 0:
+        return np.zeros(0, dtype=meta["dtype"])
+    return np.memmap(bin_path, dtype=meta["dtype"], mode="r", shape=(meta["n_tokens"],))
+
+
+def cached_tokens(tokenizer, stories, text_hash: str, cache_dir: str | Path, split: str,
+                  total_chars: int | None = None) -> np.ndarray:
     """The split's token ids, memory-mapped from the cache (encoded and written on first use).
 
-    uint16 where the vocabulary fits. A cache file that is corrupt or does not
-    match its metadata is rebuilt with a warning, never silently used.
+    Encoding streams: ``ENCODE_CHARS`` of text at a time are encoded and appended to a temporary
+    file, renamed when complete, so memory does not grow with the corpus and a cut-off write is never
+    used. uint16 where the vocabulary fits. A cache file that is corrupt or does not match its
+    metadata is rebuilt with a warning, never silently used.
     """
     tok_hash = tokenizer_hash(tokenizer)
     stem = Path(cache_dir) / "tokens" / f"{split}-{tok_hash}-{text_hash[:16]}"
-    array_path, meta_path = stem.with_suffix(".npy"), stem.with_suffix(".json")
+    bin_path, meta_path = stem.with_suffix(".bin"), stem.with_suffix(".json")
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    if array_path.exists() or meta_path.exists():
+    if bin_path.exists() or meta_path.exists():
         try:
             meta = json.loads(meta_path.read_text())
-            ids = np.load(array_path, mmap_mode="r")
-            ok = (ids.dtype == dtype and ids.shape == (meta["n_tokens"],) and meta["tokenizer"] == tok_hash
-                  and content_hash(ids) == meta["blake2b"])
+            ids = _open_tokens(bin_path, meta)
+            ok = (ids.dtype == dtype and meta["tokenizer"] == tok_hash
+                  and bin_path.stat().st_size == ids.size * ids.itemsize and content_hash(ids) == meta["blake2b"])
             if ok:
                 return ids
-            warn(f"token cache {array_path} does not match its metadata; rebuilding it")
+            warn(f"token cache {bin_path} does not match its metadata; rebuilding it")
         except Exception as e:  # noqa: BLE001 - any unreadable cache is rebuilt
-            warn(f"token cache {array_path} is unreadable ({type(e).__name__}); rebuilding it")
-    ids = tokenizer.encode_stories(stories)
-    if ids.size and int(ids.max()) >= tokenizer.vocab_size:
-        raise DataError(f"tokenizer produced id {int(ids.max())} >= vocab {tokenizer.vocab_size}")
-    ids = ids.astype(dtype)
-    meta = {"n_tokens": int(ids.size), "dtype": np.dtype(dtype).name, "tokenizer": tok_hash,
-            "text": text_hash, "blake2b": content_hash(ids), "split": split}
-    atomic_write(array_path, lambda tmp: _save_array(tmp, ids))
+            warn(f"token cache {bin_path} is unreadable ({type(e).__name__}); rebuilding it")
+    digest, count = hashlib.blake2b(digest_size=16), 0
+    bar = progress(total_chars or 0, f"tokenizing {split}", delay=3.0, unit="char", unit_scale=True)
+
+    def write(tmp):
+        nonlocal count
+        with open(tmp, "wb") as f:
+            for batch in _story_batches(stories, ENCODE_CHARS):
+                ids = tokenizer.encode_stories(batch)
+                if ids.size and int(ids.max()) >= tokenizer.vocab_size:
+                    raise DataError(f"tokenizer produced id {int(ids.max())} >= vocab {tokenizer.vocab_size}")
+                ids = ids.astype(dtype)
+                f.write(ids.tobytes())
+                digest.update(memoryview(ids).cast("B"))
+                count += ids.size
+                bar.update(sum(map(len, batch)))
+
+    atomic_write(bin_path, write)
+    bar.close()
+    meta = {"n_tokens": count, "dtype": np.dtype(dtype).name, "tokenizer": tok_hash, "text": text_hash,
+            "blake2b": digest.hexdigest(), "split": split}
     atomic_write_text(meta_path, json.dumps(meta))
-    return np.load(array_path, mmap_mode="r")
+    return _open_tokens(bin_path, meta)
 
 
 @dataclass
@@ -418,36 +600,44 @@ class TokenData:
     description: str
     chars_per_token: float  # validation characters per token (reported; bits/char count exact characters)
     val_unknown_share: float = 0.0  # validation tokens the tokenizer could not map (<unk>)
+    text: dict | None = None  # stories and characters of each split, and how the tokenizer was trained
 
     def describe(self) -> dict:
         return {"data_source": self.source, "data_description": self.description,
                 "tokenizer": self.tokenizer.kind, "vocab_size": self.tokenizer.vocab_size,
                 "tokenizer_hash": tokenizer_hash(self.tokenizer), "train_tokens": int(self.train.size),
                 "val_tokens": int(self.val.size), "chars_per_token": self.chars_per_token,
-                "val_unknown_share": self.val_unknown_share}
+                "val_unknown_share": self.val_unknown_share, **(self.text or {})}
 
 
 def prepare_data(config: dict) -> TokenData:
-    """Corpus -> tokenizer -> cached token arrays, checked against SEQ_LEN."""
+    """Corpus -> tokenizer -> cached token arrays, checked against SEQ_LEN. Every step streams the
+    stories, so resident memory stays flat however large the corpus (bench/bench_data.py)."""
     corpus = load_corpus(config)
-    train_hash = _sha256(EOT.join(corpus.train))
-    val_hash = _sha256(EOT.join(corpus.val))
-    tokenizer = load_or_train_tokenizer(config["TOKENIZER"], config["VOCAB_SIZE"], corpus,
-                                        config["CACHE_DIR"], train_hash)
-    train = cached_tokens(tokenizer, corpus.train, train_hash, config["CACHE_DIR"], "train")
-    val = cached_tokens(tokenizer, corpus.val, val_hash, config["CACHE_DIR"], "val")
+    train_text, val_text = TextStats.scan(corpus.train), TextStats.scan(corpus.val)
+    for name, stats in (("training", train_text), ("validation", val_text)):
+        if not stats.stories:
+            raise DataError(f"no {name} stories in {corpus.description}")
+    sample = config["TOKENIZER_TRAIN_CHARS"] if config["TOKENIZER"] == "bpe" else None
+    sample = sample if sample and sample < train_text.chars else None
+    tokenizer = load_or_train_tokenizer(config["TOKENIZER"], config["VOCAB_SIZE"], corpus, config["CACHE_DIR"],
+                                        train_text.sha256, sample)
+    train = cached_tokens(tokenizer, corpus.train, train_text.sha256, config["CACHE_DIR"], "train", train_text.chars)
+    val = cached_tokens(tokenizer, corpus.val, val_text.sha256, config["CACHE_DIR"], "val", val_text.chars)
     window = config["SEQ_LEN"] + 1
     for name, ids in (("training", train), ("validation", val)):
         if ids.size < window:
             raise DataError(f"SEQ_LEN={config['SEQ_LEN']} is longer than the {name} data ({ids.size} tokens); "
                             "lower SEQ_LEN or use more data")
-    chars = sum(len(s) + 1 for s in corpus.val)  # + 1: each story's end-of-story token counts as one char
+    chars = val_text.chars + val_text.stories  # each story's end-of-story token counts as one char
     unk_id = getattr(tokenizer, "unk_id", None)  # byte-level BPE maps every character
     unknown = int(np.count_nonzero(val == unk_id)) / val.size if unk_id is not None else 0.0
     if unknown > UNKNOWN_WARNING_SHARE:
         warn(f"{unknown:.1%} of the validation tokens are characters the training text never has (<unk>): "
              "the two splits do not share an alphabet, so bits/char there measure little; check VAL_PATH")
-    return TokenData(train, val, tokenizer, corpus.source, corpus.description, chars / val.size, unknown)
+    text = {"train_stories": train_text.stories, "train_chars": train_text.chars, "val_stories": val_text.stories,
+            "val_chars": val_text.chars, "tokenizer_trained_on_chars": sample or train_text.chars}
+    return TokenData(train, val, tokenizer, corpus.source, corpus.description, chars / val.size, unknown, text)
 
 
 # ------------------------------------------------------------------ windows

@@ -29,8 +29,9 @@ def warn(message: str) -> None:
 class PlainProgress:
     """tqdm's small interface (update, n, set_postfix_str, close) as one plain line every ``every`` seconds."""
 
-    def __init__(self, total: float, desc: str, every: float = 10.0, disable: bool = False, file=None):
-        self.total, self.desc, self.every, self.disable = total, desc, every, disable
+    def __init__(self, total: float, desc: str, every: float = 10.0, disable: bool = False, file=None,
+                 delay: float = 0.0):
+        self.total, self.desc, self.every, self.disable, self.delay = total, desc, every, disable, delay
         self.file = file or sys.stderr
         self.n, self.postfix = 0.0, ""
         self._started = self._printed = time.monotonic()
@@ -45,7 +46,7 @@ class PlainProgress:
 
     def _print(self) -> None:
         self._printed = time.monotonic()
-        if not self.disable:
+        if not self.disable and self._printed - self._started >= self.delay:
             elapsed = self._printed - self._started
             line = f"{TAG} {self.desc}: {100 * self.n / self.total:3.0f}% after {elapsed:.0f}s"
             print(f"{line}, {self.postfix}" if self.postfix else line, file=self.file, flush=True)
@@ -55,8 +56,9 @@ class PlainProgress:
         self.disable = True  # closing twice prints once
 
 
-def progress(total: float, desc: str, disable: bool = False, **tqdm_options):
-    """A progress bar on a terminal, plain periodic lines elsewhere (log files, notebooks' pipes)."""
+def progress(total: float, desc: str, disable: bool = False, delay: float = 0.0, **tqdm_options):
+    """A progress bar on a terminal, plain periodic lines elsewhere (log files, notebooks' pipes);
+    with ``delay``, nothing at all for work that ends within that many seconds."""
     if sys.stderr.isatty():
-        return tqdm(total=total, desc=desc, disable=disable, **tqdm_options)
-    return PlainProgress(total, desc, disable=disable)
+        return tqdm(total=total, desc=desc, disable=disable, delay=delay, **tqdm_options)
+    return PlainProgress(total, desc, disable=disable, delay=delay)

@@ -49,10 +49,10 @@ def run_seeds(config: dict) -> list[int]:
     return list(config.get("SEEDS") or [config["SEED"]])
 
 
-def checkpoint_file(run_dir: Path, model: str, seed: int | None, seeds: list[int]) -> Path:
+def checkpoint_file(run_dir: Path, model: str, seed: int | None, seeds: list[int] | None) -> Path:
     """Where ``model``'s checkpoint for ``seed`` lives: ``<model>.pt`` for the run's first seed (so a
     one-seed run and sample.py's default read the same file), ``<model>-seed<N>.pt`` for the others."""
-    name = model if seed is None or seed == seeds[0] else f"{model}-seed{seed}"
+    name = model if seed is None or not seeds or seed == seeds[0] else f"{model}-seed{seed}"
     return Path(run_dir) / "checkpoints" / f"{name}.pt"
 
 
@@ -275,7 +275,7 @@ class Run:
         self.trackers = trackers
         self.claim = claim
         self.resumed = False  # set by open() for RESUME: fits then say where each model starts
-        self.seeds = [0]  # set by open(): run_seeds(config)
+        self.seeds: list[int] | None = None  # set by open(): run_seeds(config); None: one seed
         self.on_evaluation = None  # called with every evaluation row (a sweep's pruner listens here)
 
     @classmethod

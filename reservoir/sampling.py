@@ -19,7 +19,7 @@ import torch
 from .checkpoint import CheckpointError, load_checkpoint
 from .data import EOT, TOKENIZERS, tokenizer_hash
 from .models import build_model
-from .results import ResultsError, read_json
+from .results import ResultsError, checkpoint_file, read_json, run_seeds
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class TrainedRun:
     summaries: list[dict]
     step: int  # the training step of the loaded checkpoint
     finished: bool
+    seed: int  # the training seed of the loaded model (one of the run's SEEDS)
 
 
 def load_tokenizer(run_dir: Path, config_json: dict):
@@ -83,9 +84,10 @@ def load_tokenizer(run_dir: Path, config_json: dict):
     return tokenizer
 
 
-def load_trained(run_dir: str | Path, model_name: str | None = None):
-    """(model on the CPU, tokenizer, TrainedRun) for ``model_name`` in ``run_dir``;
-    without a name, the run's best finished model."""
+def load_trained(run_dir: str | Path, model_name: str | None = None, train_seed: int | None = None):
+    """(model on the CPU, tokenizer, TrainedRun) for ``model_name`` trained with ``train_seed`` in
+    ``run_dir``; without a name, the run's best finished model (of that seed, if given); without a
+    seed, the run's first seed (or the best model's)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ResultsError(f"{run_dir} is not a folder; give a run folder such as results/<run>")
@@ -93,26 +95,34 @@ def load_trained(run_dir: str | Path, model_name: str | None = None):
     config = config_json["effective_config"]
     summary_path = run_dir / "summary.json"
     summaries = read_json(summary_path, "the run's summary") if summary_path.exists() else []
+    seeds = run_seeds(config)
+    if train_seed is not None and train_seed not in seeds:
+        raise ResultsError(f"TRAIN_SEED={train_seed} is not a seed of this run (its seeds: "
+                           f"{', '.join(map(str, seeds))})")
     if model_name is None:
         if not summaries:
             raise ResultsError(f"{run_dir} has no finished model yet; name one with MODEL=<name> "
                                f"(models of this run: {', '.join(config['MODELS'])})")
-        scored = [r for r in summaries if r.get("val_bpc") is not None]  # diverged models have no score
+        scored = [r for r in summaries if r.get("val_bpc") is not None  # diverged models have no score
+                  and train_seed in (None, r.get("seed"))]
         if not scored:
             raise ResultsError(f"{run_dir} has no model with a score; name one with MODEL=<name>")
-        model_name = min(scored, key=lambda r: r["val_bpc"])["model"]
+        best = min(scored, key=lambda r: r["val_bpc"])
+        model_name, train_seed = best["model"], best.get("seed")
     if model_name not in config["MODELS"]:
         raise ResultsError(f"MODEL={model_name!r} is not a model of this run (its models: "
                            f"{', '.join(config['MODELS'])})")
-    checkpoint = run_dir / "checkpoints" / f"{model_name}.pt"
+    train_seed = seeds[0] if train_seed is None else train_seed
+    checkpoint = checkpoint_file(run_dir, model_name, train_seed, seeds)
     if not checkpoint.is_file():
         raise CheckpointError(f"{checkpoint} does not exist: {model_name} has not reached a checkpoint in this run")
     tokenizer = load_tokenizer(run_dir, config_json)
     identity = {"model": model_name, "model_config": config[model_name.upper()],
                 "vocab_size": tokenizer.vocab_size, "tokenizer_hash": tokenizer_hash(tokenizer),
-                "seq_len": config["SEQ_LEN"]}
+                "seq_len": config["SEQ_LEN"], "seed": train_seed}
     payload = load_checkpoint(checkpoint, identity)
-    model = build_model(model_name, tokenizer.vocab_size, config)
+    model = build_model(model_name, tokenizer.vocab_size, {**config, "SEED": train_seed})
     model.load_state_dict(payload["model_state"])
-    run = TrainedRun(run_dir, model_name, config, summaries, payload["progress"]["step"], bool(payload["finished"]))
+    run = TrainedRun(run_dir, model_name, config, summaries, payload["progress"]["step"], bool(payload["finished"]),
+                     train_seed)
     return model, tokenizer, run

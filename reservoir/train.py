@@ -432,6 +432,8 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
                 warm.step_done(1, 0.0)
             if budget.share(progress, time.perf_counter() - started) >= 1:
                 break
+            if budget.max_flops and cost.flops(progress.step + 1) > budget.max_flops:
+                break  # the next chunk would pass the FLOP budget (the solve is counted in already)
             if dev.max_across(info, float(stopping.requested() is not None)) > 0:
                 bar.close()
                 raise Stopped(stopping.requested() or "SIGTERM", name,

@@ -81,15 +81,16 @@ def test_folder_splits_train_and_valid_files_else_holds_out_a_tail(tmp_path):
     (folder / "TinyStories-train.txt").write_text(EOT.join(f"train story {i}" for i in range(10)))
     (folder / "TinyStories-valid.txt").write_text(EOT.join(f"valid story {i}" for i in range(3)))
     corpus = load_corpus(cfg(tmp_path, f"DATASET={folder}"))
-    assert len(corpus.train) == 10 and len(corpus.val) == 3 and corpus.source == "files"
+    assert len(list(corpus.train)) == 10 and len(list(corpus.val)) == 3 and corpus.source == "files"
     only = load_corpus(cfg(tmp_path, f"TRAIN_PATH={folder / 'TinyStories-train.txt'}", "VAL_FRACTION=0.2"))
-    assert only.train == [f"train story {i}" for i in range(8)] and only.val == ["train story 8", "train story 9"]
+    assert list(only.train) == [f"train story {i}" for i in range(8)]
+    assert list(only.val) == ["train story 8", "train story 9"]
 
 
 def test_caps_limit_training_text(tmp_path):
     corpus = load_corpus(cfg(tmp_path, "DATASET=synthetic", "SYNTHETIC_STORIES=200",
                              "MAX_TRAIN_STORIES=50", "MAX_TRAIN_CHARS=2000"))
-    assert len(corpus.train) <= 50 and sum(map(len, corpus.train)) == 2000
+    assert len(list(corpus.train)) <= 50 and sum(map(len, corpus.train)) == 2000
 
 
 def test_hub_unreachable_names_the_alternatives(tmp_path, monkeypatch):
@@ -139,7 +140,7 @@ def test_token_cache_is_reused_and_rebuilt_when_corrupt(tmp_path, capsys, monkey
     again = cached_tokens(tok, stories, "h1", tmp_path, "train")
     assert calls == [] and np.array_equal(first, again)
     first = np.array(first)  # a copy: the memmap would show the corruption below
-    (npy,) = (tmp_path / "tokens").glob("*.npy")
+    (npy,) = (tmp_path / "tokens").glob("*.bin")
     raw = bytearray(npy.read_bytes())
     raw[-1] ^= 0xFF  # flip bits in the data: the checksum must catch it
     npy.write_bytes(bytes(raw))

@@ -363,12 +363,12 @@ def test_validation_text_the_tokenizer_never_saw_is_counted_and_warned(tmp_path)
 def test_reordered_tokens_and_an_edited_tokenizer_are_caught(tmp_path, capsys):
     import numpy as np
 
-    from reservoir.data import CharTokenizer, Corpus, cached_tokens, load_or_train_tokenizer
+    from reservoir.data import CharTokenizer, Corpus, Stories, cached_tokens, load_or_train_tokenizer
 
     tok = CharTokenizer.train(["abcdef"])
     stories = ["abc", "fed"] * 50
     first = np.array(cached_tokens(tok, stories, "h1", tmp_path, "train"))
-    (npy,) = (tmp_path / "tokens").glob("*.npy")
+    (npy,) = (tmp_path / "tokens").glob("*.bin")
     raw = bytearray(npy.read_bytes())
     raw[-2:], raw[-4:-2] = raw[-4:-2], raw[-2:]  # swap the last two tokens: the same sum, another order
     assert raw != npy.read_bytes()
@@ -376,7 +376,7 @@ def test_reordered_tokens_and_an_edited_tokenizer_are_caught(tmp_path, capsys):
     assert np.array_equal(cached_tokens(tok, stories, "h1", tmp_path, "train"), first)
     assert "does not match its metadata" in capsys.readouterr().err
 
-    corpus = Corpus(["abc def"], ["abc"], "test", "test corpus")
+    corpus = Corpus(Stories.of(["abc def"]), Stories.of(["abc"]), "test", "test corpus")
     trained = load_or_train_tokenizer("char", 0, corpus, tmp_path, "h2")
     (path,) = (tmp_path / "tokenizers").glob("*.json")
     path.write_text(path.read_text().replace("abc", "abx"))  # still parses, but it is not the trained one

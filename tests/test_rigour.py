@@ -1,0 +1,262 @@
+"""Research rigour: several seeds, FLOP counts and FLOP budgets, the machine's load, epochs, evaluation
+points spread over the budget, the windows-mode score beside the stream score, and the plots."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from configs import ConfigError, parse_overrides
+from reservoir import flops
+from reservoir.evaluation import EvalPoints
+from reservoir.models import build_model
+from reservoir.results import format_table, read_metrics
+from tests.test_runner import ROOT, TINY, run_cli
+
+PLOT = str(ROOT / "plot_results.py")
+
+
+def records_of(run_dir) -> dict:
+    return {(r["model"], r["seed"]): r for r in json.loads((run_dir / "summary.json").read_text())}
+
+
+# --------------------------------------------------------------------- seeds
+
+
+def test_seeds_train_every_model_once_per_seed_and_report_mean_and_sd(tmp_path):
+    proc = run_cli(tmp_path, "MODELS=['esn','lstm']", "MAX_STEPS=8", "SEEDS=3,4,5", "RUN_NAME=s", "PLOTS=False")
+    run_dir = tmp_path / "results" / "s"
+    records = records_of(run_dir)
+    assert set(records) == {(m, s) for m in ("esn", "lstm") for s in (3, 4, 5)}
+    esn = [records[("esn", s)]["val_bpc"] for s in (3, 4, 5)]
+    assert len(set(esn)) == 3  # the seed changes the reservoir draw
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "esn-seed4.pt", "esn-seed5.pt", "esn.pt", "lstm-seed4.pt", "lstm-seed5.pt", "lstm.pt"]
+    assert {(r["model"], r["seed"]) for r in read_metrics(run_dir)} == set(records)
+    line = next(row for row in proc.stdout.splitlines() if row.startswith("esn "))
+    mean, sd = np.mean(esn), np.std(esn, ddof=1)
+    assert f"{mean:.3f} ± {sd:.3f}" in line and line.split()[1] == "3"  # the seeds column
+    assert "val bits/char ± sd" in proc.stdout
+    samples = (run_dir / "samples.txt").read_text()
+    assert "=== esn (seed 4)" in samples and "=== lstm (seed 5)" in samples
+
+    # sample.py reads any seed's model; its default sampling seed is the training seed, as the run sampled
+    for seed in (3, 5):
+        out = subprocess.run([sys.executable, str(ROOT / "sample.py"), str(run_dir), "MODEL=esn", f"TRAIN_SEED={seed}",
+                              "STOP_AT_END=True", "PROMPT=Once upon a time"], capture_output=True, text=True,
+                             cwd=ROOT, timeout=300)
+        assert out.returncode == 0, out.stderr
+        written = next(s["text"] for s in records[("esn", seed)]["samples"] if s["prompt"] == "Once upon a time")
+        assert out.stdout.strip() == written.strip() and f"training seed {seed})" in out.stderr
+    bad = subprocess.run([sys.executable, str(ROOT / "sample.py"), str(run_dir), "TRAIN_SEED=9"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=300)
+    assert bad.returncode != 0 and "TRAIN_SEED=9 is not a seed of this run (its seeds: 3, 4, 5)" in bad.stderr
+
+
+def test_bad_seeds_are_refused():
+    for value, message in (("a,b", "non-negative integers"), ("1,1", "each once"), ("[]", "at least one seed")):
+        with pytest.raises(ConfigError, match=message):
+            parse_overrides([f"SEEDS={value}"])
+    assert parse_overrides(["SEEDS=7,8"])["SEEDS"] == [7, 8]
+
+
+def test_a_killed_multi_seed_run_resumes_to_the_same_results(tmp_path):
+    args = ["MODELS=['ngram','lstm']", "MAX_STEPS=60", "SEEDS=1,2", "CHECKPOINT_EVERY=10", "LOG_EVERY=5",
+            "SAMPLE_TOKENS=5", "PLOTS=False"]
+    run_cli(tmp_path, *args, "RUN_NAME=whole")
+    cmd = [sys.executable, str(ROOT / "TinyStories.py"), *TINY, *args, f"RESULTS_DIR={tmp_path / 'results'}",
+           f"CACHE_DIR={tmp_path / 'cache'}", "RUN_NAME=killed"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed = tmp_path / "results" / "killed"
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill inside the second seed's lstm, after its first checkpoint
+        if (killed / "checkpoints" / "lstm-seed2.pt").exists():
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert ("lstm", 2) not in records_of(killed) and ("lstm", 1) in records_of(killed)
+    resumed = run_cli(tmp_path, *args, "RESUME=killed")  # the same settings again are accepted
+    assert "lstm (seed 1): finished" in resumed.stdout and "resuming at step" in resumed.stdout
+    whole, again = records_of(tmp_path / "results" / "whole"), records_of(killed)
+    assert set(again) == set(whole) == {(m, s) for m in ("ngram", "lstm") for s in (1, 2)}
+    for key in whole:
+        assert again[key]["val_loss"] == pytest.approx(whole[key]["val_loss"], rel=1e-5, abs=1e-6), key
+    curve = [(r["model"], r["seed"], r["step"], round(r["val_loss"], 5)) for r in read_metrics(tmp_path / "results"
+                                                                                                / "whole")]
+    assert [(r["model"], r["seed"], r["step"], round(r["val_loss"], 5)) for r in read_metrics(killed)] == curve
+
+
+# --------------------------------------------------------------------- FLOPs
+
+
+def test_flop_count_of_an_lstm_step_is_six_times_its_products():
+    config = parse_overrides(["LSTM.hidden=32", "LSTM.embed_dim=16"])
+    model = build_model("lstm", 50, config)
+    cost = flops.sgd_step(model, 50, batch_size=4, seq_len=10, steps_per_batch=3)
+    products = 4 * 32 * (16 + 32) + 32 * 50  # the four gates and the head, per token
+    assert cost.per_step == pytest.approx(6 * products * 4 * 10 * 3, rel=0.02)  # forward 2x, backward 4x
+    assert cost.fixed == 0 and cost.flops(5) == 5 * cost.per_step
+
+
+def test_ridge_fit_cost_is_linear_in_its_chunks():
+    config = parse_overrides(["ESN.units=48"])
+    model = build_model("esn", 30, config)
+    gen = torch.Generator().manual_seed(0)
+    chunk = (torch.randint(0, 30, (4, 16), generator=gen), torch.randint(0, 30, (4, 16), generator=gen))
+    calibration = [(torch.randint(0, 30, (4, 16), generator=gen), torch.randint(0, 30, (4, 16), generator=gen))]
+    cost = flops.ridge_fit(model, chunk, calibration, washout=0)
+    assert cost.per_step >= 2 * 4 * 16 * 48 * 48  # at least the reservoir's W @ state, per token
+    with FlopCounterMode(display=False) as counter:
+        model.fit_ridge([chunk] * 5, calibration, washout=0, carry_state=True)
+    assert counter.get_total_flops() == pytest.approx(cost.flops(5), rel=1e-9)
+    assert cost.steps_within(cost.flops(3)) == 3 and cost.steps_within(None) is None
+
+
+def test_flop_budget_stops_every_kind_of_fit_at_the_same_compute(tmp_path):
+    budget = 2e9
+    run_cli(tmp_path, "MODELS=['ngram','esn','lstm','transformer']", "MAX_STEPS=None", f"FLOP_BUDGET={budget}",
+            "RUN_NAME=f", "PLOTS=False")
+    summary = {model: r for (model, _), r in records_of(tmp_path / "results" / "f").items()}
+    for model in ("esn", "lstm", "transformer"):
+        r = summary[model]
+        if model == "esn":  # a ridge pass stops before the chunk that would pass the budget
+            assert 0.5 * budget < r["train_flops"] <= budget
+        else:  # an SGD fit stops at the first step that reaches the budget
+            per_step = r["train_flops"] / r["train_steps"]
+            assert r["train_flops"] >= budget and r["train_flops"] - per_step < budget, model
+        assert r["flops_counted_as"].startswith("FlopCounterMode") and r["flops_per_token"] > 0
+    order = parse_overrides([])["NGRAM"]["order"]
+    assert summary["ngram"]["epochs"] == pytest.approx(1.0)  # 2e9 / order count updates: more than the data
+    run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=None", "FLOP_BUDGET=250000", "RUN_NAME=n", "PLOTS=False")
+    ngram = records_of(tmp_path / "results" / "n")[("ngram", 1337)]
+    assert ngram["train_tokens"] == 250000 // order and ngram["train_flops"] == ngram["train_tokens"] * order
+    assert ngram["flops_counted_as"].startswith("count updates")
+    proc = run_cli(tmp_path, "MODELS=['esn']", "MAX_STEPS=None", "FLOP_BUDGET=1000", "RUN_NAME=g", check=False)
+    assert proc.returncode != 0 and "does not cover one chunk" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------- load, epochs
+
+
+def test_an_oversubscribed_machine_is_recorded_and_flagged(tmp_path):
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * os.cpu_count() + 2)]
+    try:
+        proc = run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=None", "TIME_BUDGET_S=4", "RUN_NAME=busy",
+                       "PLOTS=False")
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    load = records_of(tmp_path / "results" / "busy")[("lstm", 1337)]["machine_load"]
+    assert load["oversubscribed"] and load["runnable_mean"] > load["cores"] + 0.5, load
+    assert 0 < load["cpu_share"] <= 1.05
+    assert "oversubscribed" in proc.stderr and "FLOP_BUDGET" in proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("lstm "))
+    assert row.rstrip().endswith("!") and "! the machine was oversubscribed" in proc.stdout
+
+
+def test_epochs_are_reported_and_repeated_passes_said(tmp_path):
+    proc = run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=None", "TOKEN_BUDGET=300000", "RUN_NAME=e",
+                   "PLOTS=False")
+    records = records_of(tmp_path / "results" / "e")
+    lstm, ngram = records[("lstm", 1337)], records[("ngram", 1337)]
+    train_tokens = ngram["train_tokens"]  # the n-gram counts the whole split once
+    assert ngram["epochs"] == pytest.approx(1.0)
+    assert lstm["epochs"] == pytest.approx(lstm["train_tokens"] / train_tokens, rel=1e-3) and lstm["epochs"] > 2
+    assert "lstm: passed over its training data" in proc.stdout
+
+
+# --------------------------------------------------------------------- evaluation points, both modes
+
+
+def test_evaluations_are_spread_log_spaced_over_the_budget(tmp_path):
+    points = EvalPoints(parse_overrides(["EVAL_POINTS=6"]))
+    assert points.shares == pytest.approx(list(np.geomspace(0.01, 1, 6)[:-1]))
+    due = [step for step in range(1, 101) if points.due(step, step / 100)]
+    assert due == [1, 3, 7, 16, 40]  # the first step past each point; the end is the final evaluation
+    resumed = EvalPoints(parse_overrides(["EVAL_POINTS=6"]), share_now=0.1)
+    assert [step for step in range(11, 101) if resumed.due(step, step / 100)] == [16, 40]
+    assert [s for s in range(1, 101) if EvalPoints(parse_overrides(["EVAL_EVERY=30"])).due(s, s / 100)] == [30, 60, 90]
+    run_cli(tmp_path, "MODELS=['transformer']", "MAX_STEPS=100", "EVAL_POINTS=6", "RUN_NAME=p", "PLOTS=False")
+    steps = [r["step"] for r in read_metrics(tmp_path / "results" / "p")]
+    assert steps == [1, 3, 7, 16, 40, 100]
+    assert all(r.get("flops", 0) > 0 for r in read_metrics(tmp_path / "results" / "p"))
+
+
+def test_stream_runs_also_report_the_windows_score(tmp_path):
+    run_cli(tmp_path, "MODELS=['ngram','esn']", "MAX_STEPS=10", "RUN_NAME=stream", "PLOTS=False")
+    run_cli(tmp_path, "MODELS=['ngram','esn']", "MAX_STEPS=10", "RUN_NAME=windows", "EVAL_MODE=windows",
+            "PLOTS=False")
+    stream, windows = records_of(tmp_path / "results" / "stream"), records_of(tmp_path / "results" / "windows")
+    for key in stream:
+        assert stream[key]["windows_val_bpc"] == pytest.approx(windows[key]["val_bpc"], rel=1e-6)
+        assert stream[key]["windows_val_bpc_ci95"] > 0 and "windows_val_bpc" not in windows[key]
+    assert stream[("esn", 1337)]["val_bpc"] < stream[("esn", 1337)]["windows_val_bpc"]  # its state helps it
+
+
+# --------------------------------------------------------------------- tables and plots
+
+
+def _record(model, seed, bpc, **extra):
+    return {"model": model, "seed": seed, "val_bpc": bpc, "val_ppl": 2 ** bpc, "params_total": 10,
+            "params_trainable": 5, "train_seconds": 1.0, "train_tokens": 100, "tokens_per_second": 100.0,
+            "train_flops": 1e9, "epochs": 0.5, **extra}
+
+
+def test_table_shows_the_interval_of_one_seed_and_the_sd_of_several():
+    one = format_table([_record("esn", 1, 2.0, val_bpc_ci95=0.05)])
+    assert "2.000 ± 0.050" in one and "seeds" not in one.splitlines()[0]
+    several = format_table([_record("esn", s, b) for s, b in ((1, 2.0), (2, 2.2), (3, 2.4))]
+                           + [_record("lstm", 1, 1.5, val_bpc_ci95=0.01)])
+    assert "2.200 ± 0.200" in several and "1.500 ± 0.010" in several
+    rows = several.splitlines()
+    assert rows[2].startswith("lstm") and rows[3].startswith("esn")  # best first
+    assert "1.00e+09" in several and "0.50" in several  # FLOPs and epochs columns
+
+
+def test_plot_help_lists_every_plot_and_each_model_keeps_its_colour(tmp_path):
+    import plot_results
+
+    help_text = subprocess.run([sys.executable, PLOT, "--help"], capture_output=True, text=True).stdout
+    assert all(name in help_text for name in plot_results.PLOTS) and "--out" in help_text
+    assert plot_results.model_colour("esn") == plot_results.model_colour("esn")
+    colours = {plot_results.model_colour(m) for m in ("ngram", "esn", "deep_esn", "linear_reservoir", "nvar",
+                                                       "transformer", "lstm")}
+    assert len(colours) == 7
+    rows = [{"model": "esn", "seed": s, "step": k, "tokens": 100 * (k + 1), "val_bpc": 3.0 - k + 0.1 * s}
+            for s in (1, 2) for k in range(3)]
+    xs, mean, low, high = plot_results.learning_curve(rows, "tokens")
+    assert xs == [100, 200, 300] and mean == pytest.approx([3.15, 2.15, 1.15])
+    assert low == pytest.approx([3.1, 2.1, 1.1]) and high == pytest.approx([3.2, 2.2, 1.2])
+
+
+def test_comparison_plots_give_each_data_source_its_panel_and_label_runs_by_name(tmp_path):
+    import plot_results
+
+    run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "RUN_NAME=small", "PLOTS=False")
+    run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "RUN_NAME=large", "SYNTHETIC_STORIES=400",
+            "SEEDS=1,2", "PLOTS=False")
+    runs = [plot_results.load_run(tmp_path / "results" / name) for name in ("small", "large")]
+    groups = plot_results.by_data(runs)
+    assert len(groups) == 2 and [run_label for run_label in map(plot_results.run_label, runs)] == ["small", "large"]
+    out = tmp_path / "cmp"
+    proc = subprocess.run([sys.executable, PLOT, *(str(tmp_path / "results" / n) for n in ("small", "large")),
+                           "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name for p in out.iterdir()} == set(plot_results.PLOTS)
+    import matplotlib.image
+
+    wide = matplotlib.image.imread(out / "final_bpc.png").shape[1]
+    run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "RUN_NAME=same", "PLOTS=False")
+    plot_results.plot_runs([tmp_path / "results" / "small", tmp_path / "results" / "same"], tmp_path / "one")
+    assert matplotlib.image.imread(tmp_path / "one" / "final_bpc.png").shape[1] < wide  # one panel, not two
+    assert not math.isnan(runs[1]["summary"][0]["val_bpc"])
