@@ -355,8 +355,11 @@ class CharTokenizer:
     def __init__(self, chars: str):
         self.chars = "".join(sorted(set(chars) - {_EOT_MARK}))
         self.eot_id, self.unk_id = 0, 1
-        self._codepoints = np.frombuffer(self.chars.encode("utf-32-le"), dtype=np.uint32)
-        self._ids = np.arange(len(self.specials), len(self.specials) + len(self.chars), dtype=np.int64)
+        codepoints = np.frombuffer(self.chars.encode("utf-32-le"), dtype=np.uint32)
+        # a dense table indexed by code point: one gather per character (the last entry catches any above)
+        self._table = np.full(max(ord(_EOT_MARK), int(codepoints.max(initial=0))) + 2, self.unk_id, dtype=np.int64)
+        self._table[codepoints] = np.arange(len(self.specials), len(self.specials) + len(self.chars))
+        self._table[ord(_EOT_MARK)] = self.eot_id
 
     @classmethod
     def train(cls, stories, vocab_size: int | None = None) -> CharTokenizer:
@@ -379,11 +382,7 @@ class CharTokenizer:
 
     def _encode_joined(self, text: str) -> np.ndarray:
         codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        pos = np.searchsorted(self._codepoints, codepoints).clip(0, max(len(self._codepoints) - 1, 0))
-        known = self._codepoints[pos] == codepoints if len(self._codepoints) else np.zeros(len(codepoints), bool)
-        ids = np.where(known, self._ids[pos] if len(self._ids) else 0, self.unk_id)
-        ids[codepoints == ord(_EOT_MARK)] = self.eot_id
-        return ids
+        return self._table[np.minimum(codepoints, len(self._table) - 1)]
 
     def encode(self, text: str) -> np.ndarray:
         return self._encode_joined(text.replace(EOT, _EOT_MARK))
