@@ -6,10 +6,12 @@
 
 A background thread reads the kernel's count of runnable threads (``/proc/loadavg``, fourth field,
 this process's own busy threads included) every ``interval`` seconds; elsewhere it falls back to
-the 1-minute load average. The machine counts as *oversubscribed* when more threads wanted to
-run, on average, than it has cores (with half a core of slack): the model then got less than the
-machine, and its tokens/s and time-budgeted score understate it. ``cpu_share`` is the CPU time
-this process got over the wall time times the cores it may use.
+the 1-minute load average. ``cpu_share`` is the CPU time this process got over the wall time
+times the cores it may use. The machine counts as *oversubscribed* when more threads wanted to
+run, on average, than it has cores (with half a core of slack) *and* this process got less than
+``FULL_SHARE`` of them: the model then got less than the machine, and its tokens/s and
+time-budgeted score understate it. (Threads of ``nice``d work are counted as runnable but take
+little from a process at normal priority; the CPU share keeps them from raising the flag.)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 SLACK = 0.5  # runnable threads above the cores (on average) before a run counts as oversubscribed
+FULL_SHARE = 0.9  # ... and only if this process got less than this share of the cores
 LOADAVG = Path("/proc/loadavg")
 
 
@@ -65,10 +68,10 @@ class MachineLoad:
     def report(self) -> dict:
         cores = usable_cores()
         mean = sum(self.samples) / len(self.samples)
+        share = self.cpu / max(self.wall * cores, 1e-9)
         return {"runnable_mean": round(mean, 2), "runnable_max": round(max(self.samples), 2),
-                "load_avg_1min": round(os.getloadavg()[0], 2), "cores": cores,
-                "cpu_share": round(self.cpu / max(self.wall * cores, 1e-9), 3),
-                "oversubscribed": mean > cores + SLACK}
+                "load_avg_1min": round(os.getloadavg()[0], 2), "cores": cores, "cpu_share": round(share, 3),
+                "oversubscribed": mean > cores + SLACK and share < FULL_SHARE}
 
 
 def _process_cpu_seconds() -> float:
