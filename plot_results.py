@@ -92,6 +92,13 @@ def _save(fig, ax, out: Path, handles: list, notes: list[str]) -> Path:
     return out
 
 
+def _log_axes(ax, xlabel: str, ylabel: str) -> None:
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def _legend(runs: list[dict], models: list[str]) -> list:
     handles = [Line2D([], [], color=model_colour(m), lw=2, label=m) for m in models]
     if len(runs) > 1:
@@ -139,10 +146,7 @@ def _curves(runs, x_key, xlabel, title, out: Path) -> Path | None:
                 ax.plot(xs, mean, style, marker="o", markersize=3, color=colour)
                 if any(h > lo for h, lo in zip(high, low, strict=True)):
                     ax.fill_between(xs, low, high, color=colour, alpha=0.2, lw=0)
-        ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("validation bits / character (lower is better)")
-        ax.grid(True, which="both", alpha=0.3)
+        _log_axes(ax, xlabel, "validation bits / character (lower is better)")
     if not drawn:
         plt.close(fig)
         return None
@@ -212,10 +216,7 @@ def _scatter(runs, x_key, xlabel, title, out: Path) -> Path | None:
                 ax.errorbar([x], [r["val_bpc"]], yerr=[_spread(r)], fmt=marker, color=colour, markersize=7,
                             capsize=3)
                 drawn = True
-        ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("final validation bits / character (lower is better)")
-        ax.grid(True, which="both", alpha=0.3)
+        _log_axes(ax, xlabel, "final validation bits / character (lower is better)")
     if not drawn:
         plt.close(fig)
         return None

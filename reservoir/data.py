@@ -50,14 +50,13 @@ class Stories:
     tail, a cap), and ``max_chars`` cuts the text after that many characters (the last story short).
     """
 
-    def __init__(self, open_stories, description: str = "", first: int = 0, count: int | None = None,
-                 max_chars: int | None = None):
-        self._open, self.description = open_stories, description
+    def __init__(self, open_stories, first: int = 0, count: int | None = None, max_chars: int | None = None):
+        self._open = open_stories
         self.first, self.count, self.max_chars = first, count, max_chars
 
     @classmethod
-    def of(cls, stories: list[str], description: str = "") -> Stories:
-        return cls(lambda: iter(stories), description)
+    def of(cls, stories: list[str]) -> Stories:
+        return cls(lambda: iter(stories))
 
     def select(self, first: int = 0, count: int | None = None, max_chars: int | None = None) -> Stories:
         """A sub-range of these stories (relative to this range), optionally capped in characters."""
@@ -65,7 +64,7 @@ class Stories:
         if count is not None:
             remaining = count if remaining is None else min(remaining, count)
         caps = [c for c in (self.max_chars, max_chars) if c]
-        return Stories(self._open, self.description, self.first + first, remaining, min(caps) if caps else None)
+        return Stories(self._open, self.first + first, remaining, min(caps) if caps else None)
 
     def __iter__(self):
         chars = 0
@@ -84,7 +83,7 @@ class Stories:
 
 
 def _read_text(path: Path):
-    """(text piece, byte offset of its start) of a UTF-8 file, ``READ_BYTES`` at a time."""
+    """The decoded text of a UTF-8 file, ``READ_BYTES`` at a time; '' once at the end."""
     import codecs
 
     decoder = codecs.getincrementaldecoder("utf-8")()
@@ -98,7 +97,7 @@ def _read_text(path: Path):
                 except UnicodeDecodeError as e:
                     raise DataError(f"{path} is not UTF-8 text (byte {offset + e.start}); convert it, e.g. with "
                                     "iconv") from None
-                yield text, offset
+                yield text
                 offset += len(raw)
                 if not raw:
                     return
@@ -121,7 +120,7 @@ def iter_stories(path: str | Path):
     found = 0
     if path.suffix == ".jsonl":
         buffer, line_number = "", 0
-        for text, _ in _read_text(path):
+        for text in _read_text(path):
             buffer += text
             lines = buffer.split("\n")
             buffer = lines.pop() if text else ""  # a line cut by the read: completed by the next piece
@@ -141,7 +140,7 @@ def iter_stories(path: str | Path):
     else:
         separator = EOT if _is_raw_tinystories(path) else "\n\n"
         buffer = ""
-        for text, _ in _read_text(path):
+        for text in _read_text(path):
             buffer += text
             parts = buffer.split(separator)
             buffer = parts.pop() if text else ""  # a story cut by the read: completed by the next piece
@@ -177,7 +176,7 @@ def _split_train_val(files: list[Path]) -> tuple[list[Path], list[Path]]:
 
 
 def _file_stories(files: list[Path]) -> Stories:
-    return Stories(lambda: (story for f in files for story in iter_stories(f)), ", ".join(map(str, files)))
+    return Stories(lambda: (story for f in files for story in iter_stories(f)))
 
 
 def _held_out_tail(stories: Stories, fraction: float, where: str) -> tuple[Stories, Stories]:

@@ -393,10 +393,6 @@ class Run:
         atomic_write_text(self.path / "samples.txt", "\n".join(blocks) + "\n")
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
 def seed_groups(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """Records grouped by model, in the order models first appear (one record per seed)."""
     groups: dict[str, list[dict]] = {}
@@ -416,12 +412,12 @@ def aggregate(group: list[dict]) -> dict:
            "compile_over_budget": any(r.get("compile_over_budget") for r in group)}
     for key in ("train_seconds", "train_tokens", "train_flops", "epochs", "compile_seconds"):
         values = [r[key] for r in group if r.get(key) is not None]
-        out[key] = _mean(values) if values else None
+        out[key] = statistics.fmean(values) if values else None
     for key in ("val_bpc", "val_ppl", "tokens_per_second"):
         values = [r[key] for r in scored]
-        out[key] = _mean(values) if values else None
+        out[key] = statistics.fmean(values) if values else None
     loads = [r["machine_load"] for r in group if r.get("machine_load")]
-    out["runnable_mean"] = _mean([x["runnable_mean"] for x in loads]) if loads else None
+    out["runnable_mean"] = statistics.fmean([x["runnable_mean"] for x in loads]) if loads else None
     out["cores"] = loads[0]["cores"] if loads else None
     if len(scored) > 1:
         out["val_bpc_sd"] = statistics.stdev(r["val_bpc"] for r in scored)

@@ -4,7 +4,6 @@ points spread over the budget, the windows-mode score beside the stream score, a
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from reservoir import flops
 from reservoir.evaluation import EvalPoints
 from reservoir.models import build_model
 from reservoir.results import format_table, read_metrics
-from tests.test_runner import ROOT, TINY, run_cli
+from tests.test_runner import ROOT, run_cli, run_then_sigkill
 
 PLOT = str(ROOT / "plot_results.py")
 
@@ -72,17 +71,8 @@ def test_a_killed_multi_seed_run_resumes_to_the_same_results(tmp_path):
     args = ["MODELS=['ngram','lstm']", "MAX_STEPS=60", "SEEDS=1,2", "CHECKPOINT_EVERY=10", "LOG_EVERY=5",
             "SAMPLE_TOKENS=5", "PLOTS=False"]
     run_cli(tmp_path, *args, "RUN_NAME=whole")
-    cmd = [sys.executable, str(ROOT / "TinyStories.py"), *TINY, *args, f"RESULTS_DIR={tmp_path / 'results'}",
-           f"CACHE_DIR={tmp_path / 'cache'}", "RUN_NAME=killed"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    killed = tmp_path / "results" / "killed"
-    deadline = time.time() + 300
-    while time.time() < deadline:  # kill inside the second seed's lstm, after its first checkpoint
-        if (killed / "checkpoints" / "lstm-seed2.pt").exists():
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    killed = run_then_sigkill(tmp_path, args, "killed",  # inside the second seed's lstm, after its first checkpoint
+                              lambda run_dir: (run_dir / "checkpoints" / "lstm-seed2.pt").exists())
     assert ("lstm", 2) not in records_of(killed) and ("lstm", 1) in records_of(killed)
     resumed = run_cli(tmp_path, *args, "RESUME=killed")  # the same settings again are accepted
     assert "lstm (seed 1): finished" in resumed.stdout and "resuming at step" in resumed.stdout

@@ -34,6 +34,20 @@ def run_cli(tmp_path, *args, env=None, check=True, replace_env=False):
     return proc
 
 
+def run_then_sigkill(tmp_path, args, run_name, ready) -> Path:
+    """Start a run named ``run_name`` and SIGKILL it as soon as ``ready(run_dir)`` holds; its folder."""
+    cmd = [sys.executable, str(ROOT / "TinyStories.py"), *TINY, *args, f"RESULTS_DIR={tmp_path / 'results'}",
+           f"CACHE_DIR={tmp_path / 'cache'}", f"RUN_NAME={run_name}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / "results" / run_name
+    deadline = time.time() + 300
+    while time.time() < deadline and not ready(run_dir):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return run_dir
+
+
 def summary_of(run_dir):
     return {r["model"]: r for r in json.loads((run_dir / "summary.json").read_text())}
 
@@ -85,18 +99,12 @@ def test_killed_run_resumes_to_the_same_metrics_as_an_uninterrupted_one(tmp_path
     args = ["MODELS=['ngram','transformer','lstm']", "MAX_STEPS=150", "EVAL_EVERY=25", "CHECKPOINT_EVERY=10",
             "LOG_EVERY=5", "SAMPLE_TOKENS=5"]
     run_cli(tmp_path, *args, "RUN_NAME=whole")
-    cmd = [sys.executable, str(ROOT / "TinyStories.py"), *TINY, *args, f"RESULTS_DIR={tmp_path / 'results'}",
-           f"CACHE_DIR={tmp_path / 'cache'}", "RUN_NAME=killed"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    killed_dir = tmp_path / "results" / "killed"
-    deadline = time.time() + 300
-    while time.time() < deadline:  # kill once the transformer has evaluated at step 50, mid-training
-        rows = read_metrics(killed_dir) if (killed_dir / "metrics.jsonl").exists() else []
-        if any(r["model"] == "transformer" and r["step"] >= 50 for r in rows):
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+
+    def transformer_past_step_50(run_dir):  # kill once the transformer has evaluated at step 50, mid-training
+        rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+        return any(r["model"] == "transformer" and r["step"] >= 50 for r in rows)
+
+    killed_dir = run_then_sigkill(tmp_path, args, "killed", transformer_past_step_50)
     summary = summary_of(killed_dir)
     assert "ngram" in summary and "transformer" not in summary, "the kill must land inside transformer training"
     ckpt = torch.load(killed_dir / "checkpoints" / "transformer.pt", weights_only=True)
