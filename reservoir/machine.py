@@ -71,7 +71,12 @@ class MachineLoad:
         share = self.cpu / max(self.wall * cores, 1e-9)
         return {"runnable_mean": round(mean, 2), "runnable_max": round(max(self.samples), 2),
                 "load_avg_1min": round(os.getloadavg()[0], 2), "cores": cores, "cpu_share": round(share, 3),
-                "oversubscribed": mean > cores + SLACK and share < FULL_SHARE}
+                "oversubscribed": is_oversubscribed(mean, cores, share)}
+
+
+def is_oversubscribed(runnable_mean: float, cores: int, cpu_share: float) -> bool:
+    """More threads wanted the cores than there were, and this process got less than its full share."""
+    return runnable_mean > cores + SLACK and cpu_share < FULL_SHARE
 
 
 def _process_cpu_seconds() -> float:

@@ -154,6 +154,18 @@ def test_an_oversubscribed_machine_is_recorded_and_flagged(tmp_path):
     assert row.rstrip().endswith("!") and "! the machine was oversubscribed" in proc.stdout
 
 
+@pytest.mark.parametrize("runnable, share, flagged", [
+    (7.8, 0.97, False),  # niced work: runnable, but it took little from the run
+    (7.8, 0.55, True),  # busy peers at the same priority took half the cores
+    (2.2, 0.50, False),  # the run itself used one core of two: nobody else wanted them
+    (2.6, 0.89, True),  # just over both thresholds
+])
+def test_oversubscribed_needs_waiting_threads_and_a_lost_share(runnable, share, flagged):
+    from reservoir.machine import is_oversubscribed
+
+    assert is_oversubscribed(runnable, 2, share) is flagged
+
+
 def test_niced_background_work_does_not_raise_the_flag():
     from reservoir.machine import MachineLoad
 
@@ -171,7 +183,9 @@ def test_niced_background_work_does_not_raise_the_flag():
             p.wait()
     report = load.report()
     assert report["runnable_mean"] > report["cores"] + 0.5, report  # the niced threads are runnable ...
-    assert not report["oversubscribed"], report  # ... but took little from us
+    if report["cpu_share"] < 0.9:  # seen on CI: a runner already niced, or a scheduler that ignores nice
+        pytest.skip(f"this machine's scheduler let niced work take from a normal process: {report}")
+    assert not report["oversubscribed"], report  # ... and took little from us, so no flag
 
 
 def test_epochs_are_reported_and_repeated_passes_said(tmp_path):
