@@ -39,6 +39,8 @@ SEARCH_SPACES = {
     "nvar": {"NVAR.delays": (INT, 1, 8), "NVAR.input_dim": (INT, 4, 16), "NVAR.ridge": (LOG, 1e-8, 10.0)},
     "linear_reservoir": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "LINEAR_RESERVOIR.r_min": (FLOAT, 0.0, 0.95),
                          "LINEAR_RESERVOIR.input_scaling": (LOG, 1e-2, 10.0), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
+    "deep_linear_reservoir": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "DEEP_LINEAR_RESERVOIR.dropout": (FLOAT, 0.0, 0.3),
+                              "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
     "transformer": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "TRANSFORMER.dropout": (FLOAT, 0.0, 0.3),
                     "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
     "lstm": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "LSTM.dropout": (FLOAT, 0.0, 0.3),
@@ -88,6 +90,18 @@ def suggest(trial, space: dict) -> dict:
             values[key] = trial.suggest_int(key, int(low), int(high))
         else:
             values[key] = trial.suggest_float(key, low, high, log=kind == LOG)
+    return values
+
+
+def current_settings(config: dict, space: dict) -> dict:
+    """The values ``config`` already has for the searched keys (those inside their range): a study's
+    first trial, so a sweep never reports a best worse than what it started from."""
+    values = {}
+    for key, (kind, low, high) in space.items():
+        block, dot, name = key.partition(".")
+        value = config[block][name] if dot else config[key]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high:
+            values[key] = int(value) if kind == INT else float(value)
     return values
 
 
@@ -175,6 +189,9 @@ def run_trials(study, model: str, trials: int, fixed: list[str], folder: Path, r
             return math.nan  # Optuna records a NaN objective as a failed trial
         return sum(r["val_bpc"] for r in records) / len(records)  # the mean over SEEDS
 
+    if not study.trials:  # a new study first measures the settings it would replace
+        study.enqueue_trial(current_settings(parse([*fixed, f"MODELS={[model]}"]), space),
+                            user_attrs={"starting_settings": True}, skip_if_exists=True)  # workers race
     finished = sum(t.state in done_states for t in study.trials)
     if finished >= trials:
         say(f"sweep {study.study_name}: already holds {finished} finished trials (TRIALS={trials}); nothing to run")
@@ -195,6 +212,7 @@ def write_outputs(study, model: str, folder: Path, fixed: list[str]) -> dict:
     summary = {
         "study": study.study_name, "model": model, "best_value_bpc": best.value, "best_trial": best.number,
         "best_params": best.params, "override": override_line(best.params), "fixed_settings": fixed,
+        "best_is_starting_settings": bool(best.user_attrs.get("starting_settings")),
         "run_dir": best.user_attrs.get("run_dir"), "host": best.user_attrs.get("host"),
         "trials": {state.name.lower(): sum(t.state == state for t in study.trials)
                    for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)},

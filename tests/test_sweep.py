@@ -52,6 +52,11 @@ def test_a_sweep_writes_best_json_plots_and_continues(tmp_path):
     trials = load(tmp_path, "esn-tiny").trials
     assert sorted(t.number for t in trials) == list(range(6))
     assert all(t.state.name == "COMPLETE" for t in trials)  # a finished model is never pruned on its final score
+    first = min(trials, key=lambda t: t.number)  # a new study first measures the settings it would replace
+    assert first.params == {"ESN.spectral_radius": 0.9, "ESN.leak_rate": 0.3, "ESN.input_scaling": 1.0,
+                            "ESN.ridge": 1.0} and first.user_attrs["starting_settings"]
+    assert best["best_value_bpc"] <= first.value
+    assert best["best_is_starting_settings"] == (best["best_trial"] == first.number)
     again = sweep(tmp_path, "MODEL=esn", "TRIALS=6", "SWEEP_NAME=esn-tiny")
     assert "nothing to run" in again.stdout and len(load(tmp_path, "esn-tiny").trials) == 6
 
