@@ -225,3 +225,20 @@ def test_gradient_checkpointing_gives_the_same_gradients(name):
     assert len(grads[0]) == len(grads[1]) > 0 and calls  # the checkpointed path really ran
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_upper_gram_is_the_gram_matrix_for_about_half_the_work():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from reservoir.models.ridge import upper_gram
+
+    x = torch.randn(300, 1079, dtype=torch.float64)
+    with FlopCounterMode(display=False) as blocked:
+        upper = upper_gram(x)
+    torch.testing.assert_close(torch.triu(upper), torch.triu(x.T @ x))
+    full = 2 * 300 * 1079 * 1079
+    assert blocked.get_total_flops() < 0.65 * full
+    acc = RidgeAccumulator(1079, 3, product_dtype=torch.float64)  # the solve mirrors it back
+    acc.add(x, torch.randint(0, 3, (300,)))
+    design = torch.cat([x, torch.ones(300, 1, dtype=torch.float64)], 1)
+    assert torch.allclose(torch.triu(acc.xtx), torch.triu(design.T @ design))

@@ -4,7 +4,8 @@
     for features, targets in chunks: acc.add(features, targets)
     weights = acc.solve(ridge)          # (n_features + 1, n_classes), last row = bias
 
-Only XᵀX and XᵀY are kept (float64, O(F²) memory whatever the data size), so
+Only XᵀX (its upper triangle, see ``upper_gram``) and XᵀY are kept (float64, O(F²) memory
+whatever the data size), so
 the fit never holds all states at once. Sums from several processes or devices
 are combined with ``reduce(all_reduce_sum)`` before solving.
 """
@@ -39,7 +40,7 @@ class RidgeAccumulator:
         x = torch.cat([x.to(work), torch.ones(x.shape[0], 1, dtype=work, device=x.device)], dim=1)
         y = targets.reshape(-1).to(x.device)
         xty = torch.zeros(self.n_classes, x.shape[1], dtype=work, device=x.device).index_add_(0, y, x)
-        both = torch.cat([x.T @ x, xty.T], dim=1).to("cpu", self.dtype)  # one transfer off the device
+        both = torch.cat([upper_gram(x), xty.T], dim=1).to("cpu", self.dtype)  # one transfer off the device
         self.xtx += both[:, : x.shape[1]]
         self.xty += both[:, x.shape[1]:]
         self.count += x.shape[0]
@@ -56,7 +57,8 @@ class RidgeAccumulator:
             raise ValueError("ridge readout: no training states were accumulated")
         if not (torch.isfinite(self.xtx).all() and torch.isfinite(self.xty).all()):
             raise FloatingPointError("the reservoir states are not finite")
-        gram = self.xtx + ridge * torch.eye(self.xtx.shape[0], dtype=self.dtype)
+        upper = torch.triu(self.xtx)  # the sums hold the upper triangle (and the diagonal blocks)
+        gram = upper + torch.triu(upper, 1).T + ridge * torch.eye(self.xtx.shape[0], dtype=self.dtype)
         factor, info = torch.linalg.cholesky_ex(gram)
         if int(info) == 0:
             weights = torch.cholesky_solve(self.xty, factor)
@@ -65,6 +67,20 @@ class RidgeAccumulator:
         if not torch.isfinite(weights).all():
             raise FloatingPointError("the ridge solution is not finite")
         return weights
+
+
+GRAM_BLOCK = 256  # features per block row of upper_gram
+
+
+def upper_gram(x: torch.Tensor, block: int = GRAM_BLOCK) -> torch.Tensor:
+    """XᵀX's upper triangle (whole diagonal blocks; below them zeros), one block row of features
+    at a time: XᵀX is symmetric, so this is ~half the multiply-adds of ``x.T @ x`` (62% at 1,079
+    features). The lower triangle is mirrored once, at the solve."""
+    xt = x.T.contiguous()  # (F, n): a block row of features is then a contiguous slice
+    rows = []
+    for start in range(0, xt.shape[0], block):
+        rows.append(torch.nn.functional.pad(xt[start:start + block] @ xt[start:].T, (start, 0)))
+    return torch.cat(rows)
 
 
 def floor_logits(scores: torch.Tensor, floor: float | torch.Tensor) -> torch.Tensor:
