@@ -83,6 +83,9 @@ SHARED_CONFIG = {
                  "readout_hidden": 256, "include_input": True},  # stacked reservoirs, readout over all layers
     "LINEAR_RESERVOIR": {"units": 256, "r_min": 0.8, "r_max": 0.999, "max_phase": 6.283, "input_scaling": 1.0,
                          "embed_dim": 64, "readout_hidden": 512},  # fixed diagonal complex recurrence + MLP readout
+    "DEEP_LINEAR_RESERVOIR": {"layers": 4, "units": 128, "width": 128, "mix_hidden": 256, "embed_dim": 64,
+                              "taps": 4, "tau_min": 2.0, "tau_max": 1000.0, "max_phase": 3.1416,
+                              "dropout": 0.1},  # frozen linear recurrences + trained mixing (deep SSM)
     "NVAR": {"delays": 4, "input_dim": 12, "readout": "ridge", "ridge": 1.0, "readout_hidden": 256,
              "include_input": True, "washout": 0},  # delayed inputs + quadratic monomials
     "TRANSFORMER": {"n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0},  # GPT-style baseline
@@ -120,7 +123,7 @@ _UNIT_INTERVAL = {"MIN_LR_FRACTION"}  # 0 to 1 inclusive
 _BLOCK_CHOICES = {"readout": ("ridge", "softmax", "mlp")}
 _BLOCK_UNIT_INTERVAL = {"leak_rate", "rc_connectivity", "input_connectivity", "inter_connectivity", "dropout",
                         "r_min", "r_max", "discount"}
-_BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling"}
+_BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling", "max_phase"}
 # Keys whose value may be None, with the type they take otherwise.
 _OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int,
              "MAX_STEPS": int, "TOKEN_BUDGET": int, "TIME_BUDGET_S": float, "RESUME": str, "SAMPLE_TOP_K": int,
@@ -259,6 +262,10 @@ def _check_model_blocks(config: dict) -> None:
     if ring["r_min"] > ring["r_max"] or ring["r_max"] >= 1:
         raise ConfigError(f"LINEAR_RESERVOIR needs r_min <= r_max < 1 (a stable recurrence), got "
                           f"r_min={ring['r_min']}, r_max={ring['r_max']}")
+    deep = config["DEEP_LINEAR_RESERVOIR"]
+    if deep["tau_min"] > deep["tau_max"]:
+        raise ConfigError(f"DEEP_LINEAR_RESERVOIR needs tau_min <= tau_max (time constants in characters), got "
+                          f"tau_min={deep['tau_min']}, tau_max={deep['tau_max']}")
 
 
 def validate(config: dict) -> dict:

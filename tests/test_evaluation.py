@@ -28,7 +28,9 @@ def data():
 def config(*args):
     return parse_overrides(["TIME_BUDGET_S=1", "SEQ_LEN=16", "BATCH_SIZE=4", "ESN.units=40", "DEEP_ESN.units=20",
                             "LSTM.hidden=24", "LSTM.embed_dim=8", "LINEAR_RESERVOIR.units=12",
-                            "LINEAR_RESERVOIR.readout_hidden=16", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=16",
+                            "LINEAR_RESERVOIR.readout_hidden=16", "DEEP_LINEAR_RESERVOIR.units=8",
+                            "DEEP_LINEAR_RESERVOIR.width=16", "DEEP_LINEAR_RESERVOIR.mix_hidden=16",
+                            "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=16",
                             "NVAR.input_dim=3", "ESN.readout=softmax", "DEEP_ESN.readout=softmax", *args])
     # (softmax readouts: an untrained ridge readout is all zeros, and its loss would not depend on the state)
 

@@ -12,7 +12,9 @@ from reservoir.synthetic import synthetic_stories
 
 SMALL = ["SEQ_LEN=32", "ESN.units=120", "DEEP_ESN.units=60", "LINEAR_RESERVOIR.units=32",
          "LINEAR_RESERVOIR.readout_hidden=64", "TRANSFORMER.n_layer=2", "TRANSFORMER.n_embd=32",
-         "LSTM.hidden=48", "NVAR.input_dim=4", "NGRAM.order=3"]
+         "LSTM.hidden=48", "NVAR.input_dim=4", "NGRAM.order=3",
+         "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=24", "DEEP_LINEAR_RESERVOIR.mix_hidden=32",
+         "DEEP_LINEAR_RESERVOIR.layers=2", "DEEP_LINEAR_RESERVOIR.embed_dim=8"]
 
 
 @pytest.fixture(scope="module")
@@ -161,10 +163,10 @@ def test_causality_future_tokens_never_change_earlier_logits(name, corpus_ids):
     assert not torch.allclose(a[0, 20:], b[0, 20:])
 
 
-@pytest.mark.parametrize("name", ["esn", "deep_esn", "linear_reservoir", "nvar"])
+@pytest.mark.parametrize("name", ["esn", "deep_esn", "linear_reservoir", "deep_linear_reservoir", "nvar"])
 def test_fixed_weights_are_buffers_and_bit_identical_after_training(name, corpus_ids):
     ids, vocab = corpus_ids
-    config = small_config(f"{name.upper()}.readout=softmax") if name != "linear_reservoir" else small_config()
+    config = small_config(f"{name.upper()}.readout=softmax") if "linear" not in name else small_config()
     model = build_model(name, vocab, config)
     fixed = {k: v.clone() for k, v in model.named_buffers()}
     assert fixed and not set(fixed) & {k for k, _ in model.named_parameters()}
@@ -205,14 +207,15 @@ def test_esn_readout_ridge_is_calibrated_to_a_real_cross_entropy(corpus_ids):
     assert 0 < after < np.log(vocab) and float(model.prob_floor) != 1e-3
 
 
-@pytest.mark.parametrize("name", ["transformer", "lstm", "linear_reservoir"])
+@pytest.mark.parametrize("name", ["transformer", "lstm", "linear_reservoir", "deep_linear_reservoir"])
 def test_gradient_checkpointing_gives_the_same_gradients(name):
     import copy
 
     from reservoir import device as dev
 
     config = parse_overrides(["TRANSFORMER.n_layer=2", "TRANSFORMER.n_embd=32", "SEQ_LEN=16", "LSTM.hidden=32",
-                              "LINEAR_RESERVOIR.units=16"])
+                              "LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.units=16",
+                              "DEEP_LINEAR_RESERVOIR.width=24", "DEEP_LINEAR_RESERVOIR.dropout=0.0"])
     plain = build_model(name, 30, config)
     checked = copy.deepcopy(plain)
     real, calls = dev.checkpoint_function(dev.select_device({"DEVICE": "cpu"})), []
@@ -225,6 +228,51 @@ def test_gradient_checkpointing_gives_the_same_gradients(name):
     assert len(grads[0]) == len(grads[1]) > 0 and calls  # the checkpointed path really ran
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_diagonal_scan_from_a_carried_state_equals_a_sequential_loop():
+    from reservoir.models.reservoirs import diagonal_scan, multi_timescale_eigenvalues
+
+    radius, phase = multi_timescale_eigenvalues(24, 2.0, 1000.0, 3.14, torch.Generator().manual_seed(0))
+    lam = torch.polar(radius, phase)
+    x = torch.randn(3, 45, 24, dtype=torch.complex64)
+    h = torch.randn(3, 24, dtype=torch.complex64)
+    h_re, h_im = diagonal_scan(x.real, x.imag, lam.real, lam.imag, (h.real, h.imag))
+    for t in range(45):
+        h = lam * h + x[:, t]
+        torch.testing.assert_close(torch.complex(h_re[:, t], h_im[:, t]), h, atol=1e-4, rtol=1e-4)
+
+
+def test_time_constants_are_log_uniform_between_their_bounds():
+    from reservoir.models.reservoirs import multi_timescale_eigenvalues
+
+    radius, phase = multi_timescale_eigenvalues(4000, 2.0, 1000.0, 1.0, torch.Generator().manual_seed(0))
+    tau = -1 / torch.log(radius)
+    assert 2.0 <= float(tau.min()) and float(tau.max()) <= 1000.0 * (1 + 1e-4)
+    # log-uniform: each decade between the bounds holds its share of the units
+    share = float(((tau > 10) & (tau <= 100)).float().mean())
+    assert share == pytest.approx(1 / np.log10(500), abs=0.03)
+    assert 0 <= float(phase.min()) and float(phase.max()) <= 1.0
+
+
+def test_deep_linear_reservoir_taps_see_exactly_the_last_tokens():
+    from reservoir.models import DeepLinearReservoir
+
+    cfg = {**small_config()["DEEP_LINEAR_RESERVOIR"], "layers": 0, "taps": 3}  # the taps alone
+    model = DeepLinearReservoir(30, cfg, seed=0, seq_len=32).eval()
+    ids = torch.randint(0, 30, (1, 20), generator=torch.Generator().manual_seed(0))
+    base = model(ids)[0, 10]
+    for back, seen in ((0, True), (2, True), (3, False)):
+        changed = ids.clone()
+        changed[0, 10 - back] = (changed[0, 10 - back] + 1) % 30
+        assert (not torch.allclose(model(changed)[0, 10], base)) is seen, back
+
+
+def test_deep_linear_reservoir_rejects_inverted_time_constants():
+    from configs import ConfigError
+
+    with pytest.raises(ConfigError, match="tau_min <= tau_max"):
+        parse_overrides(["DEEP_LINEAR_RESERVOIR.tau_min=50", "DEEP_LINEAR_RESERVOIR.tau_max=10"])
 
 
 def test_upper_gram_is_the_gram_matrix_for_about_half_the_work():
@@ -242,3 +290,16 @@ def test_upper_gram_is_the_gram_matrix_for_about_half_the_work():
     acc.add(x, torch.randint(0, 3, (300,)))
     design = torch.cat([x, torch.ones(300, 1, dtype=torch.float64)], 1)
     assert torch.allclose(torch.triu(acc.xtx), torch.triu(design.T @ design))
+
+
+def test_deep_linear_reservoir_carries_its_state_exactly_from_chunk_to_chunk():
+    model = build_model("deep_linear_reservoir", 30, small_config()).eval()
+    ids = torch.randint(0, 30, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole = model(ids)
+        state, parts = model.initial_state(2, "cpu"), []
+        for start in range(0, 40, 16):  # uneven chunks: 16, 16, 8
+            logits, state = model.forward_stream(ids[:, start:start + 16], state)
+            parts.append(logits)
+    torch.testing.assert_close(torch.cat(parts, dim=1), whole, atol=1e-5, rtol=1e-4)
+    assert model.stream_kind == "window" and model.context_size == 32  # evaluated and sampled like the transformer

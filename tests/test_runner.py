@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ["DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "BATCH_SIZE=8", "EVAL_TOKENS=2048",
         "TIME_BUDGET_S=None", "SAMPLE_TOKENS=30", "ESN.units=64", "DEEP_ESN.units=32", "NVAR.input_dim=4",
         "LINEAR_RESERVOIR.units=32", "LINEAR_RESERVOIR.readout_hidden=64", "LSTM.hidden=64",
-        "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32", "WARMUP_STEPS=5"]
+        "DEEP_LINEAR_RESERVOIR.layers=2", "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=32",
+        "DEEP_LINEAR_RESERVOIR.mix_hidden=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32", "WARMUP_STEPS=5"]
 
 
 def run_cli(tmp_path, *args, env=None, check=True, replace_env=False):
@@ -53,7 +54,8 @@ def summary_of(run_dir):
 
 
 def test_every_model_runs_and_writes_the_results_contract(tmp_path):
-    models = "MODELS=['ngram','esn','deep_esn','nvar','linear_reservoir','lstm','transformer']"
+    models = ("MODELS=['ngram','esn','deep_esn','nvar','linear_reservoir','deep_linear_reservoir','lstm',"
+              "'transformer']")
     run_cli(tmp_path, models, "MAX_STEPS=20", "EVAL_EVERY=10", "RUN_NAME=all")
     run_dir = tmp_path / "results" / "all"
     config = json.loads((run_dir / "config.json").read_text())
@@ -62,7 +64,8 @@ def test_every_model_runs_and_writes_the_results_contract(tmp_path):
     assert config["device"]["kind"] == "cpu" and config["device"]["world_size"] == 1
     assert config["device"]["global_batch"] == 8 and config["data"]["data_source"] == "synthetic"
     summary = summary_of(run_dir)
-    assert set(summary) == {"ngram", "esn", "deep_esn", "nvar", "linear_reservoir", "lstm", "transformer"}
+    assert set(summary) == {"ngram", "esn", "deep_esn", "nvar", "linear_reservoir", "deep_linear_reservoir", "lstm",
+                            "transformer"}
     vocab = summary["esn"]["vocab_size"]
     for name, record in summary.items():
         assert set(SUMMARY_FIELDS) <= set(record), name
@@ -71,13 +74,13 @@ def test_every_model_runs_and_writes_the_results_contract(tmp_path):
         assert record["val_ppl"] == pytest.approx(math.exp(record["val_loss"]))
         assert record["params_total"] >= record["params_trainable"] > 0 or name == "ngram"
         assert record["train_tokens"] > 0 and record["tokens_per_second"] > 0
-    for name in ("lstm", "transformer", "linear_reservoir"):  # gradient-trained: exactly the step budget
+    for name in ("lstm", "transformer", "linear_reservoir", "deep_linear_reservoir"):  # exactly the step budget
         assert summary[name]["train_steps"] == 20 and summary[name]["train_tokens"] == 20 * 8 * 32
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics if m["model"] == "transformer"] == [10, 20]
     assert all(m["train_loss"] > 0 for m in metrics if m["model"] == "lstm")
     samples = (run_dir / "samples.txt").read_text()
-    assert samples.count("--- prompt: 'Once upon a time'") == 7
+    assert samples.count("--- prompt: 'Once upon a time'") == 8
     for png in ("bpc_vs_tokens.png", "bpc_vs_seconds.png", "final_bpc.png", "throughput.png"):
         assert (run_dir / png).stat().st_size > 10_000
     assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {f"{m}.pt" for m in summary}

@@ -12,7 +12,7 @@ from reservoir.data import CharTokenizer
 from reservoir.sampling import SampleSettings, decode_story, load_trained, write_stories
 from tests.test_runner import ROOT, run_cli
 
-MODELS = ["ngram", "esn", "deep_esn", "nvar", "linear_reservoir", "lstm", "transformer"]
+MODELS = ["ngram", "esn", "deep_esn", "nvar", "linear_reservoir", "deep_linear_reservoir", "lstm", "transformer"]
 SEPARATOR = "\n" + "-" * 40 + "\n"
 
 

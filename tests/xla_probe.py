@@ -43,7 +43,10 @@ from reservoir.tracking import Trackers  # noqa: E402
 BASE = ["USE_TPU=True", "MAX_STEPS=1", "DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=2",
         "EVAL_TOKENS=128", "TIME_BUDGET_S=None", "CHECKPOINT_EVERY=0", "CHECKPOINT_EVERY_S=0", "WARMUP_STEPS=2"]
 TINY = ["ESN.units=32", "DEEP_ESN.units=16", "NVAR.input_dim=4", "LINEAR_RESERVOIR.units=16",
-        "LINEAR_RESERVOIR.readout_hidden=32", "LSTM.hidden=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32"]
+        "LINEAR_RESERVOIR.readout_hidden=32", "LSTM.hidden=32",
+        "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=24", "DEEP_LINEAR_RESERVOIR.mix_hidden=32",
+        "DEEP_LINEAR_RESERVOIR.layers=2", "DEEP_LINEAR_RESERVOIR.embed_dim=8",
+        "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32"]
 
 
 _CALLS = [0]  # across fits, so an injected dynamic shape keeps producing new lengths

@@ -39,6 +39,42 @@ def scale_to_spectral_radius(weights: torch.Tensor, spectral_radius: float) -> t
     return weights * (spectral_radius / radius)
 
 
+def diagonal_scan(x_re: torch.Tensor, x_im: torch.Tensor, lam_re: torch.Tensor, lam_im: torch.Tensor,
+                  state=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """h_t = λ ⊙ h_{t-1} + x_t over a window (B, T, units), complex numbers as real pairs, by a
+    parallel (Hillis-Steele) scan: log2(T) elementwise steps, no loop over time, so it maps onto
+    TPUs and differentiates with respect to x (λ is fixed). ``state`` = (Re h, Im h) before the
+    window (B, units), else zero."""
+    h_re, h_im = x_re, x_im
+    p_re, p_im = lam_re, lam_im  # λ^d for the current stride d
+    d, steps = 1, x_re.shape[1]
+    while d < steps:
+        add_re = p_re * h_re[:, :-d] - p_im * h_im[:, :-d]
+        add_im = p_re * h_im[:, :-d] + p_im * h_re[:, :-d]
+        h_re = torch.cat([h_re[:, :d], h_re[:, d:] + add_re], dim=1)
+        h_im = torch.cat([h_im[:, :d], h_im[:, d:] + add_im], dim=1)
+        p_re, p_im = p_re * p_re - p_im * p_im, 2 * p_re * p_im
+        d *= 2
+    if state is not None:  # + λ^(t+1) h_0: the carried state, decayed and rotated to each position
+        radius = torch.sqrt(lam_re**2 + lam_im**2)
+        phase = torch.atan2(lam_im, lam_re)
+        k = torch.arange(1, steps + 1, device=x_re.device, dtype=radius.dtype)[:, None]
+        q_re, q_im = radius**k * torch.cos(k * phase), radius**k * torch.sin(k * phase)  # (T, units)
+        s_re, s_im = state[0][:, None, :], state[1][:, None, :]
+        h_re = h_re + q_re * s_re - q_im * s_im
+        h_im = h_im + q_re * s_im + q_im * s_re
+    return h_re, h_im
+
+
+def multi_timescale_eigenvalues(units: int, tau_min: float, tau_max: float, max_phase: float,
+                                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(radius, phase) of ``units`` eigenvalues whose time constants τ = -1/ln|λ| are spread
+    log-uniformly over [tau_min, tau_max] steps (many memories at once, Manneschi et al. 2021),
+    with phases uniform in [0, max_phase]."""
+    log_tau = math.log(tau_min) + (math.log(tau_max) - math.log(tau_min)) * torch.rand(units, generator=generator)
+    return torch.exp(-1 / torch.exp(log_tau)), max_phase * torch.rand(units, generator=generator)
+
+
 class Reservoir(nn.Module):
     """Leaky-integrator tanh reservoir:
 
@@ -280,16 +316,7 @@ class LinearReservoir(LanguageModel):
 
     def scan(self, ids: torch.Tensor, state=None) -> tuple[torch.Tensor, torch.Tensor]:
         """h for every position; from ``state`` = (Re h, Im h) before the window, else from zero."""
-        h_re, h_im = self._scan_inputs(ids)
-        if state is not None:  # + λ^(t+1) h_0: the carried state, decayed and rotated to each position
-            radius = torch.sqrt(self.lam_re**2 + self.lam_im**2)
-            phase = torch.atan2(self.lam_im, self.lam_re)
-            k = torch.arange(1, ids.shape[1] + 1, device=ids.device, dtype=radius.dtype)[:, None]
-            p_re, p_im = radius**k * torch.cos(k * phase), radius**k * torch.sin(k * phase)  # (T, units)
-            s_re, s_im = state[0][:, None, :], state[1][:, None, :]
-            h_re = h_re + p_re * s_re - p_im * s_im
-            h_im = h_im + p_re * s_im + p_im * s_re
-        return h_re, h_im
+        return diagonal_scan(self.b_re[ids], self.b_im[ids], self.lam_re, self.lam_im, state)
 
     def initial_state(self, batch, device):
         zeros = torch.zeros(batch, self.lam_re.shape[0], device=device)
@@ -300,19 +327,6 @@ class LinearReservoir(LanguageModel):
             h_re, h_im = self.scan(ids, (state[0].float(), state[1].float()))
         logits = self.head(torch.cat([h_re, h_im, self.embed(ids)], dim=-1))
         return logits, (h_re[:, -1], h_im[:, -1])
-
-    def _scan_inputs(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h_re, h_im = self.b_re[ids], self.b_im[ids]  # (B, T, units)
-        p_re, p_im = self.lam_re, self.lam_im  # λ^d for the current stride d
-        d, steps = 1, ids.shape[1]
-        while d < steps:
-            add_re = p_re * h_re[:, :-d] - p_im * h_im[:, :-d]
-            add_im = p_re * h_im[:, :-d] + p_im * h_re[:, :-d]
-            h_re = torch.cat([h_re[:, :d], h_re[:, d:] + add_re], dim=1)
-            h_im = torch.cat([h_im[:, :d], h_im[:, d:] + add_im], dim=1)
-            p_re, p_im = p_re * p_re - p_im * p_im, 2 * p_re * p_im
-            d *= 2
-        return h_re, h_im
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
@@ -346,3 +360,101 @@ class NVAR(ReservoirLM):
         lagged = [emb] + [nn.functional.pad(emb, (0, 0, k, 0))[:, : emb.shape[1]] for k in range(1, self.delays)]
         linear = torch.cat(lagged, dim=-1)
         return torch.cat([linear, linear[..., self.pair_i] * linear[..., self.pair_j]], dim=-1), None
+
+
+class FrozenRecurrenceBlock(nn.Module):
+    """One layer of a frozen-recurrence deep SSM: x + mix(h), where h_t = λ ⊙ h_{t-1} + B LN(x_t).
+
+    Frozen: λ (multi-timescale radii, random phases). Trained: the input projection B and the
+    mixing MLP over (Re h, Im h). B's rows are scaled by sqrt(1 - |λ|²) so a unit's stationary
+    variance does not depend on its memory.
+    """
+
+    def __init__(self, width: int, units: int, hidden: int, dropout: float, tau_min: float, tau_max: float,
+                 max_phase: float, generator: torch.Generator):
+        super().__init__()
+        radius, phase = multi_timescale_eigenvalues(units, tau_min, tau_max, max_phase, generator)
+        self.register_buffer("lam_re", radius * torch.cos(phase))
+        self.register_buffer("lam_im", radius * torch.sin(phase))
+        self.register_buffer("in_norm", torch.sqrt(1 - radius**2).repeat(2))
+        self.norm = nn.LayerNorm(width)
+        self.project_in = nn.Linear(width, 2 * units, bias=False)
+        self.mix = nn.Sequential(nn.Linear(2 * units, hidden), nn.GELU(), nn.Linear(hidden, width),
+                                 nn.Dropout(dropout))  # one dropout per block: CPU draws its masks slowly
+
+    def forward(self, x: torch.Tensor, state=None):
+        drive = self.project_in(self.norm(x)) * self.in_norm
+        with torch.autocast(x.device.type, enabled=False):  # the recurrence sums ~1000 steps: fp32
+            drive_re, drive_im = drive.float().chunk(2, dim=-1)
+            h_re, h_im = diagonal_scan(drive_re, drive_im, self.lam_re, self.lam_im, state)
+        y = self.mix(torch.cat([h_re, h_im], dim=-1).to(x.dtype))
+        return x + y, (h_re[:, -1], h_im[:, -1])
+
+
+class DeepLinearReservoir(LanguageModel):
+    """A stack of frozen diagonal linear recurrences with trained nonlinear mixing between them
+    (a frozen-recurrence deep state-space model: LRU, Orvieto et al. 2023, with its eigenvalues
+    drawn and never trained, as Guan et al. 2025 test; the LMU, Voelker et al. 2019, keeps its
+    memory fixed the same way). The input sees the last ``taps`` tokens explicitly (NVAR-style
+    delays, Gauthier et al. 2021), so the recurrences need not carry the last few characters.
+
+    Frozen: every layer's eigenvalues λ (time constants log-uniform over [tau_min, tau_max]
+    characters). Trained: the token embedding, the taps' projection, each layer's input
+    projection and mixing MLP, the readout.
+
+    Trained on independent ``SEQ_LEN`` windows from a zero state, it is evaluated like the
+    transformer, on overlapping windows (and generates from the last ``SEQ_LEN`` tokens): its slow
+    units reach in a window only part of the variance a whole stream builds up in them, and the
+    mixing layers have never seen the rest (measured on the real slices at 480 s: 1.775 bits/char
+    with the state carried through the stream, 1.572 on windows from a zero state).
+    ``forward_stream`` still carries every layer's state (and the last taps - 1 embeddings),
+    exactly: a model trained on carried state could be evaluated that way.
+    """
+
+    def __init__(self, vocab_size: int, cfg: dict, seed: int, seq_len: int):
+        super().__init__()
+        self.context_size = seq_len
+        g = torch.Generator().manual_seed(seed)
+        width, taps = cfg["width"], cfg["taps"]
+        self.taps = taps
+        self.embed = nn.Embedding(vocab_size, cfg["embed_dim"])
+        self.project_taps = nn.Linear(taps * cfg["embed_dim"], width)
+        self.drop = nn.Dropout(cfg["dropout"])
+        self.blocks = nn.ModuleList(
+            FrozenRecurrenceBlock(width, cfg["units"], cfg["mix_hidden"], cfg["dropout"], cfg["tau_min"],
+                                  cfg["tau_max"], cfg["max_phase"], g) for _ in range(cfg["layers"]))
+        self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, vocab_size))
+
+    def _delayed(self, emb: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+        """Each position's embedding and the ``taps - 1`` before it (``before``: those preceding the window)."""
+        seq = torch.cat([before, emb], dim=1)
+        steps = emb.shape[1]
+        return torch.cat([seq[:, self.taps - 1 - k: self.taps - 1 - k + steps] for k in range(self.taps)], dim=-1)
+
+    def _run(self, ids: torch.Tensor, state):
+        emb = self.embed(ids)
+        before = state[-1].to(emb.dtype) if state is not None else emb.new_zeros(emb.shape[0], self.taps - 1,
+                                                                                 emb.shape[2])
+        x = self.drop(self.project_taps(self._delayed(emb, before)))
+        finals = []
+        for layer, block in enumerate(self.blocks):
+            layer_state = None if state is None else (state[2 * layer].float(), state[2 * layer + 1].float())
+            if state is None:
+                x, final = self._checkpointed(block, x)
+            else:
+                x, final = block(x, layer_state)
+            finals.extend(final)
+        carried = torch.cat([before, emb], dim=1)[:, emb.shape[1]:]  # the last taps - 1 embeddings
+        return self.head(x), (*finals, carried)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._run(ids, None)[0]
+
+    def initial_state(self, batch, device):
+        block = self.blocks[0]
+        units = block.lam_re.shape[0]
+        zeros = [torch.zeros(batch, units, device=device) for _ in range(2 * len(self.blocks))]
+        return (*zeros, torch.zeros(batch, self.taps - 1, self.embed.embedding_dim, device=device))
+
+    def forward_stream(self, ids, state):
+        return self._run(ids, state)
