@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ["transformer", "lstm", "linear_reservoir", "esn", "deep_esn", "nvar", "ngram"]
+MODELS = ["transformer", "lstm", "linear_reservoir", "deep_linear_reservoir", "esn", "deep_esn", "nvar", "ngram"]
 
 
 def probe(model: str, seq_len: int) -> dict:

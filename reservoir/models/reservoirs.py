@@ -376,14 +376,14 @@ class FrozenRecurrenceBlock(nn.Module):
         radius, phase = multi_timescale_eigenvalues(units, tau_min, tau_max, max_phase, generator)
         self.register_buffer("lam_re", radius * torch.cos(phase))
         self.register_buffer("lam_im", radius * torch.sin(phase))
-        self.register_buffer("in_norm", torch.sqrt(1 - radius**2).repeat(2))
         self.norm = nn.LayerNorm(width)
         self.project_in = nn.Linear(width, 2 * units, bias=False)
         self.mix = nn.Sequential(nn.Linear(2 * units, hidden), nn.GELU(), nn.Linear(hidden, width),
                                  nn.Dropout(dropout))  # one dropout per block: CPU draws its masks slowly
 
     def forward(self, x: torch.Tensor, state=None):
-        drive = self.project_in(self.norm(x)) * self.in_norm
+        in_norm = torch.sqrt(1 - self.lam_re**2 - self.lam_im**2).repeat(2)  # from λ: no second frozen tensor
+        drive = self.project_in(self.norm(x)) * in_norm
         with torch.autocast(x.device.type, enabled=False):  # the recurrence sums ~1000 steps: fp32
             drive_re, drive_im = drive.float().chunk(2, dim=-1)
             h_re, h_im = diagonal_scan(drive_re, drive_im, self.lam_re, self.lam_im, state)
