@@ -76,7 +76,8 @@ SHARED_CONFIG = {
     "MODELS": ["ngram", "esn", "linear_reservoir", "lstm", "transformer"],  # trained and compared, in order
     "ESN": {"units": 1000, "spectral_radius": 0.9, "leak_rate": 0.3, "input_scaling": 1.0, "degree": 10,
             "rc_connectivity": 0.1, "input_connectivity": 0.1, "bias_scaling": 0.5, "washout": 0,
-            "readout": "ridge", "ridge": 1.0, "readout_hidden": 256, "include_input": True},  # echo state network
+            "readout": "ridge", "ridge": 1.0, "readout_hidden": 256, "include_input": True,
+            "fit_stride": 1},  # echo state network; fit_stride: ridge-fit every n-th state (faster fit)
     "DEEP_ESN": {"units": 500, "layers": 2, "spectral_radius": 0.9, "leak_rate": 0.3, "input_scaling": 1.0,
                  "degree": 10, "rc_connectivity": 0.1, "input_connectivity": 0.1, "bias_scaling": 0.5,
                  "inter_scaling": 0.5, "inter_connectivity": 0.1, "washout": 0, "readout": "ridge", "ridge": 1.0,

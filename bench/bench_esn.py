@@ -3,6 +3,7 @@ memory and stream-evaluated bits/char: ReservoirNLP vs reservoirpy 0.4.2, on the
 
     .venv-bench/bin/python bench/bench_esn.py            # both sides, one process each
     python bench/bench_esn.py ours                       # only ours
+    python bench/bench_esn.py ESN.fit_stride=2           # our side with other ESN settings
 
 Data: the first 200k characters of ../shared/data/tinystories/TinyStories-train-sample.txt
 (training) and the first 100k of TinyStories-valid-sample.txt (evaluation), char level.
@@ -48,11 +49,11 @@ def bits_per_char(log_probs_of_targets: np.ndarray) -> float:
     return float(-log_probs_of_targets.mean() / math.log(2))
 
 
-def ours() -> dict:
+def ours(overrides=()) -> dict:
     from configs import parse_overrides
     from reservoir.models import build_model
     tok, train, val = load()
-    config = parse_overrides([])
+    config = parse_overrides(list(overrides))
     model = build_model("esn", tok.vocab_size, config)
     per = (len(train) - 1) // STREAMS  # the training text as STREAMS contiguous streams advanced together
     x = torch.from_numpy(train[: STREAMS * per].reshape(STREAMS, per))
@@ -109,12 +110,13 @@ def theirs() -> dict:
 def main(argv):
     if not SHARED.is_dir():
         sys.exit(f"bench needs the TinyStories slices at {SHARED}")
+    overrides = [a for a in argv if "=" in a]
     if argv and argv[0] in ("ours", "theirs"):
-        print(json.dumps({"ours": ours, "theirs": theirs}[argv[0]]()))
+        print(json.dumps(ours(overrides) if argv[0] == "ours" else theirs()))
         return
     sides, fit_speed = ["ours", "theirs"], {}
     for side in sides:
-        r = subprocess.run([sys.executable, __file__, side], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, __file__, side, *overrides], capture_output=True, text=True)
         if r.returncode:
             print(f"{side}: failed\n{r.stderr[-2000:]}")
             continue

@@ -303,3 +303,20 @@ def test_deep_linear_reservoir_carries_its_state_exactly_from_chunk_to_chunk():
             parts.append(logits)
     torch.testing.assert_close(torch.cat(parts, dim=1), whole, atol=1e-5, rtol=1e-4)
     assert model.stream_kind == "window" and model.context_size == 32  # evaluated and sampled like the transformer
+
+
+def test_esn_fit_stride_fits_the_readout_on_every_nth_state(corpus_ids):
+    ids, vocab = corpus_ids
+    seq = 32
+    windows = torch.from_numpy(ids[: 40 * seq].astype(np.int64)).view(8, 5 * seq)  # 8 streams, 5 chunks each
+    chunks = [(windows[:, k * seq:(k + 1) * seq], windows[:, k * seq + 1:(k + 1) * seq + 1]) for k in range(4)]
+    calibration = [chunks[-1]]
+    losses, samples = {}, {}
+    for stride in (1, 3):
+        model = build_model("esn", vocab, small_config(f"ESN.fit_stride={stride}"))
+        samples[stride] = model.fit_ridge(chunks[:3], calibration, carry_state=True)["ridge_samples"]
+        with torch.no_grad():
+            x, y = chunks[3]
+            losses[stride] = float(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))
+    assert samples[1] == 3 * 8 * seq and samples[3] == 3 * 8 * len(range(0, seq, 3))
+    assert losses[1] < losses[3] < 0.75 * np.log(vocab)  # a working readout, from a third of the states

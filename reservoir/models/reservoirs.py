@@ -135,7 +135,13 @@ class Reservoir(nn.Module):
 
 class ReservoirLM(LanguageModel):
     """Fixed features (from ``features``) + a readout: 'ridge' (closed form),
-    'softmax' (linear, cross-entropy) or 'mlp' (small nonlinear, cross-entropy)."""
+    'softmax' (linear, cross-entropy) or 'mlp' (small nonlinear, cross-entropy).
+
+    ``fit_stride``: the ridge readout is fitted on every fit_stride-th time step's state only
+    (all states are still computed): a leaky reservoir's neighbouring states are nearly
+    collinear, and XᵀX, the fit's main cost, shrinks by that factor."""
+
+    fit_stride = 1
 
     def __init__(self, n_features: int, vocab_size: int, readout: str, ridge: float,
                  readout_hidden: int, include_input: bool):
@@ -209,7 +215,7 @@ class ReservoirLM(LanguageModel):
             if materialize is not None:
                 materialize()
             skip = washout if state is None else 0
-            acc.add(feats[:, skip:], targets[:, skip:])
+            acc.add(feats[:, skip::self.fit_stride], targets[:, skip::self.fit_stride])
             state = new_state if carry_state else None
         if all_reduce_sum is not None:
             acc.reduce(all_reduce_sum)
@@ -243,6 +249,7 @@ class ESN(ReservoirLM):
         super().__init__(cfg["units"], vocab_size, cfg["readout"], cfg["ridge"], cfg["readout_hidden"],
                          cfg["include_input"])
         self.reservoir = Reservoir(vocab_size, cfg["units"], **_esn_kwargs(cfg, seed))
+        self.fit_stride = cfg["fit_stride"]
 
     def reservoir_features(self, ids, state=None):
         return self.reservoir(ids, state)
