@@ -292,14 +292,15 @@ def test_upper_gram_is_the_gram_matrix_for_about_half_the_work():
     assert torch.allclose(torch.triu(acc.xtx), torch.triu(design.T @ design))
 
 
-def test_deep_linear_reservoir_carries_its_state_exactly_from_chunk_to_chunk():
+@pytest.mark.parametrize("chunk", [16, 2])  # 16, 16, 8; and chunks shorter than the taps reach back
+def test_deep_linear_reservoir_carries_its_state_exactly_from_chunk_to_chunk(chunk):
     model = build_model("deep_linear_reservoir", 30, small_config()).eval()
     ids = torch.randint(0, 30, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         whole = model(ids)
         state, parts = model.initial_state(2, "cpu"), []
-        for start in range(0, 40, 16):  # uneven chunks: 16, 16, 8
-            logits, state = model.forward_stream(ids[:, start:start + 16], state)
+        for start in range(0, 40, chunk):
+            logits, state = model.forward_stream(ids[:, start:start + chunk], state)
             parts.append(logits)
     torch.testing.assert_close(torch.cat(parts, dim=1), whole, atol=1e-5, rtol=1e-4)
     assert model.stream_kind == "window" and model.context_size == 32  # evaluated and sampled like the transformer

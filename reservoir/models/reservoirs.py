@@ -66,6 +66,15 @@ def diagonal_scan(x_re: torch.Tensor, x_im: torch.Tensor, lam_re: torch.Tensor, 
     return h_re, h_im
 
 
+def delayed_inputs(emb: torch.Tensor, delays: int, before: torch.Tensor | None = None) -> torch.Tensor:
+    """Each position's vector and the ``delays - 1`` before it, concatenated newest first (B, T, delays * D).
+    ``before``: the ``delays - 1`` vectors preceding the window (B, delays - 1, D); zeros if None."""
+    if before is None:
+        before = emb.new_zeros(emb.shape[0], delays - 1, emb.shape[2])
+    history, steps = torch.cat([before, emb], dim=1), emb.shape[1]
+    return torch.cat([history[:, delays - 1 - k: delays - 1 - k + steps] for k in range(delays)], dim=-1)
+
+
 def multi_timescale_eigenvalues(units: int, tau_min: float, tau_max: float, max_phase: float,
                                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """(radius, phase) of ``units`` eigenvalues whose time constants τ = -1/ln|λ| are spread
@@ -363,9 +372,7 @@ class NVAR(ReservoirLM):
         return self.embedding.numel()
 
     def reservoir_features(self, ids, state=None):  # stateless: a window of delayed inputs
-        emb = self.embedding[ids]  # (B, T, dim)
-        lagged = [emb] + [nn.functional.pad(emb, (0, 0, k, 0))[:, : emb.shape[1]] for k in range(1, self.delays)]
-        linear = torch.cat(lagged, dim=-1)
+        linear = delayed_inputs(self.embedding[ids], self.delays)
         return torch.cat([linear, linear[..., self.pair_i] * linear[..., self.pair_j]], dim=-1), None
 
 
@@ -432,26 +439,20 @@ class DeepLinearReservoir(LanguageModel):
                                   cfg["tau_max"], cfg["max_phase"], g) for _ in range(cfg["layers"]))
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, vocab_size))
 
-    def _delayed(self, emb: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-        """Each position's embedding and the ``taps - 1`` before it (``before``: those preceding the window)."""
-        seq = torch.cat([before, emb], dim=1)
-        steps = emb.shape[1]
-        return torch.cat([seq[:, self.taps - 1 - k: self.taps - 1 - k + steps] for k in range(self.taps)], dim=-1)
-
     def _run(self, ids: torch.Tensor, state):
+        """(logits, state after ``ids``); ``state`` None: a window from a zero state (training)."""
         emb = self.embed(ids)
-        before = state[-1].to(emb.dtype) if state is not None else emb.new_zeros(emb.shape[0], self.taps - 1,
-                                                                                 emb.shape[2])
-        x = self.drop(self.project_taps(self._delayed(emb, before)))
+        before = None if state is None else state[-1].to(emb.dtype)
+        x = self.drop(self.project_taps(delayed_inputs(emb, self.taps, before)))
         finals = []
         for layer, block in enumerate(self.blocks):
-            layer_state = None if state is None else (state[2 * layer].float(), state[2 * layer + 1].float())
             if state is None:
                 x, final = self._checkpointed(block, x)
             else:
-                x, final = block(x, layer_state)
+                x, final = block(x, (state[2 * layer].float(), state[2 * layer + 1].float()))
             finals.extend(final)
-        carried = torch.cat([before, emb], dim=1)[:, emb.shape[1]:]  # the last taps - 1 embeddings
+        history = emb if before is None else torch.cat([before, emb], dim=1)
+        carried = history[:, history.shape[1] - (self.taps - 1):]  # what the next chunk's taps reach back to
         return self.head(x), (*finals, carried)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
