@@ -61,6 +61,38 @@ def test_sparse_and_dense_recurrence_agree():
     torch.testing.assert_close(sparse, dense, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("inputs", ["ids", "vectors"])
+def test_reservoir_states_follow_the_leaky_tanh_equation(inputs):
+    res = reservoir()
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 20, (3, 40), generator=g)
+    u = F.one_hot(ids, 20).float() if inputs == "vectors" else ids
+    start = torch.randn(3, 300, generator=g)
+    states, last = res(u, start)
+    x, w_in = start.double(), res.w_in.double()
+    for t in range(40):  # the textbook update, one stream per row, in float64
+        pre = x @ res.w.double().T + F.one_hot(ids[:, t], 20).double() @ w_in + res.bias.double()
+        x = (1 - res.leak_rate) * x + res.leak_rate * torch.tanh(pre)
+        torch.testing.assert_close(states[:, t].double(), x, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(last, states[:, -1])
+
+
+def test_one_hot_tokens_are_summed_exactly_as_explicit_features():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 50, 7, generator=g, dtype=torch.float64)
+    tokens = torch.randint(0, 6, (4, 50), generator=g)
+    y = torch.randint(0, 5, (4, 50), generator=g)
+    explicit = RidgeAccumulator(7 + 6, 5, product_dtype=torch.float64)
+    explicit.add(torch.cat([x, F.one_hot(tokens, 6).double()], -1), y)
+    by_index = RidgeAccumulator(7, 5, one_hot=6, product_dtype=torch.float64)
+    by_index.add(x.transpose(0, 1), y.T, tokens.T)  # time-major, as fit_ridge passes them
+    torch.testing.assert_close(torch.triu(by_index.xtx), torch.triu(explicit.xtx))
+    torch.testing.assert_close(by_index.xty, explicit.xty)
+    torch.testing.assert_close(by_index.solve(0.5), explicit.solve(0.5))
+    with pytest.raises(ValueError, match="tokens exactly when"):
+        by_index.add(x, y)
+
+
 def test_streaming_ridge_equals_lstsq_and_chunking_does_not_matter():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(600, 7, generator=g, dtype=torch.float64)
@@ -282,7 +314,7 @@ def test_upper_gram_is_the_gram_matrix_for_about_half_the_work():
 
     x = torch.randn(300, 1079, dtype=torch.float64)
     with FlopCounterMode(display=False) as blocked:
-        upper = upper_gram(x)
+        upper = upper_gram(x.T)
     torch.testing.assert_close(torch.triu(upper), torch.triu(x.T @ x))
     full = 2 * 300 * 1079 * 1079
     assert blocked.get_total_flops() < 0.65 * full

@@ -109,24 +109,28 @@ class Reservoir(nn.Module):
         self._w_csr = None  # a sparse copy for the recurrence where sparse kernels exist (CPU, CUDA)
         self.time_scan = None  # set by LanguageModel.use_time_scan: a compiled loop over time (XLA)
 
-    def _recurrent(self, x_cols: torch.Tensor) -> torch.Tensor:
-        """W @ x for states stored as columns (units, B)."""
+    def _recurrent(self, x_cols: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
+        """drive + W @ x for states stored as columns (units, B), in one kernel."""
         if self.sparse and x_cols.device.type in ("cpu", "cuda"):
             if self._w_csr is None or self._w_csr.device != x_cols.device:
                 with warnings.catch_warnings():  # "sparse CSR support is in beta": CSR @ dense is solid
                     warnings.simplefilter("ignore", UserWarning)
                     self._w_csr = self.w.to_sparse_csr()
-            return self._w_csr @ x_cols
-        return self.w @ x_cols
+            return torch.addmm(drive, self._w_csr, x_cols)
+        return torch.addmm(drive, self.w, x_cols)
 
     @torch.no_grad()
     def forward(self, inputs: torch.Tensor, state: torch.Tensor | None = None):
-        """inputs: ids (B, T) or vectors (B, T, n_inputs) -> states (B, T, units), last state (B, units)."""
-        drive = self.w_in[inputs] if inputs.dtype in (torch.int64, torch.int32) else inputs.float() @ self.w_in
-        drive = (drive + self.bias).permute(1, 2, 0).contiguous()  # (T, units, B): one column per stream
-        x = torch.zeros_like(drive[0]) if state is None else state.T.contiguous().float()
+        """inputs: ids (B, T) or vectors (B, T, n_inputs) -> states (B, T, units), last state (B, units).
+
+        The states are stored (T, units, B), one column per stream, and returned as a view."""
+        x = None if state is None else state.T.contiguous().float()
         a = self.leak_rate
+        by_id = inputs.dtype in (torch.int64, torch.int32)
         if self.time_scan is not None:  # one compiled cell, however long the window
+            drive = self.w_in[inputs] if by_id else inputs.float() @ self.w_in
+            drive = (drive + self.bias).permute(1, 2, 0).contiguous()  # (T, units, B)
+            x = torch.zeros_like(drive[0]) if x is None else x
 
             def cell(carry, drive_t):
                 x, w = carry  # the matrix travels in the carry: a scanned cell may not close over tensors
@@ -135,10 +139,21 @@ class Reservoir(nn.Module):
 
             (x, _), states = self.time_scan(cell, (x, self.w), drive)
             return states.permute(2, 0, 1), x.T
-        states = torch.empty_like(drive)
-        for t in range(drive.shape[0]):  # only the recurrence is sequential
-            x = (1 - a) * x + a * torch.tanh(drive[t] + self._recurrent(x))
-            states[t] = x
+        if by_id:  # W_in u_t + b is a column of this table, picked per step (no (T, units, B) drive array)
+            table, ids = (self.w_in + self.bias).T.contiguous(), inputs.T.contiguous()
+            steps = ids.shape[0]
+
+            def drive_at(t):
+                return table.index_select(1, ids[t])
+        else:
+            drive = (inputs.float() @ self.w_in + self.bias).permute(1, 2, 0).contiguous()
+            steps, drive_at = drive.shape[0], drive.__getitem__
+        batch = inputs.shape[0]
+        x = torch.zeros(self.units, batch, device=inputs.device) if x is None else x
+        states = torch.empty(steps, self.units, batch, device=inputs.device)
+        for t in range(steps):  # only the recurrence is sequential; three kernels a step, in place
+            pre = self._recurrent(x, drive_at(t)).tanh_()
+            x = torch.lerp(x, pre, a, out=states[t])
         return states.permute(2, 0, 1), x.T
 
 
@@ -175,11 +190,15 @@ class ReservoirLM(LanguageModel):
         """(B, T, F) features, and the state to continue from (None if the model has none)."""
         raise NotImplementedError
 
-    def features(self, ids: torch.Tensor, state=None, return_state: bool = False):
+    def dense_features(self, ids: torch.Tensor, state=None):
+        """``reservoir_features`` in fp32, without the one-hot input features."""
         with torch.autocast(ids.device.type, enabled=False):  # fixed dynamics stay in fp32
-            feats, state = self.reservoir_features(ids, state)
-            if self.include_input:
-                feats = torch.cat([feats, nn.functional.one_hot(ids, self.vocab_size).float()], dim=-1)
+            return self.reservoir_features(ids, state)
+
+    def features(self, ids: torch.Tensor, state=None, return_state: bool = False):
+        feats, state = self.dense_features(ids, state)
+        if self.include_input:
+            feats = torch.cat([feats, nn.functional.one_hot(ids, self.vocab_size).float()], dim=-1)
         return (feats, state) if return_state else feats
 
     def readout(self, feats: torch.Tensor) -> torch.Tensor:
@@ -217,14 +236,17 @@ class ReservoirLM(LanguageModel):
         ``materialize()``, if given, is called once each chunk's features and state
         exist (a lazy backend computes them there, once, instead of chaining chunks).
         """
-        acc = RidgeAccumulator(self.n_features, self.vocab_size)
+        one_hot = self.vocab_size if self.include_input else 0
+        acc = RidgeAccumulator(self.n_features - one_hot, self.vocab_size, one_hot=one_hot)
         state = None
         for ids, targets in batches:
-            feats, new_state = self.features(ids, state, return_state=True)
+            feats, new_state = self.dense_features(ids, state)
             if materialize is not None:
                 materialize()
-            skip = washout if state is None else 0
-            acc.add(feats[:, skip::self.fit_stride], targets[:, skip::self.fit_stride])
+            # time-major (T, B, ...): a reservoir stores its states (T, units, B), so this flattens cheaply
+            kept = slice(washout if state is None else 0, None, self.fit_stride)
+            feats, targets, ids = feats.transpose(0, 1)[kept], targets.T[kept], ids.T[kept]
+            acc.add(feats, targets, ids if one_hot else None)
             state = new_state if carry_state else None
         if all_reduce_sum is not None:
             acc.reduce(all_reduce_sum)
