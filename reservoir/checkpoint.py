@@ -2,6 +2,7 @@
 
     save_checkpoint(path, payload, info)     # rank 0 writes; XLA tensors fetched to the CPU in one go
     payload = load_checkpoint(path, expect)  # CheckpointError (one line) if corrupt or not this run's
+    restore_model(model, payload, path)      # CheckpointError if the model code has changed since
 
 A checkpoint is a ``torch.save`` of plain containers, numbers and tensors, so
 ``torch.load(weights_only=True)`` reads it: a file from elsewhere cannot run code.
@@ -53,3 +54,14 @@ def load_checkpoint(path: str | Path, expect: dict) -> dict:
             raise CheckpointError(f"checkpoint {path} does not match this run: {key} is {payload.get(key)!r}, "
                                   f"the run has {wanted!r}; resume with the run's own settings or start a new run")
     return payload
+
+
+def restore_model(model: torch.nn.Module, payload: dict, path: str | Path) -> None:
+    """Load the checkpoint's weights into ``model``; a state that this code's model does not have
+    (written by another version of it) is a CheckpointError, not a traceback."""
+    try:
+        model.load_state_dict(payload["model_state"])
+    except RuntimeError as e:
+        detail = " ".join(str(e).split())[:300]
+        raise CheckpointError(f"checkpoint {path} holds a model that this version of the code cannot load "
+                              f"({detail}); use the code version that wrote it, or start a new run") from None

@@ -2,6 +2,7 @@
 
     evaluate = Evaluator(data, config, batch_size, tokens=config["EVAL_TOKENS"])
     result = evaluate(model, info, device)          # val_loss, val_ppl, val_bpc (+ val_bpc_ci95 with keep=True)
+    evaluate.paired_difference(evaluate.token_nats(a, ...), evaluate.token_nats(b, ...))  # A - B, paired
 
 The scored tokens are the first ``tokens`` targets of the validation split, one contiguous
 stream (stories joined by the end-of-story token). Two modes:
@@ -104,29 +105,41 @@ class Evaluator:
     @torch.no_grad()
     def __call__(self, model, info: dev.DeviceInfo, device: torch.device, keep: bool = False) -> dict:
         """Score ``model``; ``keep`` also returns the per-token losses' bootstrap interval (final evaluation)."""
-        was_training = model.training
-        model.eval()
-        on_device = device == info.device  # host models (n-gram) are evaluated on the CPU
-        context = contextlib.nullcontext if not on_device else (lambda: dev.autocast(info))
-        if self.mode == "stream" and getattr(model, "stream_kind", "window") == "recurrent":
-            nll, index = self._recurrent(model, info, device, on_device, context)
-        elif self.mode == "stream":
-            nll, index = self._batched(model, info, device, on_device, context, *self._windows(self.stride,
-                                                                                              self.seq - self.stride))
-        else:
-            nll, index = self._batched(model, info, device, on_device, context, *self._windows(self.seq, 0))
-        model.train(was_training)
+        nll, index = self._score(model, info, device)
         total = float(nll.sum())  # the evaluation's one read from the device
         nats = total / self.n
         result = {"val_loss": nats, "val_ppl": math.exp(min(nats, 50.0)),
                   "val_bpc": total / self.chars / math.log(2), "eval_tokens": self.n, "eval_mode": self.mode}
         if keep and math.isfinite(total):
-            per_token = np.zeros(self.n)
-            values, where = nll.double().cpu().numpy().ravel(), index.cpu().numpy().ravel()
-            scored = where >= 0
-            per_token[where[scored]] = values[scored]
-            result["val_bpc_ci95"] = self.interval(per_token)
+            result["val_bpc_ci95"] = self.interval(self._per_token(nll, index))
         return result
+
+    @torch.no_grad()
+    def token_nats(self, model, info: dev.DeviceInfo, device: torch.device) -> np.ndarray:
+        """The loss (nats) of every scored target, in stream order: what paired comparisons resample."""
+        return self._per_token(*self._score(model, info, device))
+
+    def _score(self, model, info, device):
+        was_training = model.training
+        model.eval()
+        on_device = device == info.device  # host models (n-gram) are evaluated on the CPU
+        context = contextlib.nullcontext if not on_device else (lambda: dev.autocast(info))
+        if self.mode == "stream" and getattr(model, "stream_kind", "window") == "recurrent":
+            scored = self._recurrent(model, info, device, on_device, context)
+        elif self.mode == "stream":
+            scored = self._batched(model, info, device, on_device, context, *self._windows(self.stride,
+                                                                                          self.seq - self.stride))
+        else:
+            scored = self._batched(model, info, device, on_device, context, *self._windows(self.seq, 0))
+        model.train(was_training)
+        return scored
+
+    def _per_token(self, nll: torch.Tensor, index: torch.Tensor) -> np.ndarray:
+        per_token = np.zeros(self.n)
+        values, where = nll.double().cpu().numpy().ravel(), index.cpu().numpy().ravel()
+        scored = where >= 0
+        per_token[where[scored]] = values[scored]
+        return per_token
 
     def _batched(self, model, info, device, on_device, context, windows, weights, index):
         """Independent windows, ``batch_size`` at a time (the last batch padded with zero-weight rows)."""
@@ -165,19 +178,37 @@ class Evaluator:
         index = torch.where(weights > 0, index, torch.full_like(index, -1))
         return torch.cat(losses), index
 
-    def interval(self, per_token: np.ndarray, seed: int = 0) -> float:
-        """Half-width of the 95% bootstrap interval of bits/char, resampling story-aligned blocks."""
+    def _blocks(self) -> tuple[np.ndarray, np.ndarray]:
+        """(block starts, characters per block): story-aligned blocks of the scored targets."""
         ends = np.flatnonzero(self.targets == self.tokenizer.eot_id) + 1
         if len(ends) + 1 < MIN_BLOCKS:
             ends = np.arange(FIXED_BLOCK_TOKENS, self.n, FIXED_BLOCK_TOKENS)
         bounds = np.concatenate([[0], ends[ends < self.n], [self.n]])
-        nats = np.add.reduceat(per_token, bounds[:-1])
         spans = zip(bounds[:-1], bounds[1:], strict=True)
         chars = np.array([self.tokenizer.count_chars(self.targets[a:b]) for a, b in spans], dtype=np.float64)
+        return bounds[:-1], chars
+
+    def _bootstrap_bpc(self, per_token: np.ndarray, seed: int) -> np.ndarray:
+        """Bits/char of BOOTSTRAP_SAMPLES resamples of the blocks (the same resamples for the same seed)."""
+        starts, chars = self._blocks()
+        nats = np.add.reduceat(per_token, starts)
         picks = np.random.default_rng(seed).integers(0, len(nats), size=(BOOTSTRAP_SAMPLES, len(nats)))
-        bpc = nats[picks].sum(1) / chars[picks].sum(1) / math.log(2)
-        low, high = np.percentile(bpc, [2.5, 97.5])
+        return nats[picks].sum(1) / chars[picks].sum(1) / math.log(2)
+
+    def interval(self, per_token: np.ndarray, seed: int = 0) -> float:
+        """Half-width of the 95% bootstrap interval of bits/char, resampling story-aligned blocks."""
+        low, high = np.percentile(self._bootstrap_bpc(per_token, seed), [2.5, 97.5])
         return float((high - low) / 2)
+
+    def paired_difference(self, per_token_a: np.ndarray, per_token_b: np.ndarray, seed: int = 0) -> dict:
+        """Bits/char of A minus B on the same targets, with its 95% interval from resampling the same
+        blocks for both: what the stories make hard or easy cancels, so the interval is much
+        narrower than the two separate intervals suggest."""
+        difference = self._bootstrap_bpc(per_token_a - per_token_b, seed)
+        low, high = np.percentile(difference, [2.5, 97.5])
+        return {"bpc_difference": float((per_token_a - per_token_b).sum() / self.chars / math.log(2)),
+                "ci95_low": float(low), "ci95_high": float(high),
+                "share_of_resamples_a_worse": float(np.mean(difference > 0))}
 
 
 class EvalPoints:

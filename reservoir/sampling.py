@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import CheckpointError, load_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, restore_model
 from .data import EOT, TOKENIZERS, tokenizer_hash
 from .models import build_model
 from .results import ResultsError, checkpoint_file, read_json, run_seeds
@@ -122,7 +122,7 @@ def load_trained(run_dir: str | Path, model_name: str | None = None, train_seed:
                 "seq_len": config["SEQ_LEN"], "seed": train_seed}
     payload = load_checkpoint(checkpoint, identity)
     model = build_model(model_name, tokenizer.vocab_size, {**config, "SEED": train_seed})
-    model.load_state_dict(payload["model_state"])
+    restore_model(model, payload, checkpoint)
     run = TrainedRun(run_dir, model_name, config, summaries, payload["progress"]["step"], bool(payload["finished"]),
                      train_seed)
     return model, tokenizer, run

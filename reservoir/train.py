@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from . import device as dev
 from . import flops, stopping
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, restore_model, save_checkpoint
 from .data import DataError, TokenData, TrainWindows, eval_windows, tokenizer_hash
 from .evaluation import EvalPoints, Evaluations
 from .machine import MachineLoad
@@ -157,7 +157,7 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
     elif run.resumed:
         say(f"{name}: no checkpoint in {run.path} for seed {seed}; training it from step 0", info.is_main_process)
     if saved is not None and saved["finished"]:
-        model.load_state_dict(saved["model_state"])
+        restore_model(model, saved, run.checkpoint_path(name, seed))
         device = dev.compute_device(info, getattr(model, "host_only", False))
         model.to(device)
         run.forget_metrics(name, saved["progress"]["step"], seed)
@@ -279,7 +279,7 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
     scaler = dev.make_grad_scaler(info)
     progress = Progress()
     if saved is not None:
-        model.load_state_dict(saved["model_state"])
+        restore_model(model, saved, run.checkpoint_path(name, config["SEED"]))
         optimizer.load_state_dict(saved["optimizer"])
         scaler.load_state_dict(saved["scaler"])
         dev.set_rng_state(info, saved["rng"])

@@ -114,3 +114,28 @@ def test_final_evaluation_reports_the_interval_and_the_scored_tokens(data):
     result = Evaluator(data, cfg, 4, None)(model, CPU, CPU.device, keep=True)
     assert result["eval_tokens"] == len(data.val) - 1 and result["eval_mode"] == "stream"
     assert 0 < result["val_bpc_ci95"] < result["val_bpc"]
+
+
+def test_paired_difference_sees_a_small_steady_gain_that_separate_intervals_hide(data):
+    evaluate = Evaluator(data, config(), batch_size=4, tokens=None)
+    g = np.random.default_rng(0)
+    story_hardness = np.repeat(g.gamma(2.0, 1.0, size=evaluate.n // 8 + 1), 8)[: evaluate.n]
+    a = story_hardness + 0.1 * g.random(evaluate.n)
+    b = a + 0.02  # B is worse by the same 0.02 nats on every target
+    paired = evaluate.paired_difference(a, b)
+    expected = -0.02 * evaluate.n / evaluate.chars / math.log(2)
+    assert paired["bpc_difference"] == pytest.approx(expected, rel=1e-9)
+    assert paired["ci95_low"] <= paired["bpc_difference"] <= paired["ci95_high"] < 0
+    assert paired["share_of_resamples_a_worse"] == 0.0
+    separate = evaluate.interval(a) + evaluate.interval(b)  # what "do the two intervals overlap" looks at
+    assert abs(expected) < separate and paired["ci95_high"] - paired["ci95_low"] < 0.2 * separate
+    same = evaluate.paired_difference(a, a)
+    assert same["bpc_difference"] == same["ci95_low"] == same["ci95_high"] == 0.0
+
+
+def test_token_nats_are_what_the_evaluation_sums(data):
+    model = untrained("lstm", data, config())
+    evaluate = Evaluator(data, config(), batch_size=4, tokens=300)
+    nats = evaluate.token_nats(model, CPU, torch.device("cpu"))
+    assert nats.shape == (300,) and (nats > 0).all()
+    assert evaluate(model, CPU, torch.device("cpu"))["val_loss"] == pytest.approx(nats.mean(), rel=1e-6)

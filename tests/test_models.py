@@ -353,3 +353,23 @@ def test_esn_fit_stride_fits_the_readout_on_every_nth_state(corpus_ids):
             losses[stride] = float(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))
     assert samples[1] == 3 * 8 * seq and samples[3] == 3 * 8 * len(range(0, seq, 3))
     assert losses[1] < losses[3] < 0.75 * np.log(vocab)  # a working readout, from a third of the states
+
+
+def test_deep_linear_reservoir_loads_checkpoints_that_stored_its_input_norm():
+    model = build_model("deep_linear_reservoir", 30, small_config()).eval()
+    state = model.state_dict()
+    for layer, block in enumerate(model.blocks):  # what checkpoints held before it was derived from λ
+        state[f"blocks.{layer}.in_norm"] = torch.sqrt(1 - block.lam_re**2 - block.lam_im**2).repeat(2)
+    again = build_model("deep_linear_reservoir", 30, small_config()).eval()
+    again.load_state_dict(state)
+    ids = torch.randint(0, 30, (2, 20))
+    torch.testing.assert_close(again(ids), model(ids))
+
+
+def test_a_checkpoint_from_another_model_version_is_one_line(tmp_path):
+    from reservoir.checkpoint import CheckpointError, restore_model
+
+    model = build_model("lstm", 30, small_config())
+    state = {**model.state_dict(), "head.extra": torch.zeros(3)}
+    with pytest.raises(CheckpointError, match="another version|this version of the code cannot load"):
+        restore_model(model, {"model_state": state}, tmp_path / "lstm.pt")

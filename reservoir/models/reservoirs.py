@@ -417,6 +417,10 @@ class FrozenRecurrenceBlock(nn.Module):
         self.mix = nn.Sequential(nn.Linear(2 * units, hidden), nn.GELU(), nn.Linear(hidden, width),
                                  nn.Dropout(dropout))  # one dropout per block: CPU draws its masks slowly
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        state_dict.pop(prefix + "in_norm", None)  # checkpoints before it was derived from λ stored it
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def forward(self, x: torch.Tensor, state=None):
         in_norm = torch.sqrt(1 - self.lam_re**2 - self.lam_im**2).repeat(2)  # from λ: no second frozen tensor
         drive = self.project_in(self.norm(x)) * in_norm

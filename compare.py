@@ -1,0 +1,75 @@
+"""Is model A better than model B? A paired comparison on the same validation targets.
+
+    python compare.py results/<run>:<model> results/<run>:<model> [KEY=VALUE ...]
+    python compare.py results/push-480:deep_linear_reservoir results/rigour-480:ngram
+    python compare.py results/r1 results/r2 TOKENS=65536 DEVICE=cuda OUT=a-vs-b.json
+
+A side without ':<model>' is its run's best finished model. Every seed the run finished is
+re-scored from its checkpoint, on the targets both runs' final evaluations scored (TOKENS to
+change that), each with its run's evaluation settings. Prints A's and B's bits/char (next to
+what the runs recorded) and A - B with a 95% paired bootstrap interval; writes the same to OUT
+(default: <run A>/comparisons/<model A>-vs-<run B>-<model B>.json). Run it from the folder the
+runs were started in, so their DATASET paths and cache resolve.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from configs import ConfigError, parse_literal
+from reservoir import device as dev
+from reservoir.checkpoint import CheckpointError
+from reservoir.comparison import Side, compare, describe
+from reservoir.data import DataError
+from reservoir.files import atomic_write_text
+from reservoir.messages import TAG
+from reservoir.results import ResultsError
+
+KEYS = {
+    "TOKENS": "validation targets scored (default: what both runs' final evaluations scored)",
+    "DEVICE": "'cpu' (default) | 'cuda' | 'auto'; on XLA the scoring runs on the CPU",
+    "OUT": "where the JSON report goes (default: <run A>/comparisons/...)",
+}
+
+
+def parse_args(argv: list[str]) -> tuple[Side, Side, dict]:
+    sides = [a for a in argv if "=" not in a]
+    if len(sides) != 2 or any(a.startswith("-") for a in sides):
+        usage = __doc__.split("\n\n")[0] + "\n\nKeys:\n" + "\n".join(f"  {k:<8} {v}" for k, v in KEYS.items())
+        if argv and argv[0] in ("-h", "--help"):
+            print(usage)
+            raise SystemExit(0)
+        raise SystemExit(f"error: give two sides, each a run folder with an optional :<model>\n\n{usage}")
+    options = {}
+    for arg in argv:
+        if "=" in arg:
+            key, _, text = arg.partition("=")
+            key = key.strip().upper()
+            if key not in KEYS:
+                raise SystemExit(f"error: {arg!r}: the keys are {', '.join(KEYS)}")
+            options[key] = text if key in ("DEVICE", "OUT") else parse_literal(text)
+    tokens = options.get("TOKENS")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise SystemExit(f"error: TOKENS must be a positive integer, got {tokens!r}")
+    return Side.parse(sides[0]), Side.parse(sides[1]), options
+
+
+def main(argv: list[str]) -> int:
+    side_a, side_b, options = parse_args(argv)
+    try:
+        report = compare(side_a, side_b, options.get("TOKENS"), options.get("DEVICE", "cpu"))
+    except (ConfigError, ResultsError, CheckpointError, DataError, dev.DeviceError) as e:
+        raise SystemExit(f"error: {e}") from None
+    out = Path(options.get("OUT") or side_a.run_dir / "comparisons" /
+               f"{side_a.model}-vs-{side_b.run_dir.name}-{side_b.model}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(report, indent=2) + "\n")
+    print(describe(report), flush=True)
+    print(f"{TAG} report: {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,65 @@
+"""compare.py: a paired comparison of two trained models, re-scored from their run folders."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_runner import ROOT, run_cli, summary_of
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two runs on the same data: an LSTM with two seeds, and an n-gram."""
+    tmp = tmp_path_factory.mktemp("compare")
+    run_cli(tmp, "MODELS=['lstm']", "SEEDS=[1337,1338]", "MAX_STEPS=20", "PLOTS=False", "RUN_NAME=rnn",
+            "FINAL_EVAL_TOKENS=4096")
+    run_cli(tmp, "MODELS=['ngram','esn']", "MAX_STEPS=20", "PLOTS=False", "RUN_NAME=counts", "FINAL_EVAL_TOKENS=4096")
+    return tmp / "results"
+
+
+def compare(*args, check=True):
+    proc = subprocess.run([sys.executable, str(ROOT / "compare.py"), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_rescored_models_match_their_runs_and_the_difference_is_paired(runs, tmp_path):
+    out = tmp_path / "report.json"
+    proc = compare(f"{runs / 'rnn'}:lstm", f"{runs / 'counts'}:ngram", f"OUT={out}")
+    report = json.loads(out.read_text())
+    lstm = [r for r in json.loads((runs / "rnn" / "summary.json").read_text()) if r["model"] == "lstm"]
+    assert report["a"]["seeds"] == [1337, 1338] and report["eval_tokens"] == 4096
+    assert report["a"]["bpc_per_seed"] == pytest.approx([r["val_bpc"] for r in lstm], abs=1e-5)
+    assert report["b"]["bpc_per_seed"] == pytest.approx([summary_of(runs / "counts")["ngram"]["val_bpc"]], abs=1e-6)
+    difference = report["a"]["bpc"] - report["b"]["bpc"]
+    assert report["bpc_difference"] == pytest.approx(difference, abs=1e-9)
+    assert report["ci95_low"] <= report["bpc_difference"] <= report["ci95_high"]
+    assert f"A - B = {report['bpc_difference']:+.4f}" in proc.stdout
+
+
+def test_a_model_against_itself_differs_by_nothing_and_the_default_side_is_the_best(runs):
+    compare(runs / "counts", f"{runs / 'counts'}:ngram")  # 'counts' alone: its best model, the n-gram
+    report = json.loads((runs / "counts" / "comparisons" / "ngram-vs-counts-ngram.json").read_text())
+    assert report["bpc_difference"] == report["ci95_low"] == report["ci95_high"] == 0.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{runs}/rnn:transformer", "{runs}/counts"], "'transformer' is not a model of"),
+    (["{runs}/nowhere", "{runs}/counts"], "is not a folder"),
+    (["{runs}/rnn"], "give two sides"),
+    (["{runs}/rnn", "{runs}/counts", "TOKENS=-3"], "TOKENS must be a positive integer"),
+    (["{runs}/rnn", "{runs}/counts", "SEED=1"], "the keys are"),
+])
+def test_bad_input_is_one_line(runs, args, message):
+    proc = compare(*(a.format(runs=runs) for a in args), check=False)
+    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_runs_on_other_data_are_refused(runs, tmp_path):
+    run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=20", "PLOTS=False", "RUN_NAME=other", "SYNTHETIC_STORIES=200")
+    proc = compare(f"{runs / 'counts'}:ngram", tmp_path / "results" / "other", check=False)
+    assert proc.returncode != 0 and "not evaluated on the same text" in proc.stderr
