@@ -218,6 +218,8 @@ def _coerce(key: str, value, default):
     if expected in (list, tuple):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
+        elif isinstance(value, int) and not isinstance(value, bool):  # SEEDS=1337: a list of one
+            value = [value]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list, got {value!r}")
         return expected(value)

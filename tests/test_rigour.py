@@ -65,6 +65,7 @@ def test_bad_seeds_are_refused():
         with pytest.raises(ConfigError, match=message):
             parse_overrides([f"SEEDS={value}"])
     assert parse_overrides(["SEEDS=7,8"])["SEEDS"] == [7, 8]
+    assert parse_overrides(["SEEDS=1337"])["SEEDS"] == [1337]  # one seed, as one would type it
 
 
 def test_a_killed_multi_seed_run_resumes_to_the_same_results(tmp_path):
