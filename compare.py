@@ -3,12 +3,14 @@
     python compare.py results/<run>:<model> results/<run>:<model> [KEY=VALUE ...]
     python compare.py results/push-480:deep_linear_reservoir results/rigour-480:ngram
     python compare.py results/r1 results/r2 TOKENS=65536 DEVICE=cuda OUT=a-vs-b.json
+    python compare.py results/s1+results/s2:lstm results/r:transformer   # seeds of two runs, pooled
 
-A side without ':<model>' is its run's best finished model. Every seed the run finished is
-re-scored from its checkpoint, on the targets both runs' final evaluations scored (TOKENS to
-change that), each with its run's evaluation settings. Prints A's and B's bits/char (next to
-what the runs recorded) and A - B with a 95% paired bootstrap interval; writes the same to OUT
-(default: <run A>/comparisons/<model A>-vs-<run B>-<model B>.json). Run it from the folder the
+A side without ':<model>' is its run's best finished model; runs joined by '+' pool their
+seeds. Every seed the runs finished is re-scored from its checkpoint, on the targets every
+run's final evaluation scored (TOKENS to change that), each with its run's evaluation settings.
+Prints A's and B's bits/char (next to what the runs recorded) and A - B with a 95% paired
+bootstrap interval; writes the same to OUT (default:
+<first run of A>/comparisons/<model A>-vs-<first run of B>-<model B>.json). Run it from the folder the
 runs were started in, so their DATASET paths and cache resolve.
 """
 
@@ -62,8 +64,8 @@ def main(argv: list[str]) -> int:
         report = compare(side_a, side_b, options.get("TOKENS"), options.get("DEVICE", "cpu"))
     except (ConfigError, ResultsError, CheckpointError, DataError, dev.DeviceError) as e:
         raise SystemExit(f"error: {e}") from None
-    out = Path(options.get("OUT") or side_a.run_dir / "comparisons" /
-               f"{side_a.model}-vs-{side_b.run_dir.name}-{side_b.model}.json")
+    out = Path(options.get("OUT") or side_a.run_dirs[0] / "comparisons" /
+               f"{side_a.model}-vs-{side_b.run_dirs[0].name}-{side_b.model}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(report, indent=2) + "\n")
     print(describe(report), flush=True)

@@ -86,7 +86,7 @@ SHARED_CONFIG = {
                          "embed_dim": 64, "readout_hidden": 512},  # fixed diagonal complex recurrence + MLP readout
     "DEEP_LINEAR_RESERVOIR": {"layers": 4, "units": 128, "width": 128, "mix_hidden": 256, "embed_dim": 64,
                               "taps": 4, "tau_min": 2.0, "tau_max": 1000.0, "max_phase": 3.1416,
-                              "dropout": 0.1},  # frozen linear recurrences + trained mixing (deep SSM)
+                              "dropout": 0.25},  # frozen linear recurrences + trained mixing (deep SSM)
     "NVAR": {"delays": 4, "input_dim": 12, "readout": "ridge", "ridge": 1.0, "readout_hidden": 256,
              "include_input": True, "washout": 0},  # delayed inputs + quadratic monomials
     "TRANSFORMER": {"n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0},  # GPT-style baseline

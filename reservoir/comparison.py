@@ -1,6 +1,7 @@
 """Paired comparison of two trained models on the same validation targets.
 
     side = Side.parse("results/push-480:deep_linear_reservoir")   # a run folder and one of its models
+    side = Side.parse("results/r1+results/r2:lstm")               # the seeds of several runs, pooled
     report = compare(side_a, side_b, tokens=None, device="auto")  # A - B in bits/char, 95% paired interval
 
 Two intervals computed one model at a time overlap long before the models are alike: most of
@@ -32,85 +33,108 @@ REQUIRED_DATA_KEYS = ("tokenizer_hash", "val_tokens")
 
 @dataclass
 class Side:
-    run_dir: Path
-    model: str | None  # None: the run's best finished model
+    run_dirs: list[Path]  # one run, or several runs of the same model with different seeds
+    model: str | None  # None: the best finished model of the run(s)
 
     @classmethod
     def parse(cls, text: str) -> Side:
-        """'RUN_DIR' or 'RUN_DIR:MODEL'."""
+        """'RUN_DIR', 'RUN_DIR:MODEL' or 'RUN_DIR+RUN_DIR...:MODEL' (seeds pooled across the runs)."""
         path, colon, model = text.rpartition(":")
         if not colon or "/" in model or not model:
-            return cls(Path(text), None)
-        return cls(Path(path), model)
+            path, model = text, None
+        return cls([Path(p) for p in path.split("+") if p], model)
 
     def label(self) -> str:
-        return f"{self.run_dir.name}:{self.model}"
+        return f"{'+'.join(d.name for d in self.run_dirs)}:{self.model}"
 
 
-def _finished(side: Side) -> tuple[dict, list[dict]]:
-    """The run's saved config and the summary rows (one per seed) of the side's scored model."""
-    if not side.run_dir.is_dir():
-        raise ResultsError(f"{side.run_dir} is not a folder; give a run folder such as results/<run>[:<model>]")
-    config_json = read_json(side.run_dir / "config.json", "the run's config")
-    summary_path = side.run_dir / "summary.json"
-    rows = read_json(summary_path, "the run's summary") if summary_path.exists() else []
-    scored = [r for r in rows if r.get("val_bpc") is not None]
+@dataclass
+class Trained:
+    """One finished seed of a side's model: its run's saved config and its summary row."""
+
+    run_dir: Path
+    config_json: dict
+    row: dict
+
+
+def _finished(side: Side) -> list[Trained]:
+    runs = []
+    for run_dir in side.run_dirs:
+        if not run_dir.is_dir():
+            raise ResultsError(f"{run_dir} is not a folder; give a run folder such as results/<run>[:<model>]")
+        config_json = read_json(run_dir / "config.json", "the run's config")
+        summary_path = run_dir / "summary.json"
+        rows = read_json(summary_path, "the run's summary") if summary_path.exists() else []
+        runs.append((run_dir, config_json, [r for r in rows if r.get("val_bpc") is not None]))
     if side.model is None:
+        scored = [r for _, _, rows in runs for r in rows]
         if not scored:
-            raise ResultsError(f"{side.run_dir} has no finished model with a score yet")
+            raise ResultsError(f"{side.label()} has no finished model with a score yet")
         side.model = min(scored, key=lambda r: r["val_bpc"])["model"]
-    models = config_json["effective_config"]["MODELS"]
-    if side.model not in models:
-        raise ResultsError(f"{side.model!r} is not a model of {side.run_dir} (its models: {', '.join(models)})")
-    mine = [r for r in scored if r["model"] == side.model]
-    if not mine:
-        raise ResultsError(f"{side.run_dir}: {side.model} has no finished, scored training yet; finish the run "
+    trained = []
+    for run_dir, config_json, rows in runs:
+        models = config_json["effective_config"]["MODELS"]
+        if side.model not in models:
+            raise ResultsError(f"{side.model!r} is not a model of {run_dir} (its models: {', '.join(models)})")
+        trained += [Trained(run_dir, config_json, r) for r in rows if r["model"] == side.model]
+    if not trained:
+        raise ResultsError(f"{side.label()}: {side.model} has no finished, scored training yet; finish the run "
                            "(python TinyStories.py RESUME=...) before comparing it")
-    return config_json, mine
+    seeds = [t.row.get("seed") for t in trained]
+    if len(set(seeds)) != len(seeds):
+        raise ResultsError(f"{side.label()}: the runs share a training seed of {side.model} ({seeds}); "
+                           "pool only runs with different seeds")
+    return trained
+
+
+def _same_text(trained: list[Trained]) -> None:
+    first = trained[0]
+    for other in trained[1:]:
+        for key in SAME_DATA_KEYS:  # runs older than a key do not record it: the others must then agree
+            mine, theirs = first.config_json["data"].get(key), other.config_json["data"].get(key)
+            if key not in REQUIRED_DATA_KEYS and None in (mine, theirs):
+                continue
+            if mine != theirs:
+                raise ResultsError(f"{first.run_dir} and {other.run_dir} were not evaluated on the same text "
+                                   f"({key}: {mine} against {theirs}); a paired comparison needs the same "
+                                   "validation data and tokenizer")
 
 
 def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str = "cpu") -> dict:
-    (config_a, rows_a), (config_b, rows_b) = _finished(side_a), _finished(side_b)
-    for key in SAME_DATA_KEYS:  # runs older than a key do not record it: the others must then agree
-        if key not in REQUIRED_DATA_KEYS and None in (config_a["data"].get(key), config_b["data"].get(key)):
-            continue
-        if config_a["data"].get(key) != config_b["data"].get(key):
-            raise ResultsError(f"the two runs were not evaluated on the same text ({key}: "
-                               f"{config_a['data'].get(key)} against {config_b['data'].get(key)}); a paired "
-                               "comparison needs the same validation data and tokenizer")
-    settings_a = config_a["effective_config"]
-    data = prepare_data(settings_a)
-    if tokenizer_hash(data.tokenizer) != config_a["data"]["tokenizer_hash"] or data.val.size != \
-            config_a["data"]["val_tokens"]:
-        raise ResultsError(f"the data that DATASET={settings_a['DATASET']!r} gives here is not what "
-                           f"{side_a.run_dir} was trained and scored on; run from the folder the run was "
+    trained = {"a": _finished(side_a), "b": _finished(side_b)}
+    everything = trained["a"] + trained["b"]
+    _same_text(everything)
+    first = everything[0]
+    settings = first.config_json["effective_config"]
+    data = prepare_data(settings)
+    if tokenizer_hash(data.tokenizer) != first.config_json["data"]["tokenizer_hash"] or data.val.size != \
+            first.config_json["data"]["val_tokens"]:
+        raise ResultsError(f"the data that DATASET={settings['DATASET']!r} gives here is not what "
+                           f"{first.run_dir} was trained and scored on; run from the folder the run was "
                            "started in, with the same data")
-    if tokens is None:  # what both runs' final evaluations scored
-        tokens = min(c["effective_config"]["FINAL_EVAL_TOKENS"] or len(data.val) for c in (config_a, config_b))
+    if tokens is None:  # what every run's final evaluation scored
+        tokens = min(t.config_json["effective_config"]["FINAL_EVAL_TOKENS"] or len(data.val) for t in everything)
     info = dev.select_device({"DEVICE": device})
-    sides = {}
-    for name, side, config_json, rows in (("a", side_a, config_a, rows_a), ("b", side_b, config_b, rows_b)):
-        settings = config_json["effective_config"]
-        evaluator = Evaluator(data, settings, settings["BATCH_SIZE"], tokens)
+    nats, reports, evaluator = {}, {}, None
+    for name, side in (("a", side_a), ("b", side_b)):
         per_seed, rescored = [], []
-        for row in rows:
-            model, _, _ = load_trained(side.run_dir, side.model, row.get("seed"))
+        for one in trained[name]:
+            run_settings = one.config_json["effective_config"]
+            evaluator = Evaluator(data, run_settings, run_settings["BATCH_SIZE"], tokens)
+            model, _, _ = load_trained(one.run_dir, side.model, one.row.get("seed"))
             where = dev.sampling_device(info, getattr(model, "host_only", False))  # on XLA: the CPU
-            nats = evaluator.token_nats(model.to(where), info, where)
-            per_seed.append(nats)
-            rescored.append(float(nats.sum() / evaluator.chars / np.log(2)))
-        sides[name] = (evaluator, np.mean(per_seed, axis=0))
-        sides[name + "_report"] = {
-            "run": str(side.run_dir), "model": side.model, "seeds": [r.get("seed") for r in rows],
-            "bpc_per_seed": rescored, "bpc": float(np.mean(rescored)),
-            "recorded_bpc_per_seed": [r["val_bpc"] for r in rows],
-            "recorded_eval_tokens": [r.get("eval_tokens") for r in rows],
-            "eval_mode": settings["EVAL_MODE"]}
-    evaluator, nats_a = sides["a"]
-    _, nats_b = sides["b"]
-    return {"a": sides["a_report"], "b": sides["b_report"], "eval_tokens": scored_count(data, tokens),
+            per_token = evaluator.token_nats(model.to(where), info, where)
+            per_seed.append(per_token)
+            rescored.append(float(per_token.sum() / evaluator.chars / np.log(2)))
+        nats[name] = np.mean(per_seed, axis=0)
+        reports[name] = {
+            "runs": [str(t.run_dir) for t in trained[name]], "model": side.model,
+            "seeds": [t.row.get("seed") for t in trained[name]], "bpc_per_seed": rescored,
+            "bpc": float(np.mean(rescored)), "recorded_bpc_per_seed": [t.row["val_bpc"] for t in trained[name]],
+            "eval_modes": [t.config_json["effective_config"]["EVAL_MODE"] for t in trained[name]]}
+    return {"a": reports["a"], "b": reports["b"], "eval_tokens": scored_count(data, tokens),
             "bootstrap": f"paired: the same {BOOTSTRAP_SAMPLES} resamples of story-aligned blocks for both",
-            **evaluator.paired_difference(nats_a, nats_b)}
+            **evaluator.paired_difference(nats["a"], nats["b"])}
 
 
 def describe(report: dict) -> str:
@@ -120,7 +144,8 @@ def describe(report: dict) -> str:
         side = report[key]
         seeds = ", ".join(f"{b:.4f}" for b in side["bpc_per_seed"])
         recorded = ", ".join(f"{b:.4f}" for b in side["recorded_bpc_per_seed"])
-        lines.append(f"{key.upper()} = {Path(side['run']).name}:{side['model']}: {side['bpc']:.4f} bits/char over "
+        runs = "+".join(dict.fromkeys(Path(r).name for r in side["runs"]))
+        lines.append(f"{key.upper()} = {runs}:{side['model']}: {side['bpc']:.4f} bits/char over "
                      f"{len(side['seeds'])} seed(s) [{seeds}] (its run recorded [{recorded}])")
     lines.append(f"A - B = {report['bpc_difference']:+.4f} bits/char, 95% paired interval "
                  f"[{report['ci95_low']:+.4f}, {report['ci95_high']:+.4f}] on {report['eval_tokens']:,} tokens; "

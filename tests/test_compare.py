@@ -63,3 +63,18 @@ def test_runs_on_other_data_are_refused(runs, tmp_path):
     run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=20", "PLOTS=False", "RUN_NAME=other", "SYNTHETIC_STORIES=200")
     proc = compare(f"{runs / 'counts'}:ngram", tmp_path / "results" / "other", check=False)
     assert proc.returncode != 0 and "not evaluated on the same text" in proc.stderr
+
+
+def test_seeds_of_several_runs_are_pooled_and_a_shared_seed_is_refused(runs, tmp_path):
+    out = tmp_path / "pooled.json"
+    run_cli(tmp_path, "MODELS=['lstm']", "SEEDS=[7]", "MAX_STEPS=20", "PLOTS=False", "RUN_NAME=more",
+            "FINAL_EVAL_TOKENS=4096")
+    more = tmp_path / "results" / "more"
+    compare(f"{runs / 'rnn'}+{more}:lstm", f"{runs / 'counts'}:ngram", f"OUT={out}")
+    report = json.loads(out.read_text())
+    assert report["a"]["seeds"] == [1337, 1338, 7] and len(report["a"]["bpc_per_seed"]) == 3
+    assert report["a"]["bpc"] == pytest.approx(sum(report["a"]["bpc_per_seed"]) / 3, rel=1e-12)
+    shared = compare(f"{runs / 'rnn'}+{runs / 'rnn'}:lstm", f"{runs / 'counts'}:ngram", check=False)
+    assert shared.returncode != 0 and "share a training seed" in shared.stderr
+    missing = compare(f"{runs / 'rnn'}+{runs / 'counts'}:lstm", f"{runs / 'counts'}:ngram", check=False)
+    assert missing.returncode != 0 and "'lstm' is not a model of" in missing.stderr
