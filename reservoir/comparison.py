@@ -23,7 +23,7 @@ import numpy as np
 
 from . import device as dev
 from .data import prepare_data, tokenizer_hash
-from .evaluation import BOOTSTRAP_SAMPLES, Evaluator, scored_count
+from .evaluation import BOOTSTRAP_SAMPLES, Evaluator
 from .results import ResultsError, read_json
 from .sampling import load_trained
 
@@ -115,7 +115,8 @@ def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str =
     if tokens is None:  # what every run's final evaluation scored
         tokens = min(t.config_json["effective_config"]["FINAL_EVAL_TOKENS"] or len(data.val) for t in everything)
     info = dev.select_device({"DEVICE": device})
-    nats, reports, evaluator = {}, {}, None
+    pairing = Evaluator(data, settings, settings["BATCH_SIZE"], tokens)  # the targets and story blocks: same for all
+    nats, reports = {}, {}
     for name, side in (("a", side_a), ("b", side_b)):
         per_seed, rescored = [], []
         for one in trained[name]:
@@ -132,9 +133,9 @@ def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str =
             "seeds": [t.row.get("seed") for t in trained[name]], "bpc_per_seed": rescored,
             "bpc": float(np.mean(rescored)), "recorded_bpc_per_seed": [t.row["val_bpc"] for t in trained[name]],
             "eval_modes": [t.config_json["effective_config"]["EVAL_MODE"] for t in trained[name]]}
-    return {"a": reports["a"], "b": reports["b"], "eval_tokens": scored_count(data, tokens),
+    return {"a": reports["a"], "b": reports["b"], "eval_tokens": pairing.n,
             "bootstrap": f"paired: the same {BOOTSTRAP_SAMPLES} resamples of story-aligned blocks for both",
-            **evaluator.paired_difference(nats["a"], nats["b"])}
+            **pairing.paired_difference(nats["a"], nats["b"])}
 
 
 def describe(report: dict) -> str:
