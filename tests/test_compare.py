@@ -1,12 +1,10 @@
 """compare.py: a paired comparison of two trained models, re-scored from their run folders."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.test_runner import ROOT, run_cli, summary_of
+from tests.test_runner import run_cli, run_script, summary_of
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +18,7 @@ def runs(tmp_path_factory):
 
 
 def compare(*args, check=True):
-    proc = subprocess.run([sys.executable, str(ROOT / "compare.py"), *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    return run_script("compare.py", *args, check=check)
 
 
 def test_rescored_models_match_their_runs_and_the_difference_is_paired(runs, tmp_path):

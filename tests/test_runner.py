@@ -35,6 +35,15 @@ def run_cli(tmp_path, *args, env=None, check=True, replace_env=False):
     return proc
 
 
+def run_script(script: str, *args, check=True):
+    """Run a root script (sample.py, compare.py, ...) on ``args``; assert it succeeded unless not ``check``."""
+    proc = subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def run_then_sigkill(tmp_path, args, run_name, ready) -> Path:
     """Start a run named ``run_name`` and SIGKILL it as soon as ``ready(run_dir)`` holds; its folder."""
     cmd = [sys.executable, str(ROOT / "TinyStories.py"), *TINY, *args, f"RESULTS_DIR={tmp_path / 'results'}",

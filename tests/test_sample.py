@@ -2,15 +2,13 @@
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from reservoir.data import CharTokenizer
 from reservoir.sampling import SampleSettings, decode_story, load_trained, write_stories
-from tests.test_runner import ROOT, run_cli
+from tests.test_runner import run_cli, run_script
 
 MODELS = ["ngram", "esn", "deep_esn", "nvar", "linear_reservoir", "deep_linear_reservoir", "lstm", "transformer"]
 SEPARATOR = "\n" + "-" * 40 + "\n"
@@ -29,11 +27,7 @@ def trained_run(tmp_path_factory):
 
 
 def sample(*args, check=True):
-    proc = subprocess.run([sys.executable, str(ROOT / "sample.py"), *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    return run_script("sample.py", *args, check=check)
 
 
 @pytest.mark.parametrize("model", MODELS)

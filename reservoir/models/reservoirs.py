@@ -119,6 +119,11 @@ class Reservoir(nn.Module):
             return torch.addmm(drive, self._w_csr, x_cols)
         return torch.addmm(drive, self.w, x_cols)
 
+    def _drive(self, inputs: torch.Tensor, by_id: bool) -> torch.Tensor:
+        """W_in u_t + b for every step, (T, units, B): one column per stream."""
+        drive = self.w_in[inputs] if by_id else inputs.float() @ self.w_in
+        return (drive + self.bias).permute(1, 2, 0).contiguous()
+
     @torch.no_grad()
     def forward(self, inputs: torch.Tensor, state: torch.Tensor | None = None):
         """inputs: ids (B, T) or vectors (B, T, n_inputs) -> states (B, T, units), last state (B, units).
@@ -128,8 +133,7 @@ class Reservoir(nn.Module):
         a = self.leak_rate
         by_id = inputs.dtype in (torch.int64, torch.int32)
         if self.time_scan is not None:  # one compiled cell, however long the window
-            drive = self.w_in[inputs] if by_id else inputs.float() @ self.w_in
-            drive = (drive + self.bias).permute(1, 2, 0).contiguous()  # (T, units, B)
+            drive = self._drive(inputs, by_id)
             x = torch.zeros_like(drive[0]) if x is None else x
 
             def cell(carry, drive_t):
@@ -146,7 +150,7 @@ class Reservoir(nn.Module):
             def drive_at(t):
                 return table.index_select(1, ids[t])
         else:
-            drive = (inputs.float() @ self.w_in + self.bias).permute(1, 2, 0).contiguous()
+            drive = self._drive(inputs, by_id)
             steps, drive_at = drive.shape[0], drive.__getitem__
         batch = inputs.shape[0]
         x = torch.zeros(self.units, batch, device=inputs.device) if x is None else x
