@@ -3,16 +3,28 @@
     cost = sgd_step(model, vocab_size, batch_size, seq_len, micro_batches)  # or ridge_fit, count_updates
     cost.flops(steps)                                              # FLOPs after ``steps`` steps
 
-What is counted is what ``torch.utils.flop_counter.FlopCounterMode`` counts: matrix products
-(mm, bmm, addmm, attention, convolutions), forward and backward. Element-wise work (activations,
-the linear reservoir's diagonal recurrence, optimizer updates) is not counted: it is the same
-convention as the 6·N·D rule of thumb, and it is what dominates every model here except the
-n-gram. The measurement runs on a CPU copy of the model, so it adds no device work, and the
-count does not depend on precision or device.
+The convention (``CONVENTION``, recorded in every summary) is the one behind the 6·N·D rule and
+PaLM's MFU formula, applied to every model alike: **products are counted, element-wise work is
+not**. 2 FLOPs per multiply-add of
+
+- every dense matrix product (mm, bmm, addmm, convolutions), forward and backward;
+- every sparse matrix product by its non-zeros: the ESN's CSR recurrence W x is 2·nnz(W) per
+  state column, not 2·units² (a dense count would charge ~90% of products that never happen);
+- attention: QKᵀ and the attention-weighted sum of V, over the whole T x T square as PaLM
+  counts it (causal masking not subtracted), backward twice forward (the products of the
+  algorithm; a flash kernel's recomputation is not charged);
+- the ridge solve: Cholesky n³/3 multiply-adds, its triangular solves n² per right-hand side.
+
+Not counted, for any model: activations, norms, the diagonal linear recurrences (an
+element-wise multiply-add per unit and step, like an LSTM's gates), sums by index (the ridge fit's
+one-hot rows), embedding look-ups and optimizer updates. ``torch.utils.flop_counter`` does the
+counting; this module adds the formulas its registry lacks (the CPU attention kernels, where it
+counts 0, and sparse operands, which it counts as dense). The measurement runs on a CPU copy of
+the model, so it adds no device work, and the count does not depend on precision or device.
 
 - Gradient-trained models: one forward and backward pass of one micro-batch of
-  (BATCH_SIZE, SEQ_LEN) tokens, times GRAD_ACCUM x replicas per step. Recurrences run through a
-  plain loop over time for the count (nn.LSTM's fused kernel hides its products from the counter).
+  (BATCH_SIZE, SEQ_LEN) tokens, times GRAD_ACCUM x replicas per step. Fused recurrent kernels
+  (nn.LSTM) run through a plain loop over time for the count: the fused kernel hides its products.
 - Ridge fits: the fit itself is run on one chunk and on two chunks of BATCH_SIZE streams x
   SEQ_LEN tokens with the run's calibration tail: the difference is one chunk's cost (state
   harvest and the XᵀX, Xᵀy accumulation), the rest is the fixed cost (the solve and the calibration).
@@ -27,14 +39,20 @@ import copy
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from .device import sequential_scan
 
+CONVENTION = ("products only, 2 FLOPs per multiply-add: dense matrix products by shape, sparse ones by "
+              "non-zeros, attention over the full T x T square (backward 2x forward), the ridge solve; "
+              "element-wise work (activations, norms, diagonal recurrences, optimizer) not counted")
 METHODS = {"sgd": "FlopCounterMode (matrix products, forward and backward)",
            "ridge": "FlopCounterMode (matrix products of the harvest, accumulation, solve and calibration)",
            "counts": "count updates (order per token)"}
+
+aten = torch.ops.aten
 
 
 @dataclass(frozen=True)
@@ -54,16 +72,101 @@ class FitCost:
         return max(0, int((flop_budget - self.fixed) // self.per_step)) if self.per_step else None
 
 
+# --------------------------------------------------------------------- formulas the counter lacks
+# Each takes the operator's own arguments (raw tensors: ``_get_raw``) and returns FLOPs.
+
+
+def _raw(formula):
+    formula._get_raw = True  # FlopCounterMode passes tensors, not shapes: sparsity is visible
+    return formula
+
+
+def _shape(x) -> tuple:
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else tuple(x)  # a tensor, or a shape already
+
+
+def _sparse(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.layout != torch.strided
+
+
+def _product(a, b) -> int:
+    """2 x the multiply-adds of a @ b: a dense operand by its shape, a sparse one by its non-zeros."""
+    if _sparse(a):
+        return 2 * int(a._nnz()) * _shape(b)[-1]
+    if _sparse(b):
+        return 2 * int(b._nnz()) * _shape(a)[0]
+    (rows, inner), cols = _shape(a), _shape(b)[-1]
+    return 2 * rows * inner * cols
+
+
+@_raw
+def _mm(a, b, *args, out_val=None, **kwargs) -> int:
+    return _product(a, b)
+
+
+@_raw
+def _addmm(bias, a, b, *args, out_val=None, **kwargs) -> int:
+    return _product(a, b)
+
+
+def _attention_products(query: torch.Tensor, key: torch.Tensor) -> int:
+    """2 x the multiply-adds of QKᵀ plus those of (scores)V: 4·B·H·Tq·Tk·D, the full square."""
+    batch, heads, t_query, dim = _shape(query)
+    return 4 * batch * heads * t_query * _shape(key)[-2] * dim
+
+
+@_raw
+def _attention(query, key, value, *args, out_val=None, **kwargs) -> int:
+    return _attention_products(query, key)
+
+
+@_raw
+def _attention_backward(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
+    return 2 * _attention_products(query, key)  # gradients of Q, K (via the scores) and V, scores: 4 products
+
+
+@_raw
+def _cholesky(a, *args, out_val=None, **kwargs) -> int:
+    return 2 * _shape(a)[-1] ** 3 // 3
+
+
+@_raw
+def _cholesky_solve(rhs, factor, *args, out_val=None, **kwargs) -> int:
+    return 2 * _shape(factor)[-1] ** 2 * _shape(rhs)[-1]  # two triangular solves, n²/2 multiply-adds each
+
+
+FORMULAS = {aten.mm: _mm, aten.addmm: _addmm,
+            aten._scaled_dot_product_flash_attention_for_cpu: _attention,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward,
+            aten._scaled_dot_product_flash_attention: _attention,
+            aten._scaled_dot_product_flash_attention_backward: _attention_backward,
+            aten._scaled_dot_product_efficient_attention: _attention,
+            aten._scaled_dot_product_efficient_attention_backward: _attention_backward,
+            aten._scaled_dot_product_cudnn_attention: _attention,
+            aten._scaled_dot_product_cudnn_attention_backward: _attention_backward,
+            aten.linalg_cholesky_ex: _cholesky, aten.cholesky_solve: _cholesky_solve}
+
+
+def counter() -> FlopCounterMode:
+    """torch's FLOP counter with this module's formulas (see the module docstring)."""
+    return FlopCounterMode(display=False, custom_mapping=FORMULAS)
+
+
 def _counted(fn) -> float:
-    with FlopCounterMode(display=False) as counter:
+    with counter() as count:
         fn()
-    return float(counter.get_total_flops())
+    return float(count.get_total_flops())
 
 
 def _host_copy(model):
-    """A CPU copy whose recurrences loop over time in plain PyTorch (every product visible)."""
+    """A CPU copy in which every product is visible to the counter: parts built on a fused recurrent
+    kernel (nn.LSTM) loop over time in plain PyTorch; the rest keep their own loops (a reservoir's
+    sparse recurrence stays sparse)."""
     twin = copy.deepcopy(model).to("cpu").float()
-    twin.use_time_scan(sequential_scan)
+    for module in twin.modules():
+        if hasattr(module, "time_scan"):
+            fused = any(isinstance(child, nn.RNNBase) for child in module.children())
+            module.time_scan = sequential_scan if fused else None
     return twin
 
 

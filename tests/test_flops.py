@@ -1,0 +1,125 @@
+"""Compute accounting: the counted FLOPs per token of every model family against a hand count
+written here from the model's sizes (reservoir/flops.py states the convention: products only)."""
+
+import pytest
+import torch
+
+from configs import parse_overrides
+from reservoir import flops
+from reservoir.models import build_model
+from reservoir.models.ridge import GRAM_BLOCK
+
+VOCAB, BATCH, SEQ = 40, 4, 32
+
+
+def per_token_sgd(name: str, *overrides: str) -> tuple[float, object, dict]:
+    config = parse_overrides([f"SEQ_LEN={SEQ}", *overrides])
+    model = build_model(name, VOCAB, config)
+    cost = flops.sgd_step(model, VOCAB, batch_size=BATCH, seq_len=SEQ, steps_per_batch=1)
+    return cost.per_step / (BATCH * SEQ), model, config[name.upper()]
+
+
+def per_token_ridge(name: str, *overrides: str) -> tuple[float, object, dict]:
+    config = parse_overrides([f"SEQ_LEN={SEQ}", *overrides])
+    model = build_model(name, VOCAB, config)
+    gen = torch.Generator().manual_seed(0)
+    chunk = (torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen), torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen))
+    calibration = [(torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen),) * 2]
+    cost = flops.ridge_fit(model, chunk, calibration, washout=0)
+    return cost.per_step / (BATCH * SEQ), model, config[name.upper()]
+
+
+def gram_per_sample(features: int) -> int:
+    """XᵀX's upper triangle as upper_gram forms it: block rows of GRAM_BLOCK features times the rest."""
+    return sum(2 * min(GRAM_BLOCK, features - start) * (features - start) for start in range(0, features, GRAM_BLOCK))
+
+
+def test_transformer_counts_its_attention_six_n_plus_the_square():
+    counted, _, cfg = per_token_sgd("transformer", "TRANSFORMER.n_layer=2", "TRANSFORMER.n_embd=64",
+                                    "TRANSFORMER.n_head=4")
+    layers, width = cfg["n_layer"], cfg["n_embd"]
+    weights = layers * (3 * width * width + width * width + 8 * width * width) + width * VOCAB  # blocks + head
+    attention = layers * 4 * SEQ * width  # QKᵀ and AV per token, the full T x T square, forward
+    assert counted == pytest.approx(6 * weights + 3 * attention, rel=0.05)
+    assert counted > 6 * weights * 1.02  # attention is in: torch's own registry counts 0 for it on the CPU
+
+
+def test_transformer_attention_is_counted_with_dropout_too():
+    with_dropout, _, _ = per_token_sgd("transformer", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32",
+                                       "TRANSFORMER.dropout=0.1")
+    without, _, _ = per_token_sgd("transformer", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32")
+    assert with_dropout == pytest.approx(without, rel=0.01)
+
+
+def test_lstm_counts_its_gates_and_head():
+    counted, _, cfg = per_token_sgd("lstm", "LSTM.hidden=48", "LSTM.embed_dim=16", "LSTM.layers=2")
+    hidden, embed = cfg["hidden"], cfg["embed_dim"]
+    products = 4 * hidden * (embed + hidden) + 4 * hidden * (hidden + hidden) + hidden * VOCAB
+    assert counted == pytest.approx(6 * products, rel=0.05)
+
+
+def test_linear_reservoir_counts_its_readout_not_its_diagonal_recurrence():
+    counted, _, cfg = per_token_sgd("linear_reservoir", "LINEAR_RESERVOIR.units=32",
+                                    "LINEAR_RESERVOIR.embed_dim=16", "LINEAR_RESERVOIR.readout_hidden=64")
+    features = 2 * cfg["units"] + cfg["embed_dim"]
+    assert counted == pytest.approx(6 * (features * cfg["readout_hidden"] + cfg["readout_hidden"] * VOCAB), rel=0.05)
+
+
+def test_deep_linear_reservoir_counts_its_projections_and_mixing():
+    counted, _, cfg = per_token_sgd("deep_linear_reservoir", "DEEP_LINEAR_RESERVOIR.layers=2",
+                                    "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=32",
+                                    "DEEP_LINEAR_RESERVOIR.mix_hidden=48", "DEEP_LINEAR_RESERVOIR.embed_dim=8")
+    width, units, hidden = cfg["width"], cfg["units"], cfg["mix_hidden"]
+    per_layer = width * 2 * units + 2 * units * hidden + hidden * width
+    products = cfg["taps"] * cfg["embed_dim"] * width + cfg["layers"] * per_layer + width * VOCAB
+    assert counted == pytest.approx(6 * products, rel=0.05)
+
+
+def test_esn_counts_its_sparse_recurrence_by_non_zeros():
+    counted, model, cfg = per_token_ridge("esn", "ESN.units=300", "ESN.degree=10")
+    units = cfg["units"]
+    assert int(model.reservoir.w.count_nonzero()) == units * cfg["degree"]
+    hand = 2 * units * cfg["degree"] + gram_per_sample(units)  # W x by its non-zeros, then XᵀX's upper triangle
+    assert counted == pytest.approx(hand, rel=0.05)
+    dense = 2 * units * units + gram_per_sample(units)
+    assert counted < 0.7 * dense  # a dense count of W x would charge units² per step
+
+
+def test_deep_esn_counts_each_layer():
+    counted, model, cfg = per_token_ridge("deep_esn", "DEEP_ESN.units=300", "DEEP_ESN.layers=2")
+    units, layers = cfg["units"], cfg["layers"]
+    assert all(r.sparse for r in model.layers)  # at 300 units and degree 10 the recurrence runs as CSR
+    recurrences = sum(2 * int(r.w.count_nonzero()) for r in model.layers)
+    between = (layers - 1) * 2 * units * units  # layer l+1 reads layer l's states through a dense W_in
+    assert counted == pytest.approx(recurrences + between + gram_per_sample(units * layers), rel=0.05)
+
+
+def test_nvar_counts_its_gram_only():
+    counted, _, cfg = per_token_ridge("nvar", "NVAR.delays=2", "NVAR.input_dim=6")
+    linear = cfg["delays"] * cfg["input_dim"]
+    features = linear + linear * (linear + 1) // 2  # the monomials are element-wise: not counted
+    assert counted == pytest.approx(gram_per_sample(features), rel=0.05)
+
+
+def test_ngram_counts_one_update_per_order_and_token():
+    assert flops.count_updates(5).flops(1000) == 5000
+
+
+def test_ridge_solve_is_counted_in_the_fixed_cost():
+    config = parse_overrides(["SEQ_LEN=16", "ESN.units=64"])
+    model = build_model("esn", VOCAB, config)
+    gen = torch.Generator().manual_seed(0)
+    chunk = (torch.randint(0, VOCAB, (2, 16), generator=gen),) * 2
+    cost = flops.ridge_fit(model, chunk, [chunk], washout=0)
+    n = 64 + VOCAB + 1  # dense features, one-hot inputs, bias
+    assert cost.fixed >= 2 * n**3 // 3
+
+
+def test_sparse_products_are_counted_by_non_zeros():
+    dense = torch.zeros(20, 20)
+    dense[torch.arange(20), torch.arange(20)] = 1.0
+    x = torch.randn(20, 3)
+    with flops.counter() as count:
+        torch.addmm(torch.zeros(20, 3), dense.to_sparse_csr(), x)
+        torch.mm(dense, x)
+    assert count.get_total_flops() == 2 * 20 * 3 + 2 * 20 * 20 * 3
