@@ -35,14 +35,14 @@ SHARED_CONFIG = {
     "GRAD_ACCUM": 1,  # micro-batches per optimizer step (effective batch = BATCH_SIZE x GRAD_ACCUM x devices)
     "GRAD_CLIP": 1.0,  # clip the global gradient norm to this (0: no clipping)
     "WEIGHT_DECAY": 0.01,  # AdamW weight decay on matrices (never on biases, norms, embeddings)
-    "WARMUP_STEPS": 50,  # linear learning-rate warm-up, then cosine decay to MIN_LR_FRACTION over the budget
+    "WARMUP_STEPS": 50,  # linear learning-rate warm-up (at most a tenth of the budget), then cosine decay
     "MIN_LR_FRACTION": 0.1,  # the cosine decay ends at LEARNING_RATE x this
     "GRADIENT_CHECKPOINTING": False,  # recompute activations in backward (less memory, ~30% slower)
     # --- budget: training of each model stops at whichever comes first ----
     "MAX_STEPS": None,  # optimizer steps per model (None: no step limit)
     "TOKEN_BUDGET": None,  # training tokens per model, all devices together (None: no token limit)
-    "TIME_BUDGET_S": 75.0,  # training wall-clock seconds per model, evaluation excluded (None: no time limit)
-    "FLOP_BUDGET": None,  # training FLOPs per model (matrix products, see reservoir/flops.py): no load changes it
+    "TIME_BUDGET_S": 600.0,  # training wall-clock seconds per model, evaluation excluded: a safety cap (None: none)
+    "FLOP_BUDGET": 1e13,  # training FLOPs per model (products, reservoir/flops.py): load-independent (None: off)
     "EVAL_POINTS": 16,  # evaluations per model, log-spaced over its budget, the last one final (1: final only)
     "EVAL_EVERY": None,  # evaluate every this many steps instead of EVAL_POINTS (and always at the end)
     "LOG_EVERY": 25,  # fetch the loss from the device every this many steps (the only host sync in the loop)
@@ -55,8 +55,8 @@ SHARED_CONFIG = {
     "SAMPLE_TEMPERATURE": 0.8,  # sampling temperature (0: greedy)
     "SAMPLE_TOP_K": 40,  # sample among the k likeliest tokens (None: all)
     # --- data -------------------------------------------------------------
-    "DATASET": "auto",  # 'auto' (hub, else DATA_DIR files, else synthetic) | 'tinystories' | 'synthetic' | a path
-    "DATA_DIR": "data",  # where 'auto' looks for local TinyStories-train.txt / TinyStories-valid.txt
+    "DATASET": "auto",  # 'auto' (hub, DATA_DIR, else synthetic) | 'tinystories' | 'shakespeare' | 'synthetic' | path
+    "DATA_DIR": "data",  # where 'auto' finds TinyStories-train/valid.txt, 'shakespeare' input.txt (or shakespeare/)
     "TRAIN_PATH": None,  # explicit training file (overrides DATASET's files); .txt or .jsonl with a 'text' field
     "VAL_PATH": None,  # explicit validation file; None means a held-out tail of the training stories
     "VAL_FRACTION": 0.05,  # share of stories held out for validation when there is no validation file

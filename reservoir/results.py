@@ -409,7 +409,8 @@ def aggregate(group: list[dict]) -> dict:
     out = {"model": first["model"], "seeds": len(group), "scored_seeds": len(scored),
            "params_total": first["params_total"], "params_trainable": first["params_trainable"],
            "oversubscribed": any((r.get("machine_load") or {}).get("oversubscribed") for r in group),
-           "compile_over_budget": any(r.get("compile_over_budget") for r in group)}
+           "compile_over_budget": any(r.get("compile_over_budget") for r in group),
+           "bound_by": "/".join(sorted({r["bound_by"] for r in group if r.get("bound_by")})) or None}
     for key in ("train_seconds", "train_tokens", "train_flops", "epochs", "compile_seconds"):
         values = [r[key] for r in group if r.get(key) is not None]
         out[key] = statistics.fmean(values) if values else None
@@ -433,13 +434,14 @@ def format_table(records: list[dict]) -> str:
     ± is the 95% bootstrap interval of a single seed's final evaluation, or the standard deviation
     across seeds when there are several (the seeds column says how many). On XLA a column shows
     each model's warm-up compilation (not charged to the budget). '*' marks a warm-up longer than
-    the whole budget, '!' a model trained while the machine was oversubscribed."""
+    the whole budget, '!' a model trained while the machine was oversubscribed. 'bound by' names the
+    limit that ended each fit."""
     rows = [aggregate(group) for _, group in seed_groups(records)]
     compile_column = any(r.get("device_kind") == "tpu" or r.get("compile_over_budget") for r in records)
     seeds_column = any(r["seeds"] > 1 for r in rows)
     head = (f"{'model':<18}" + (f"{'seeds':>6}" if seeds_column else "") + f"{'val bits/char ± 95%':>21}"
             f"{'val ppl':>9}{'params (trained)':>22}{'train s':>9}{'tokens':>12}{'tok/s':>10}{'FLOPs':>10}"
-            f"{'epochs':>8}{'load':>9}" + (f"{'compile s':>11}" if compile_column else ""))
+            f"{'epochs':>8}{'load':>9}{'bound by':>10}" + (f"{'compile s':>11}" if compile_column else ""))
     if seeds_column:
         head = head.replace("val bits/char ± 95%", "val bits/char ± sd ")
     lines = [head, "-" * len(head)]
@@ -457,7 +459,8 @@ def format_table(records: list[dict]) -> str:
         load = "" if r["runnable_mean"] is None else f"{r['runnable_mean']:.1f}/{r['cores']}"
         load += "!" if r["oversubscribed"] else ""
         line = (f"{r['model']:<18}{seeds}{score:>21}{r['val_ppl']:>9.2f}{params:>22}{r['train_seconds']:>9.1f}"
-                f"{r['train_tokens']:>12,.0f}{r['tokens_per_second']:>10,.0f}{flops:>10}{epochs:>8}{load:>9}")
+                f"{r['train_tokens']:>12,.0f}{r['tokens_per_second']:>10,.0f}{flops:>10}{epochs:>8}{load:>9}"
+                f"{r['bound_by'] or '':>10}")
         if compile_column:
             seconds = r.get("compile_seconds")
             mark = "*" if r.get("compile_over_budget") else ""
@@ -466,6 +469,9 @@ def format_table(records: list[dict]) -> str:
     if any(r["oversubscribed"] for r in rows):
         lines.append("! the machine was oversubscribed while this model trained (load: threads wanting a core / "
                      "cores): its tok/s and any time-budgeted score understate it; compare with FLOP_BUDGET")
+    if any(r["bound_by"] for r in rows):
+        lines.append("bound by: the budget that ended each fit (flops, seconds, steps, tokens), or data: a "
+                     "closed-form fit's one pass over all its training data")
     if any(r.get("compile_over_budget") for r in rows):
         lines.append("* warm-up (compilation) took longer than the whole time budget; not charged to it")
     return "\n".join(lines)

@@ -62,20 +62,36 @@ class Budget:
     def spent(self, steps: int, tokens: int, seconds: float, flops: float = 0.0) -> bool:
         return self.progress(steps, tokens, seconds, flops) >= 1.0
 
+    def bound(self, progress: Progress) -> str:
+        """Which limit ended a fit at ``progress``: the most spent of 'steps', 'tokens', 'seconds' and
+        'flops' (a closed-form fit stops one chunk short of its FLOP budget); 'data' when none was
+        reached (a closed-form fit's one pass over its training data)."""
+        shares = {name: done / limit for name, done, limit in (
+            ("steps", progress.step, self.max_steps), ("tokens", progress.tokens, self.max_tokens),
+            ("seconds", progress.seconds, self.max_seconds), ("flops", progress.flops, self.max_flops)) if limit}
+        name = max(shares, key=shares.get) if shares else None
+        return name if name and shares[name] >= 0.95 else "data"
+
     def share(self, progress: Progress, seconds: float | None = None) -> float:
         """``progress`` of a fit as a share of the budget (``seconds``: a clock newer than its own)."""
         return self.progress(progress.step, progress.tokens, progress.seconds if seconds is None else seconds,
                              progress.flops)
 
 
+WARMUP_SHARE = 0.1  # the warm-up ends after WARMUP_STEPS or this share of the budget, whichever comes first
+
+
 def learning_rate(config: dict, step: int, progress: float) -> float:
-    """Linear warm-up over WARMUP_STEPS, then cosine decay to MIN_LR_FRACTION over the budget.
+    """Linear warm-up over WARMUP_STEPS (or the first WARMUP_SHARE of the budget, if that is shorter),
+    then cosine decay to MIN_LR_FRACTION over the budget.
 
     The decay follows the budget's progress, so a model trained for 60 seconds
-    and one trained for 10k steps both end their schedule as their budget ends.
+    and one trained for 10k steps both end their schedule as their budget ends; the warm-up's
+    cap does the same for small budgets (a ladder's smallest would otherwise never reach its peak).
     """
     peak, floor = config["LEARNING_RATE"], config["MIN_LR_FRACTION"]
-    warm = min(1.0, (step + 1) / config["WARMUP_STEPS"]) if config["WARMUP_STEPS"] else 1.0
+    warm = min(1.0, max((step + 1) / config["WARMUP_STEPS"], progress / WARMUP_SHARE)) if config["WARMUP_STEPS"] \
+        else 1.0
     cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
     return peak * warm * (floor + (1 - floor) * cosine)
 
@@ -226,7 +242,8 @@ def _save(run, name, model, info, identity, progress, finished, optimizer=None, 
 
 
 def _progress_bar(name: str, info: dev.DeviceInfo, budget: Budget):
-    limits = [f"{v} {u}" for v, u in ((budget.max_steps, "steps"), (budget.max_tokens, "tokens"),
+    limits = [f"{v} {u}" for v, u in ((budget.max_flops and f"{budget.max_flops:.3g}", "FLOPs"),
+                                      (budget.max_steps, "steps"), (budget.max_tokens, "tokens"),
                                       (budget.max_seconds, "s")) if v]
     return progress(100, f"{name} (budget: {', '.join(limits)})", disable=not info.is_main_process, unit="%",
                     bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]", leave=True)
@@ -288,6 +305,9 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
             info.is_main_process)
     progress.flops = cost.flops(progress.step)
     budget = Budget.from_config(config)
+    if budget.max_flops and cost.per_step > budget.max_flops:
+        raise BudgetError(f"FLOP_BUDGET={budget.max_flops:.3g} does not cover one training step of {name} "
+                          f"({cost.per_step:.3g} FLOPs); raise FLOP_BUDGET")
     points = EvalPoints(config, budget.share(progress))
     accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
     saved_step = progress.step if saved is not None else None  # the last checkpoint: kept if training diverges
@@ -365,7 +385,8 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
     finally:
         bar.close()  # also when the model diverges or a signal stops it
     return _finish(name, model, info, run, evaluator, identity, progress, info.device,
-                   warm.report(progress.step, progress.seconds), config["SEED"], optimizer, scaler, advice=advice)
+                   {**warm.report(progress.step, progress.seconds), "bound_by": budget.bound(progress)},
+                   config["SEED"], optimizer, scaler, advice=advice)
 
 
 # --------------------------------------------------------------------- closed-form fits
@@ -424,6 +445,8 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
     started = time.perf_counter()
     warm = WarmUp(name, 0, 1, budget, info.is_main_process)  # the first chunk compiles both graphs on XLA
 
+    bound = {"by": None}  # set when the FLOP budget, not a spent limit or the data's end, stops the pass
+
     def chunks_in_budget():
         nonlocal started
         for k in range(chunks):
@@ -433,6 +456,7 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
             if budget.share(progress, time.perf_counter() - started) >= 1:
                 break
             if budget.max_flops and cost.flops(progress.step + 1) > budget.max_flops:
+                bound["by"] = "flops"
                 break  # the next chunk would pass the FLOP budget (the solve is counted in already)
             if dev.max_across(info, float(stopping.requested() is not None)) > 0:
                 bar.close()
@@ -458,7 +482,7 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
     progress.seconds = time.perf_counter() - started
     bar.set_postfix_str(f"{progress.tokens:,} tokens, {progress.tokens / progress.seconds:,.0f} tok/s")
     bar.close()
-    timing = warm.report(progress.step, progress.seconds)
+    timing = {**warm.report(progress.step, progress.seconds), "bound_by": bound["by"] or budget.bound(progress)}
     return _finish(name, model, info, run, evaluator, identity, progress, info.device, {**extra, **timing},
                    config["SEED"], advice=_ridge_advice(name))
 
@@ -480,6 +504,7 @@ def _fit_counts(name, model, data, config, info, run, evaluator, identity, saved
                         seconds=time.perf_counter() - started, flops=cost.flops(tokens))
     say(f"{name}: counted {progress.tokens:,} tokens in {progress.seconds:.1f}s (discount {extra['discount']})",
         info.is_main_process)
+    extra["bound_by"] = "data" if cap is None or tokens < cap else budget.bound(progress)
     return _finish(name, model, info, run, evaluator, identity, progress, torch.device("cpu"), extra, config["SEED"])
 
 
@@ -512,8 +537,9 @@ def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.D
             "world_size": info.world_size, "data_source": data.source, "val_unknown_share": data.val_unknown_share,
             "tokenizer": data.tokenizer.kind,
             "vocab_size": data.tokenizer.vocab_size, "seed": config["SEED"],
-            **{key: outcome.extra.get(key) for key in ("compile_seconds", "step_seconds", "compile_over_budget")},
+            **{key: outcome.extra.get(key) for key in ("compile_seconds", "step_seconds", "compile_over_budget",
+                                                       "bound_by")},
             "train_flops": progress.flops or None, "flops_per_token": progress.flops / max(1, progress.tokens) or None,
-            "flops_counted_as": flops.METHODS[model.trainer],
+            "flops_counted_as": flops.METHODS[model.trainer], "flops_convention": flops.CONVENTION,
             "epochs": round(progress.tokens / max(1, data.train.size), 4), "machine_load": outcome.load,
             "fit": outcome.extra}

@@ -19,8 +19,8 @@ from reservoir.train import Budget, learning_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "BATCH_SIZE=8", "EVAL_TOKENS=2048",
-        "TIME_BUDGET_S=None", "SAMPLE_TOKENS=30", "ESN.units=64", "DEEP_ESN.units=32", "NVAR.input_dim=4",
-        "LINEAR_RESERVOIR.units=32", "LINEAR_RESERVOIR.readout_hidden=64", "LSTM.hidden=64",
+        "TIME_BUDGET_S=None", "FLOP_BUDGET=None", "SAMPLE_TOKENS=30", "ESN.units=64", "DEEP_ESN.units=32",
+        "NVAR.input_dim=4", "LINEAR_RESERVOIR.units=32", "LINEAR_RESERVOIR.readout_hidden=64", "LSTM.hidden=64",
         "DEEP_LINEAR_RESERVOIR.layers=2", "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=32",
         "DEEP_LINEAR_RESERVOIR.mix_hidden=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32", "WARMUP_STEPS=5"]
 
@@ -211,6 +211,8 @@ def test_budget_and_learning_rate_schedule():
     assert learning_rate(config, 0, 0.0) == pytest.approx(1e-4)  # never 0: a 0 would waste the first step
     assert learning_rate(config, 9, 0.09) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.09))))
     assert learning_rate(config, 500, 1.0) == pytest.approx(1e-4)
+    assert learning_rate(config, 2, 0.1) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.1))))
+    assert learning_rate(config, 2, 0.05) == pytest.approx(0.5 * learning_rate(config, 2, 0.1), rel=0.02)
     rates = [learning_rate(config, s, s / 100) for s in range(10, 101)]
     assert all(a >= b for a, b in zip(rates, rates[1:], strict=False))
 
