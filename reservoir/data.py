@@ -1,4 +1,4 @@
-"""Data: TinyStories (hub, local files) or the built-in synthetic corpus,
+"""Data: TinyStories (hub, local files), Tiny Shakespeare or the built-in synthetic corpus,
 tokenizers (char, byte-level BPE), an on-disk token cache and fixed-shape windows.
 
     data = prepare_data(config)      # -> TokenData: token arrays, tokenizer, where the text came from
@@ -192,7 +192,7 @@ def _held_out_tail(stories: Stories, fraction: float, where: str) -> tuple[Stori
 class Corpus:
     train: Stories
     val: Stories
-    source: str  # 'tinystories' | 'files' | 'synthetic': recorded with results and shown in plots
+    source: str  # 'tinystories' | 'shakespeare' | 'files' | 'synthetic': recorded with results, shown in plots
     description: str  # where exactly the text came from
 
 
@@ -299,6 +299,41 @@ def _synthetic(config: dict) -> Corpus:
                   f"({config['SYNTHETIC_STORIES']} stories, seed {config['SEED']})")
 
 
+SHAKESPEARE_TRAIN_FRACTION = 0.9  # the standard protocol (char-rnn, nanoGPT's shakespeare_char)
+SHAKESPEARE_SOURCE = "karpathy/char-rnn data/tinyshakespeare/input.txt"
+
+
+def _shakespeare_file(config: dict) -> Path:
+    """TRAIN_PATH, else input.txt in DATA_DIR or DATA_DIR/shakespeare."""
+    if config["TRAIN_PATH"]:
+        candidates = [Path(config["TRAIN_PATH"]).expanduser()]
+    else:
+        folder = Path(config["DATA_DIR"]).expanduser()
+        candidates = [folder / "input.txt", folder / "shakespeare" / "input.txt"]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise DataError(f"DATASET='shakespeare' needs Tiny Shakespeare's input.txt ({SHAKESPEARE_SOURCE}); not "
+                        f"found at {' or '.join(map(str, candidates))}: put it there, or set TRAIN_PATH to it")
+    return found
+
+
+def _shakespeare(config: dict) -> Corpus:
+    """Tiny Shakespeare by the standard protocol: the first 90% of the characters train, the last 10%
+    validate, each one stream with no story boundaries (VAL_PATH and VAL_FRACTION do not apply)."""
+    path = _shakespeare_file(config)
+    text = "".join(_read_text(path))  # ~1 MB: the split needs its length, so it is read whole
+    if config["VAL_PATH"]:
+        raise DataError("DATASET='shakespeare' splits its one file 90/10 by characters; VAL_PATH does not apply "
+                        "(use DATASET=<path> TRAIN_PATH=... VAL_PATH=... for other text)")
+    if len(text.strip()) < 100:
+        raise DataError(f"{path} holds {len(text)} characters: too little to split into training and validation")
+    cut = int(len(text) * SHAKESPEARE_TRAIN_FRACTION)
+    train, val = text[:cut], text[cut:]
+    return Corpus(Stories.of([train]), Stories.of([val]), "shakespeare",
+                  f"Tiny Shakespeare {path}: characters 0-{cut:,} train, {cut:,}-{len(text):,} validate "
+                  "(one stream each, no story boundaries)")
+
+
 def _cap(corpus: Corpus, config: dict) -> Corpus:
     train = corpus.train.select(0, config["MAX_TRAIN_STORIES"], config["MAX_TRAIN_CHARS"])
     return Corpus(train, corpus.val, corpus.source, corpus.description)
@@ -308,7 +343,9 @@ def load_corpus(config: dict) -> Corpus:
     """The text a run trains and validates on, chosen by DATASET / TRAIN_PATH / VAL_PATH (read lazily:
     nothing is read until a pass over the stories)."""
     dataset = config["DATASET"]
-    if config["TRAIN_PATH"]:
+    if dataset == "shakespeare":
+        corpus = _shakespeare(config)
+    elif config["TRAIN_PATH"]:
         corpus = _load_files(config["TRAIN_PATH"], config["VAL_PATH"], config)
     elif dataset == "synthetic":
         corpus = _synthetic(config)

@@ -1,0 +1,378 @@
+"""The budget ladder: every model trained at several FLOP budgets, a curve fitted per model.
+
+    study = Study.from_args(args, parse_overrides)  # BUDGETS, STUDY and any TinyStories.py KEY=VALUE
+    study.run(run_point)                            # each budget an ordinary run folder (resumed if interrupted)
+    report = study.report()                         # scaling.json: points, fits, gaps, crossovers
+    plot_scaling(report, study.path / "scaling.png")
+
+A point is ``python TinyStories.py ... FLOP_BUDGET=<budget> RESULTS_DIR=<study> RUN_NAME=flops-<budget>``,
+run by the caller's ``run_point(args) -> exit code``, so resume, compare.py, sample.py and the plots
+work on it as on any run. Re-running the same study skips finished points and resumes an
+interrupted one from its checkpoint: a killed study loses at most CHECKPOINT_EVERY_S of one point.
+
+The fit per model is L(C) = E + A·(C / C₀)^(−α) (Kaplan et al. 2020; Hoffmann et al. 2022) by
+scipy's ``curve_fit`` over every seed's point, C₀ the smallest budget (which keeps A of the
+order of the losses); the uncertainties are the square roots of the covariance's diagonal.
+A model whose fits all ended on their data (one pass of a closed-form fit, n-gram counts) has no
+compute to scale: it is reported and drawn as a reference line, not fitted.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .messages import say, warn
+from .results import ResultsError, read_json, run_seeds, write_json_atomic
+
+STUDY_KEYS = ("BUDGETS", "STUDY")
+DEFAULT_BUDGETS = (2.5e12, 5e12, 1e13, 2e13, 4e13)  # ~2 h for the default models and seeds on 2 CPU cores
+DEFAULT_SETTINGS = {  # what a study sets unless the command line says otherwise
+    "MODELS": ["transformer", "lstm", "deep_linear_reservoir", "linear_reservoir", "esn", "ngram"],
+    "SEEDS": [1337, 1338],
+    "TIME_BUDGET_S": None,  # compute alone ends every fit: the ladder does not depend on the machine's load
+    "PLOTS": False,  # one plot for the study instead of a set per point
+}
+REFERENCE = "transformer"  # gaps are measured to this model
+MIN_FIT_POINTS = 3  # distinct compute-bound budgets a curve needs (it has three parameters)
+
+
+class StudyError(ValueError):
+    """A study that cannot run as asked: reported as one line."""
+
+
+def parse_budgets(value) -> list[float]:
+    """BUDGETS=1e12,2e12,... (or a Python list): at least two, each > 0, strictly increasing."""
+    text = str(value).strip("[]() ")
+    items = value if isinstance(value, (list, tuple)) else [v for v in text.split(",") if v.strip()]
+    budgets = []
+    for item in items:
+        try:
+            number = float(item) if isinstance(item, str) else item
+        except ValueError:
+            number = None
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) \
+                or number <= 0:
+            raise StudyError(f"BUDGETS must be positive numbers of FLOPs, got {item!r}; e.g. BUDGETS=1e12,4e12,1.6e13")
+        budgets.append(float(number))
+    if len(budgets) < 2:
+        raise StudyError(f"BUDGETS needs at least two budgets for a ladder, got {len(budgets)}; "
+                         "e.g. BUDGETS=1e12,4e12,1.6e13")
+    if any(b <= a for a, b in zip(budgets, budgets[1:], strict=False)):
+        raise StudyError(f"BUDGETS must increase strictly, got {', '.join(f'{b:g}' for b in budgets)}")
+    return budgets
+
+
+def point_name(budget: float) -> str:
+    """The run folder of one budget: flops-2.50e12."""
+    return "flops-" + f"{budget:.2e}".replace("+", "")
+
+
+@dataclass
+class Study:
+    name: str
+    budgets: list[float]
+    settings: list[str]  # TinyStories.py KEY=VALUE held for every point (the study's defaults first)
+    config: dict  # the validated settings of a point (without its budget)
+    path: Path = field(init=False)
+
+    def __post_init__(self):
+        self.path = Path(self.config["RESULTS_DIR"]) / self.name
+
+    @classmethod
+    def from_args(cls, argv: list[str], parse_overrides) -> Study:
+        """The study of a command line; ``parse_overrides(args) -> config`` checks the run settings."""
+        own, settings = {}, []
+        for arg in argv:
+            key, eq, value = arg.partition("=")
+            if eq and key.strip().upper() in STUDY_KEYS:
+                own[key.strip().upper()] = value.strip()
+            else:
+                settings.append(arg)
+        budgets = parse_budgets(own["BUDGETS"]) if "BUDGETS" in own else list(DEFAULT_BUDGETS)
+        name = own.get("STUDY") or "scaling"
+        if not name.strip() or "/" in name or "\\" in name or name in (".", ".."):
+            raise StudyError(f"STUDY must be a plain folder name, got {name!r}")
+        given = {arg.partition("=")[0].strip().upper() for arg in settings}
+        defaults = [f"{key}={value!r}" for key, value in DEFAULT_SETTINGS.items() if key not in given]
+        for arg in settings:
+            if arg.partition("=")[0].strip().upper() in ("FLOP_BUDGET", "RUN_NAME", "RESUME"):
+                raise StudyError(f"{arg.partition('=')[0].strip()} is set by the study for each point; "
+                                 "give the ladder as BUDGETS=... and the folder as STUDY=...")
+        config = parse_overrides([*defaults, *settings, f"FLOP_BUDGET={budgets[0]}"])  # refused now, not mid-study
+        return cls(name, budgets, [*defaults, *settings], config)
+
+    def point_args(self, budget: float) -> list[str]:
+        """The TinyStories.py arguments of one point: a new run, or the resumption of an interrupted one."""
+        folder = self.path / point_name(budget)
+        where = [f"RESULTS_DIR={self.path}", f"FLOP_BUDGET={budget!r}"]
+        if (folder / "config.json").exists():
+            return [*self.settings, *where, f"RESUME={folder}"]
+        return [*self.settings, *where, f"RUN_NAME={point_name(budget)}"]
+
+    def finished(self, budget: float) -> bool:
+        """Every model and seed of the point is recorded (finished, or diverged: a result too)."""
+        summary = self.path / point_name(budget) / "summary.json"
+        if not summary.exists():
+            return False
+        done = {(r.get("model"), r.get("seed")) for r in read_json(summary, "the point's summary")}
+        return {(m, s) for m in self.config["MODELS"] for s in run_seeds(self.config)} <= done
+
+    def run(self, run_point) -> None:
+        """Train every point not yet finished, smallest budget first; ``run_point(args) -> exit code``."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        for k, budget in enumerate(self.budgets, 1):
+            if self.finished(budget):
+                say(f"study {self.name}: point {k}/{len(self.budgets)} ({budget:.3g} FLOPs) finished, skipped")
+                continue
+            say(f"study {self.name}: point {k}/{len(self.budgets)}, FLOP_BUDGET={budget:.3g} "
+                f"-> {self.path / point_name(budget)}")
+            code = run_point(self.point_args(budget))
+            if code != 0:
+                raise StudyExit(code, f"the point at {budget:.3g} FLOPs stopped (exit code {code}, its message "
+                                      "is above); every finished point is kept and the same command continues "
+                                      "the study")
+
+    def records(self) -> list[dict]:
+        """Every recorded (model, seed) of every point, with the point's budget."""
+        out = []
+        for budget in self.budgets:
+            summary = self.path / point_name(budget) / "summary.json"
+            if summary.exists():
+                out.extend({**r, "budget": budget} for r in read_json(summary, "the point's summary"))
+        return out
+
+    def report(self) -> dict:
+        return build_report(self.records(), self.budgets, self.config["MODELS"],
+                            {"study": self.name, "path": str(self.path), "settings": self.settings})
+
+
+class StudyExit(Exception):
+    """A point ended without finishing: the study stops there, with the point's exit code."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+# --------------------------------------------------------------------- the report
+
+
+def _points(records: list[dict], models: list[str], budgets: list[float]) -> dict:
+    """Per model and budget: bits/char mean ± sd over seeds and what the fits were."""
+    table: dict = {}
+    for model in models:
+        rows = []
+        for budget in budgets:
+            group = [r for r in records if r["model"] == model and r["budget"] == budget]
+            scored = [r for r in group if r.get("val_bpc") is not None]
+            if not group:
+                continue
+            bpc = [r["val_bpc"] for r in scored]
+            rows.append({
+                "budget": budget, "seeds": len(group), "scored_seeds": len(scored),
+                "bpc_per_seed": bpc, "bpc_mean": statistics.fmean(bpc) if bpc else None,
+                "bpc_sd": statistics.stdev(bpc) if len(bpc) > 1 else None,
+                "bpc_ci95": statistics.fmean(r["val_bpc_ci95"] for r in scored if r.get("val_bpc_ci95") is not None)
+                if any(r.get("val_bpc_ci95") is not None for r in scored) else None,
+                "train_flops": statistics.fmean(r["train_flops"] for r in group if r.get("train_flops"))
+                if any(r.get("train_flops") for r in group) else None,
+                "tokens": statistics.fmean(r["train_tokens"] for r in group),
+                "epochs": statistics.fmean(r["epochs"] for r in group if r.get("epochs") is not None)
+                if any(r.get("epochs") is not None for r in group) else None,
+                "train_seconds": statistics.fmean(r["train_seconds"] for r in group),
+                "params_trained": group[0]["params_trainable"],
+                "params_frozen": group[0]["params_total"] - group[0]["params_trainable"],
+                "bound_by": sorted({r.get("bound_by") or "?" for r in group}),
+                "diverged_seeds": [r["seed"] for r in group if r.get("status") == "diverged"],
+            })
+        table[model] = rows
+    return table
+
+
+def curve(compute, e: float, a: float, alpha: float, c0: float):
+    """L(C) = E + A·(C / C₀)^(−α)."""
+    return e + a * (np.asarray(compute, dtype=float) / c0) ** (-alpha)
+
+
+def fit_curve(compute: list[float], bpc: list[float], c0: float) -> dict:
+    """E, A, α (± one standard error) of L(C) through the points, with residuals; or why not."""
+    from scipy.optimize import OptimizeWarning, curve_fit
+
+    x, y = np.asarray(compute, dtype=float), np.asarray(bpc, dtype=float)
+    if len(set(np.round(np.log(x), 6))) < MIN_FIT_POINTS:
+        return {"converged": False, "reason": f"fewer than {MIN_FIT_POINTS} compute-bound budgets"}
+    p0 = (0.9 * y.min(), max(y.max() - 0.9 * y.min(), 1e-3), 0.3)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", OptimizeWarning)
+            params, cov = curve_fit(lambda c, e, a, alpha: curve(c, e, a, alpha, c0), x, y, p0=p0,
+                                    bounds=([0.0, 0.0, 0.0], [np.inf, np.inf, 5.0]), maxfev=20000)
+    except (RuntimeError, ValueError, OptimizeWarning) as e:
+        return {"converged": False, "reason": f"curve_fit did not converge ({e})"}
+    errors = np.sqrt(np.diag(cov)) if np.all(np.isfinite(cov)) else np.full(3, np.nan)
+    residuals = y - curve(x, *params, c0)
+    return {"converged": True, "E": float(params[0]), "A": float(params[1]), "alpha": float(params[2]),
+            "E_se": _finite(errors[0]), "A_se": _finite(errors[1]), "alpha_se": _finite(errors[2]), "C0": c0,
+            "residuals": [float(r) for r in residuals], "rms_residual": float(np.sqrt(np.mean(residuals**2))),
+            "points": len(y)}
+
+
+def _finite(value) -> float | None:
+    return float(value) if np.isfinite(value) else None
+
+
+def crossovers(fits: dict, low: float, high: float) -> list[dict]:
+    """Budgets where two fitted curves cross, searched from low/10 to high·100 (beyond the ladder: extrapolated)."""
+    grid = np.geomspace(low / 10, high * 100, 2000)
+    found = []
+    names = [m for m, f in fits.items() if f.get("converged")]
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            a, b = fits[first], fits[second]
+            diff = curve(grid, a["E"], a["A"], a["alpha"], a["C0"]) - curve(grid, b["E"], b["A"], b["alpha"], b["C0"])
+            for k in np.flatnonzero(np.sign(diff[:-1]) * np.sign(diff[1:]) < 0):
+                at = float(math.exp((math.log(grid[k]) + math.log(grid[k + 1])) / 2))
+                better = first if diff[k + 1] < 0 else second
+                found.append({"models": [first, second], "budget": at, "better_above": better,
+                              "within_ladder": bool(low <= at <= high)})
+    return found
+
+
+def build_report(records: list[dict], budgets: list[float], models: list[str], about: dict) -> dict:
+    points = _points(records, models, budgets)
+    c0 = budgets[0]
+    fits, references = {}, {}
+    for model, rows in points.items():
+        compute_bound = [r for r in rows if r["bpc_mean"] is not None and r["bound_by"] != ["data"]]
+        if rows and not compute_bound:
+            last = [r for r in rows if r["bpc_mean"] is not None]
+            references[model] = {"bpc": last[-1]["bpc_mean"] if last else None,
+                                 "reason": "every fit ended on its data: no compute to scale"}
+            continue
+        xs, ys = [], []
+        for r in compute_bound:
+            for value in r["bpc_per_seed"]:
+                xs.append(r["train_flops"] or r["budget"])
+                ys.append(value)
+        fits[model] = fit_curve(xs, ys, c0)
+        if not fits[model]["converged"]:
+            warn(f"scaling: no curve for {model}: {fits[model]['reason']}; its points are still written")
+    gaps = {}
+    reference = {r["budget"]: r["bpc_mean"] for r in points.get(REFERENCE, []) if r["bpc_mean"] is not None}
+    for model, rows in points.items():
+        gaps[model] = [{"budget": r["budget"], "gap_percent": 100 * (r["bpc_mean"] - reference[r["budget"]])
+                        / reference[r["budget"]]} for r in rows
+                       if r["bpc_mean"] is not None and r["budget"] in reference and model != REFERENCE]
+    return {**about, "budgets": budgets, "models": models, "reference_model": REFERENCE,
+            "curve": "bits/char = E + A * (train_flops / C0) ** -alpha", "points": points, "fits": fits,
+            "references": references, "gap_to_reference": gaps,
+            "crossovers": crossovers(fits, budgets[0], budgets[-1])}
+
+
+def write_report(report: dict, folder: Path) -> Path:
+    path = Path(folder) / "scaling.json"
+    write_json_atomic(path, report)
+    return path
+
+
+def read_report(folder: Path) -> dict:
+    path = Path(folder) / "scaling.json"
+    if not path.exists():
+        raise ResultsError(f"{path} is missing: run python scaling.py first")
+    return read_json(path, "the scaling report")
+
+
+def format_report(report: dict) -> str:
+    """The ladder as a table: bits/char (mean ± sd over seeds) per model and budget, and each gap."""
+    budgets = report["budgets"]
+    head = f"{'model':<22}" + "".join(f"{b:>16.2e}" for b in budgets) + "   fit: E + A (C/C0)^-alpha"
+    lines = [head, "-" * len(head)]
+    for model, rows in report["points"].items():
+        by_budget = {r["budget"]: r for r in rows}
+        cells = []
+        for b in budgets:
+            r = by_budget.get(b)
+            if r is None or r["bpc_mean"] is None:
+                cells.append(f"{'-':>16}")
+                continue
+            sd = f"±{r['bpc_sd']:.3f}" if r["bpc_sd"] is not None else ""
+            cells.append(f"{r['bpc_mean']:.3f}{sd}".rjust(16))
+        fit = report["fits"].get(model)
+        if fit and fit.get("converged"):
+            note = f"   E={fit['E']:.3f} A={fit['A']:.3f} alpha={fit['alpha']:.3f}"
+        elif model in report["references"]:
+            note = "   (data-bound: reference line)"
+        else:
+            note = f"   (no fit: {fit['reason']})" if fit else ""
+        lines.append(f"{model:<22}" + "".join(cells) + note)
+    for model, gaps in report["gap_to_reference"].items():
+        if gaps:
+            by_budget = {g["budget"]: g["gap_percent"] for g in gaps}
+            lines.append(f"{'gap ' + model:<22}" + "".join(
+                f"{by_budget[b]:>+15.1f}%" if b in by_budget else f"{'-':>16}" for b in budgets))
+    for cross in report["crossovers"]:
+        where = "within the ladder" if cross["within_ladder"] else "extrapolated"
+        lines.append(f"crossover: {cross['models'][0]} / {cross['models'][1]} at {cross['budget']:.2e} FLOPs "
+                     f"({where}); {cross['better_above']} better above")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------- the plot
+
+
+def plot_scaling(report: dict, path: Path) -> Path:
+    """Bits/char against training FLOPs (points ± sd, fitted curves, data-bound models as lines), and
+    each model's gap to the transformer in percent."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budgets = report["budgets"]
+    colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(report["models"])}
+    fig, (loss_ax, gap_ax) = plt.subplots(1, 2, figsize=(13, 5))
+    grid = np.geomspace(budgets[0] / 1.5, budgets[-1] * 1.5, 200)
+    for model, rows in report["points"].items():
+        rows = [r for r in rows if r["bpc_mean"] is not None]
+        if not rows:
+            continue
+        colour = colours[model]
+        if model in report["references"]:
+            loss_ax.axhline(report["references"][model]["bpc"], color=colour, linestyle="--",
+                            label=f"{model} (all data, {report['references'][model]['bpc']:.3f})")
+            continue
+        x = [r["train_flops"] or r["budget"] for r in rows]
+        loss_ax.errorbar(x, [r["bpc_mean"] for r in rows], yerr=[r["bpc_sd"] or 0 for r in rows], fmt="o",
+                         color=colour, capsize=3, label=model)
+        fit = report["fits"].get(model, {})
+        if fit.get("converged"):
+            loss_ax.plot(grid, curve(grid, fit["E"], fit["A"], fit["alpha"], fit["C0"]), color=colour, alpha=0.7,
+                         label=f"  fit: E={fit['E']:.2f}, α={fit['alpha']:.2f}")
+    for model, gaps in report["gap_to_reference"].items():
+        if gaps and model not in report["references"]:
+            gap_ax.plot([g["budget"] for g in gaps], [g["gap_percent"] for g in gaps], "o-", color=colours[model],
+                        label=model)
+    gap_ax.axhline(0, color="grey", linewidth=0.8)
+    for ax, label in ((loss_ax, "validation bits/char"), (gap_ax, f"gap to the {report['reference_model']} (%)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("training FLOPs (reservoir/flops.py)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    loss_ax.set_title(f"study {report.get('study', '')}: bits/char against compute")
+    gap_ax.set_title(f"each model's gap to the {report['reference_model']} at the same budget")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+__all__ = ["Study", "StudyError", "StudyExit", "parse_budgets", "point_name", "fit_curve", "curve",
+           "crossovers", "build_report", "write_report", "read_report", "format_report", "plot_scaling"]

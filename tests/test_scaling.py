@@ -1,0 +1,193 @@
+"""The budget ladder (scaling.py, reservoir/scaling.py) and Tiny Shakespeare (DATASET=shakespeare)."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from configs import ConfigError, parse_overrides
+from reservoir.data import DataError, load_corpus
+from reservoir.scaling import (
+    Study,
+    StudyError,
+    build_report,
+    crossovers,
+    curve,
+    fit_curve,
+    parse_budgets,
+    point_name,
+)
+from tests.test_runner import ROOT, TINY
+
+SHAKESPEARE = Path(os.environ.get("RESERVOIR_SHAKESPEARE", ROOT.parent / "shared" / "data" / "shakespeare"
+                                  / "input.txt"))
+needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="Tiny Shakespeare's input.txt not found: set "
+                                       "RESERVOIR_SHAKESPEARE to it")
+
+
+def play(path: Path, speeches: int = 400) -> Path:
+    """A small play-like text in Tiny Shakespeare's layout: speaker lines, verse, blank lines."""
+    rng = np.random.default_rng(0)
+    names = ["FIRST CITIZEN", "MENENIUS", "ROMEO", "JULIET"]
+    words = "the of my lord thou art good and sweet night".split()
+    parts = [f"{names[rng.integers(4)]}:\n" + "\n".join(" ".join(rng.choice(words, 6)).capitalize() + ","
+                                                      for _ in range(rng.integers(1, 4))) for _ in range(speeches)]
+    path.write_text("\n\n".join(parts) + "\n", encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------- the ladder's settings
+
+
+@pytest.mark.parametrize("value, message", [("1e12", "at least two"), ("2e12,1e12", "increase strictly"),
+                                            ("1e12,1e12", "increase strictly"), ("1e12,x", "positive numbers"),
+                                            ("-1,1e12", "positive numbers"), ("", "at least two")])
+def test_bad_ladders_are_one_line_errors(value, message):
+    with pytest.raises(StudyError, match=message):
+        parse_budgets(value)
+
+
+def test_a_ladder_reads_as_typed():
+    assert parse_budgets("1e12, 2e12,4e12") == [1e12, 2e12, 4e12] == parse_budgets("[1e12,2e12,4e12]")
+    assert point_name(2.5e12) == "flops-2.50e12"
+
+
+def test_a_study_refuses_what_it_sets_itself_and_checks_settings_before_running(tmp_path):
+    for arg in ("FLOP_BUDGET=1e9", "run_name=x", "RESUME=latest"):
+        with pytest.raises(StudyError, match="set by the study"):
+            Study.from_args([arg], parse_overrides)
+    with pytest.raises(ConfigError, match="unknown model"):
+        Study.from_args(["MODELS=esn,transfromer"], parse_overrides)
+    study = Study.from_args([f"RESULTS_DIR={tmp_path}", "STUDY=s", "BUDGETS=1e9,2e9"], parse_overrides)
+    assert study.path == tmp_path / "s" and study.config["SEEDS"] == [1337, 1338]
+    assert study.config["TIME_BUDGET_S"] is None and "ngram" in study.config["MODELS"]
+    assert f"RUN_NAME={point_name(1e9)}" in study.point_args(1e9)
+
+
+# --------------------------------------------------------------------- the fit
+
+
+def test_the_fit_recovers_a_known_curve_and_its_crossover():
+    compute = np.geomspace(1e12, 1.6e13, 5).repeat(2)
+    rng = np.random.default_rng(1)
+    bpc = curve(compute, 1.2, 0.8, 0.35, 1e12) + rng.normal(0, 0.002, len(compute))
+    fit = fit_curve(list(compute), list(bpc), 1e12)
+    assert fit["converged"] and fit["points"] == 10
+    assert fit["E"] == pytest.approx(1.2, abs=0.05) and fit["alpha"] == pytest.approx(0.35, abs=0.05)
+    assert fit["alpha_se"] is not None and fit["rms_residual"] < 0.005 and len(fit["residuals"]) == 10
+    flat = {"converged": True, "E": 1.5, "A": 0.0, "alpha": 0.1, "C0": 1e12}
+    cross = crossovers({"steep": fit, "flat": flat}, 1e12, 1.6e13)
+    expected = 1e12 * (0.8 / (1.5 - 1.2)) ** (1 / 0.35)  # where 1.2 + 0.8 (C/C0)^-0.35 = 1.5
+    assert len(cross) == 1 and cross[0]["better_above"] == "steep"
+    assert cross[0]["budget"] == pytest.approx(expected, rel=0.1)
+
+
+def test_a_fit_that_cannot_be_made_says_why():
+    assert fit_curve([1e12, 2e12], [2.0, 1.9], 1e12) == {"converged": False,
+                                                         "reason": "fewer than 3 compute-bound budgets"}
+    records = [{"model": "esn", "budget": b, "seed": s, "val_bpc": 2.9, "train_flops": 1e9, "train_tokens": 10,
+                "epochs": 1.0, "train_seconds": 1.0, "params_trainable": 5, "params_total": 9, "bound_by": "data"}
+               for b in (1e12, 2e12) for s in (1, 2)]
+    report = build_report(records, [1e12, 2e12], ["esn"], {})
+    assert report["references"]["esn"]["bpc"] == 2.9 and "esn" not in report["fits"]  # data-bound: a reference
+
+
+# --------------------------------------------------------------------- Tiny Shakespeare
+
+
+def test_shakespeare_splits_its_one_file_ninety_ten_by_characters(tmp_path):
+    text = play(tmp_path / "input.txt").read_text(encoding="utf-8")
+    corpus = load_corpus(parse_overrides(["DATASET=shakespeare", f"DATA_DIR={tmp_path}"]))
+    (train,), (val,) = list(corpus.train), list(corpus.val)
+    cut = int(len(text) * 0.9)
+    assert train == text[:cut] and val == text[cut:] and corpus.source == "shakespeare"
+    assert load_corpus(parse_overrides(["DATASET=shakespeare", f"TRAIN_PATH={tmp_path / 'input.txt'}"])).source \
+        == "shakespeare"
+    with pytest.raises(DataError, match="needs Tiny Shakespeare's input.txt"):
+        load_corpus(parse_overrides(["DATASET=shakespeare", f"DATA_DIR={tmp_path / 'nowhere'}"]))
+    with pytest.raises(DataError, match="VAL_PATH does not apply"):
+        load_corpus(parse_overrides(["DATASET=shakespeare", f"DATA_DIR={tmp_path}", f"VAL_PATH={tmp_path}"]))
+
+
+@needs_shakespeare
+def test_the_real_tiny_shakespeare_has_the_published_split():
+    corpus = load_corpus(parse_overrides(["DATASET=shakespeare", f"TRAIN_PATH={SHAKESPEARE}"]))
+    (train,), (val,) = list(corpus.train), list(corpus.val)
+    assert len(train) + len(val) == 1_115_394 and len(train) == 1_003_854  # nanoGPT's shakespeare_char split
+    assert len(set(train + val)) == 65
+
+
+# --------------------------------------------------------------------- a study end to end
+
+
+def study_command(tmp_path, *args) -> list[str]:
+    """scaling.py on the play in ``tmp_path`` with tiny models; ``args`` override the settings here."""
+    return [sys.executable, str(ROOT / "scaling.py"),
+            *[a for a in TINY if not a.startswith(("DATASET", "FLOP_BUDGET"))], "DATASET=shakespeare",
+            f"DATA_DIR={tmp_path}", "MODELS=ngram,esn,lstm", "SEEDS=1,2", "BUDGETS=3e8,6e8,1.2e9", "EVAL_POINTS=2",
+            "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=5", f"RESULTS_DIR={tmp_path / 'results'}",
+            f"CACHE_DIR={tmp_path / 'cache'}", "STUDY=ladder", *args]
+
+
+def run_study(tmp_path, *args, check=True):
+    proc = subprocess.run(study_command(tmp_path, *args), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_a_study_trains_the_ladder_fits_it_and_continues_where_it_stopped(tmp_path):
+    play(tmp_path / "input.txt")
+    folder = tmp_path / "results" / "ladder"
+    first = run_study(tmp_path, "BUDGETS=3e8,6e8")  # two points of the three, as a killed study leaves them
+    assert "study ladder" in first.stdout
+    stamp = (folder / point_name(3e8) / "summary.json").stat().st_mtime_ns
+    proc = run_study(tmp_path)
+    assert proc.stdout.count("finished, skipped") == 2 and "point 3/3" in proc.stdout
+    assert (folder / point_name(3e8) / "summary.json").stat().st_mtime_ns == stamp
+    report = json.loads((folder / "scaling.json").read_text())
+    assert report["budgets"] == [3e8, 6e8, 1.2e9] and (folder / "scaling.png").stat().st_size > 10_000
+    lstm = report["points"]["lstm"]
+    assert [r["budget"] for r in lstm] == [3e8, 6e8, 1.2e9] and all(r["seeds"] == 2 for r in lstm)
+    assert all(r["bound_by"] == ["flops"] and r["train_flops"] >= r["budget"] for r in lstm)
+    assert lstm[0]["bpc_mean"] > lstm[-1]["bpc_mean"] and lstm[0]["bpc_sd"] is not None
+    assert report["references"]["ngram"]["bpc"] > 0  # counts end on the data at every budget
+    assert "lstm" in report["fits"] and ("E" in report["fits"]["lstm"] or "reason" in report["fits"]["lstm"])
+    config = json.loads((folder / point_name(1.2e9) / "config.json").read_text())
+    assert config["effective_config"]["FLOP_BUDGET"] == 1.2e9 and config["data"]["data_source"] == "shakespeare"
+    assert "lstm" in proc.stdout and "1.20e+09" in proc.stdout
+
+
+def test_a_budget_below_one_step_stops_the_study_in_one_line(tmp_path):
+    play(tmp_path / "input.txt")
+    proc = run_study(tmp_path, "MODELS=lstm", "SEEDS=1", "BUDGETS=1e3,2e3", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "does not cover one training step of lstm" in proc.stderr and "study stopped" in proc.stderr
+
+
+def test_sigterm_to_a_study_checkpoints_the_point_and_the_same_command_resumes_it(tmp_path):
+    play(tmp_path / "input.txt", speeches=1500)
+    args = ["MODELS=lstm", "SEEDS=1", "BUDGETS=1e10,2e10", "CHECKPOINT_EVERY=5"]
+    proc = subprocess.Popen(study_command(tmp_path, *args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    checkpoint = tmp_path / "results" / "ladder" / point_name(1e10) / "checkpoints" / "lstm.pt"
+    deadline = time.time() + 300
+    while time.time() < deadline and not checkpoint.exists():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM and "study stopped" in err and "Traceback" not in err, err
+    changed = run_study(tmp_path, *args, "SAMPLE_TOKENS=6", check=False)  # not the same study: refused, kept
+    assert changed.returncode != 0 and "SAMPLE_TOKENS differ from the saved run" in changed.stderr
+    assert checkpoint.exists() and "study stopped" in changed.stderr and "Traceback" not in changed.stderr
+    resumed = run_study(tmp_path, *args)
+    assert "resuming at step" in resumed.stdout
+    report = json.loads((tmp_path / "results" / "ladder" / "scaling.json").read_text())
+    assert all(math.isfinite(r["bpc_mean"]) for r in report["points"]["lstm"])
