@@ -4,6 +4,7 @@
     python compare.py results/push-480:deep_linear_reservoir results/rigour-480:ngram
     python compare.py results/r1 results/r2 TOKENS=65536 DEVICE=cuda OUT=a-vs-b.json
     python compare.py results/s1+results/s2:lstm results/r:transformer   # seeds of two runs, pooled
+    python compare.py results/r:deep_linear_reservoir results/r:transformer DIAGNOSTICS=True  # by position, recall
 
 A side without ':<model>' is its run's best finished model; runs joined by '+' pool their
 seeds. Every seed the runs finished is re-scored from its checkpoint, on the targets every
@@ -25,6 +26,7 @@ from reservoir import device as dev
 from reservoir.checkpoint import CheckpointError
 from reservoir.comparison import Side, compare, describe
 from reservoir.data import DataError
+from reservoir.diagnostics import format_diagnostics, plot_diagnostics
 from reservoir.files import atomic_write_text
 from reservoir.messages import TAG
 from reservoir.results import ResultsError
@@ -33,6 +35,7 @@ KEYS = {
     "TOKENS": "validation targets scored (default: what both runs' final evaluations scored)",
     "DEVICE": "'cpu' (default) | 'cuda' | 'auto'; on XLA the scoring runs on the CPU",
     "OUT": "where the JSON report goes (default: <run A>/comparisons/...)",
+    "DIAGNOSTICS": "True: also A and B by position in the story and on recall targets (table, JSON and a PNG)",
 }
 
 
@@ -52,6 +55,8 @@ def parse_args(argv: list[str]) -> tuple[Side, Side, dict]:
             if key not in KEYS:
                 raise SystemExit(f"error: {arg!r}: the keys are {', '.join(KEYS)}")
             options[key] = text if key in ("DEVICE", "OUT") else parse_literal(text)
+    if not isinstance(options.get("DIAGNOSTICS", False), bool):
+        raise SystemExit(f"error: DIAGNOSTICS must be True or False, got {options['DIAGNOSTICS']!r}")
     tokens = options.get("TOKENS")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
         raise SystemExit(f"error: TOKENS must be a positive integer, got {tokens!r}")
@@ -61,7 +66,8 @@ def parse_args(argv: list[str]) -> tuple[Side, Side, dict]:
 def main(argv: list[str]) -> int:
     side_a, side_b, options = parse_args(argv)
     try:
-        report = compare(side_a, side_b, options.get("TOKENS"), options.get("DEVICE", "cpu"))
+        report = compare(side_a, side_b, options.get("TOKENS"), options.get("DEVICE", "cpu"),
+                         options.get("DIAGNOSTICS", False))
     except (ConfigError, ResultsError, CheckpointError, DataError, dev.DeviceError) as e:
         raise SystemExit(f"error: {e}") from None
     out = Path(options.get("OUT") or side_a.run_dirs[0] / "comparisons" /
@@ -69,6 +75,12 @@ def main(argv: list[str]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(report, indent=2) + "\n")
     print(describe(report), flush=True)
+    if "diagnostics" in report:
+        labels = [f"{side_a.model} (A)", f"{side_b.model} (B)"]
+        print(format_diagnostics(report["diagnostics"], *labels), flush=True)
+        png = out.with_suffix(".png")
+        plot_diagnostics(report["diagnostics"], *labels, png)
+        print(f"{TAG} plot: {png}", file=sys.stderr)
     print(f"{TAG} report: {out}", file=sys.stderr)
     return 0
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import device as dev
 from .data import prepare_data, tokenizer_hash
+from .diagnostics import diagnose
 from .evaluation import BOOTSTRAP_SAMPLES, Evaluator
 from .results import ResultsError, read_json
 from .sampling import load_trained
@@ -100,7 +101,10 @@ def _same_text(trained: list[Trained]) -> None:
                                    "validation data and tokenizer")
 
 
-def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str = "cpu") -> dict:
+def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str = "cpu",
+            diagnostics: bool = False) -> dict:
+    """A - B with its paired interval; ``diagnostics`` also splits it by position and recall
+    (reservoir/diagnostics.py)."""
     trained = {"a": _finished(side_a), "b": _finished(side_b)}
     everything = trained["a"] + trained["b"]
     _same_text(everything)
@@ -133,9 +137,12 @@ def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str =
             "seeds": [t.row.get("seed") for t in trained[name]], "bpc_per_seed": rescored,
             "bpc": float(np.mean(rescored)), "recorded_bpc_per_seed": [t.row["val_bpc"] for t in trained[name]],
             "eval_modes": [t.config_json["effective_config"]["EVAL_MODE"] for t in trained[name]]}
-    return {"a": reports["a"], "b": reports["b"], "eval_tokens": pairing.n,
-            "bootstrap": f"paired: the same {BOOTSTRAP_SAMPLES} resamples of story-aligned blocks for both",
-            **pairing.paired_difference(nats["a"], nats["b"])}
+    report = {"a": reports["a"], "b": reports["b"], "eval_tokens": pairing.n,
+              "bootstrap": f"paired: the same {BOOTSTRAP_SAMPLES} resamples of story-aligned blocks for both",
+              **pairing.paired_difference(nats["a"], nats["b"])}
+    if diagnostics:
+        report["diagnostics"] = diagnose(pairing, nats["a"], nats["b"])
+    return report
 
 
 def describe(report: dict) -> str:

@@ -188,25 +188,44 @@ class Evaluator:
         chars = np.array([self.tokenizer.count_chars(self.targets[a:b]) for a, b in spans], dtype=np.float64)
         return bounds[:-1], chars
 
-    def _bootstrap_bpc(self, per_token: np.ndarray, seed: int) -> np.ndarray:
-        """Bits/char of BOOTSTRAP_SAMPLES resamples of the blocks (the same resamples for the same seed)."""
+    def target_chars(self) -> np.ndarray:
+        """Characters each scored target stands for (an end-of-story counting as one)."""
+        lengths = np.array([self.tokenizer.count_chars([i]) for i in range(self.tokenizer.vocab_size)], np.float64)
+        return lengths[self.targets]
+
+    def subset_bpc(self, per_token: np.ndarray, mask: np.ndarray) -> float | None:
+        """Bits/char of the targets where ``mask`` holds (None: no such target)."""
+        chars = float(self.target_chars()[mask].sum())
+        return float(per_token[mask].sum() / chars / math.log(2)) if chars else None
+
+    def _bootstrap_bpc(self, per_token: np.ndarray, seed: int, mask: np.ndarray | None = None) -> np.ndarray:
+        """Bits/char of BOOTSTRAP_SAMPLES resamples of the blocks (the same resamples for the same seed);
+        with ``mask``, of the masked targets of the resampled blocks."""
         starts, chars = self._blocks()
+        if mask is not None:
+            per_token = np.where(mask, per_token, 0.0)
+            chars = np.add.reduceat(np.where(mask, self.target_chars(), 0.0), starts)
         nats = np.add.reduceat(per_token, starts)
         picks = np.random.default_rng(seed).integers(0, len(nats), size=(BOOTSTRAP_SAMPLES, len(nats)))
-        return nats[picks].sum(1) / chars[picks].sum(1) / math.log(2)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a resample may hold no masked target
+            return nats[picks].sum(1) / chars[picks].sum(1) / math.log(2)
 
     def interval(self, per_token: np.ndarray, seed: int = 0) -> float:
         """Half-width of the 95% bootstrap interval of bits/char, resampling story-aligned blocks."""
         low, high = np.percentile(self._bootstrap_bpc(per_token, seed), [2.5, 97.5])
         return float((high - low) / 2)
 
-    def paired_difference(self, per_token_a: np.ndarray, per_token_b: np.ndarray, seed: int = 0) -> dict:
-        """Bits/char of A minus B on the same targets, with its 95% interval from resampling the same
-        blocks for both: what the stories make hard or easy cancels, so the interval is much
-        narrower than the two separate intervals suggest."""
-        difference = self._bootstrap_bpc(per_token_a - per_token_b, seed)
+    def paired_difference(self, per_token_a: np.ndarray, per_token_b: np.ndarray, seed: int = 0,
+                          mask: np.ndarray | None = None) -> dict:
+        """Bits/char of A minus B on the same targets (those where ``mask`` holds), with its 95% interval
+        from resampling the same blocks for both: what the stories make hard or easy cancels, so the
+        interval is much narrower than the two separate intervals suggest."""
+        difference = self._bootstrap_bpc(per_token_a - per_token_b, seed, mask)
+        difference = difference[np.isfinite(difference)]
         low, high = np.percentile(difference, [2.5, 97.5])
-        return {"bpc_difference": float((per_token_a - per_token_b).sum() / self.chars / math.log(2)),
+        chars = self.chars if mask is None else float(self.target_chars()[mask].sum())
+        delta = per_token_a - per_token_b if mask is None else np.where(mask, per_token_a - per_token_b, 0.0)
+        return {"bpc_difference": float(delta.sum() / chars / math.log(2)),
                 "ci95_low": float(low), "ci95_high": float(high),
                 "share_of_resamples_a_worse": float(np.mean(difference > 0))}
 

@@ -72,3 +72,23 @@ def test_seeds_of_several_runs_are_pooled_and_a_shared_seed_is_refused(runs, tmp
     assert shared.returncode != 0 and "share a training seed" in shared.stderr
     missing = compare(f"{runs / 'rnn'}+{runs / 'counts'}:lstm", f"{runs / 'counts'}:ngram", check=False)
     assert missing.returncode != 0 and "'lstm' is not a model of" in missing.stderr
+
+
+def test_diagnostics_split_the_paired_difference_by_position_and_recall(runs, tmp_path):
+    out = tmp_path / "diag.json"
+    proc = compare(f"{runs / 'rnn'}:lstm", f"{runs / 'counts'}:ngram", f"OUT={out}", "DIAGNOSTICS=True")
+    report = json.loads(out.read_text())
+    rows = {r["split"]: r for r in report["diagnostics"]["rows"]}
+    positions = [r for name, r in rows.items() if name.startswith("position")]
+    assert sum(r["targets"] for r in positions) == report["eval_tokens"]  # the buckets cover every target once
+    for k in (4, 6, 8):
+        recall, rest = rows[f"recall k={k}"], rows[f"no recall k={k}"]
+        assert recall["targets"] + rest["targets"] == report["eval_tokens"] and recall["targets"] > 0
+        assert recall["ci95_low"] <= recall["bpc_difference"] <= recall["ci95_high"]
+        # the two halves' differences, weighted by their characters, add up to the whole difference
+        whole = recall["bpc_difference"] * recall["targets"] + rest["bpc_difference"] * rest["targets"]
+        assert whole / report["eval_tokens"] == pytest.approx(report["bpc_difference"], abs=1e-9)
+    assert rows["recall k=8"]["targets"] <= rows["recall k=4"]["targets"]  # a longer match is rarer
+    assert "recall k=6" in proc.stdout and out.with_suffix(".png").stat().st_size > 5000
+    bad = compare(f"{runs / 'rnn'}:lstm", f"{runs / 'counts'}:ngram", "DIAGNOSTICS=maybe", check=False)
+    assert bad.returncode != 0 and "DIAGNOSTICS must be True or False" in bad.stderr
