@@ -135,16 +135,13 @@ def _cholesky_solve(rhs, factor, *args, out_val=None, **kwargs) -> int:
     return 2 * _shape(factor)[-1] ** 2 * _shape(rhs)[-1]  # two triangular solves, n²/2 multiply-adds each
 
 
-FORMULAS = {aten.mm: _mm, aten.addmm: _addmm,
-            aten._scaled_dot_product_flash_attention_for_cpu: _attention,
-            aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward,
-            aten._scaled_dot_product_flash_attention: _attention,
-            aten._scaled_dot_product_flash_attention_backward: _attention_backward,
-            aten._scaled_dot_product_efficient_attention: _attention,
-            aten._scaled_dot_product_efficient_attention_backward: _attention_backward,
-            aten._scaled_dot_product_cudnn_attention: _attention,
-            aten._scaled_dot_product_cudnn_attention_backward: _attention_backward,
-            aten.linalg_cholesky_ex: _cholesky, aten.cholesky_solve: _cholesky_solve}
+_ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+_FORMULAS_BY_NAME = {"mm": _mm, "addmm": _addmm, "linalg_cholesky_ex": _cholesky, "cholesky_solve": _cholesky_solve,
+                     **{name: _attention for name in _ATTENTION},
+                     **{f"{name}_backward": _attention_backward for name in _ATTENTION}}
+# by name, so a torch release without one of these kernels (the XLA environment's 2.9) still imports this module
+FORMULAS = {getattr(aten, name): formula for name, formula in _FORMULAS_BY_NAME.items() if hasattr(aten, name)}
 
 
 def counter() -> FlopCounterMode:
