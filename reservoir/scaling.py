@@ -228,8 +228,9 @@ def _finite(value) -> float | None:
 
 
 def crossovers(fits: dict, low: float, high: float) -> list[dict]:
-    """Budgets where two fitted curves cross, searched from low/10 to high·100 (beyond the ladder: extrapolated)."""
-    grid = np.geomspace(low / 10, high * 100, 2000)
+    """Budgets where two fitted curves cross, searched from the ladder's lowest budget up to 100x its highest
+    (the question is who wins with more compute; past the ladder a crossover is extrapolated)."""
+    grid = np.geomspace(low, high * 100, 2000)
     found = []
     names = [m for m, f in fits.items() if f.get("converged")]
     for i, first in enumerate(names):
@@ -353,7 +354,7 @@ def plot_scaling(report: dict, path: Path) -> Path:
         fit = report["fits"].get(model, {})
         if fit.get("converged"):
             loss_ax.plot(grid, curve(grid, fit["E"], fit["A"], fit["alpha"], fit["C0"]), color=colour, alpha=0.7,
-                         label=f"  fit: E={fit['E']:.2f}, α={fit['alpha']:.2f}")
+                         label=f"{model} fit: E={fit['E']:.2f}, α={fit['alpha']:.2f}")
     for model, gaps in report["gap_to_reference"].items():
         if gaps and model not in report["references"]:
             gap_ax.plot([g["budget"] for g in gaps], [g["gap_percent"] for g in gaps], "o-", color=colours[model],
