@@ -86,6 +86,7 @@ class Evaluator:
         self.targets = stream[1:]
         self.chars = data.tokenizer.count_chars(self.targets)
         self.stream = torch.from_numpy(stream)
+        self._target_chars = None  # per-target characters, for scores of a subset of the targets
 
     # --- the two ways of cutting the stream
     def _windows(self, stride: int, context: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -189,9 +190,12 @@ class Evaluator:
         return bounds[:-1], chars
 
     def target_chars(self) -> np.ndarray:
-        """Characters each scored target stands for (an end-of-story counting as one)."""
-        lengths = np.array([self.tokenizer.count_chars([i]) for i in range(self.tokenizer.vocab_size)], np.float64)
-        return lengths[self.targets]
+        """Characters each scored target stands for (an end-of-story counting as one); computed once."""
+        if self._target_chars is None:
+            lengths = np.array([self.tokenizer.count_chars([i]) for i in range(self.tokenizer.vocab_size)],
+                               np.float64)
+            self._target_chars = lengths[self.targets]
+        return self._target_chars
 
     def subset_bpc(self, per_token: np.ndarray, mask: np.ndarray) -> float | None:
         """Bits/char of the targets where ``mask`` holds (None: no such target)."""
