@@ -10,7 +10,14 @@ evaluate, sample -> results -> plots. The machinery lives in reservoir/.
 import functools
 import sys
 
-from configs import ConfigError, apply_device_adjustments, config_from_argv, default_config, validate
+from configs import (
+    ConfigError,
+    apply_device_adjustments,
+    check_vocabulary,
+    config_from_argv,
+    default_config,
+    validate,
+)
 from reservoir import device as dev
 from reservoir import stopping, train
 from reservoir.checkpoint import CheckpointError
@@ -63,6 +70,7 @@ def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claime
 
     # --- data and tokenizer
     data = prepare_data(config)
+    check_vocabulary(config, data.tokenizer.vocab_size)
     say(f"data: {data.description}; {data.tokenizer.kind} tokenizer, vocab {data.tokenizer.vocab_size}, "
         f"{data.train.size:,} training / {data.val.size:,} validation tokens", main)
 

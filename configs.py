@@ -320,6 +320,8 @@ def validate(config: dict) -> dict:
         raise ConfigError(f"RUN_NAME must be a plain folder name (no '/', '\\', '.' or '..'), got {name!r}; "
                           "the run folder is always RESULTS_DIR/RUN_NAME")
     _check_model_blocks(checked)
+    if checked["TOKENIZER"] == "bpe":  # the vocabulary is known now; a char vocabulary once the data is read
+        check_vocabulary(checked, checked["VOCAB_SIZE"])
     budgets = ("MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S", "FLOP_BUDGET")
     if not checked["RESUME"] and not any(checked[k] for k in budgets):  # a resumed run keeps its own budget
         raise ConfigError("no training budget: set at least one of MAX_STEPS, TOKEN_BUDGET, TIME_BUDGET_S, "
@@ -327,6 +329,20 @@ def validate(config: dict) -> dict:
     if checked["USE_TPU"] and checked["DEVICE"] in ("cuda", "cpu"):
         raise ConfigError(f"USE_TPU=True contradicts DEVICE={checked['DEVICE']!r}; set one of them")
     return checked
+
+
+NGRAM_KEY_BITS = 63  # the n-gram stores an n-gram as one int64: vocab ** order must stay below 2 ** 63
+
+
+def check_vocabulary(config: dict, vocab_size: int) -> None:
+    """Settings that only fail with the data's vocabulary: refused before any run folder exists."""
+    if "ngram" in config["MODELS"]:
+        order = config["NGRAM"]["order"]
+        if vocab_size ** order >= 2 ** NGRAM_KEY_BITS:
+            highest = max(k for k in range(1, order) if vocab_size ** k < 2 ** NGRAM_KEY_BITS)
+            raise ConfigError(f"NGRAM.order={order} with a vocabulary of {vocab_size} tokens needs keys of "
+                              f"{math.ceil(order * math.log2(vocab_size))} bits (the n-gram's are 63): use "
+                              f"NGRAM.order<={highest}, or a smaller VOCAB_SIZE")
 
 
 def _seeds(value: list) -> list[int]:

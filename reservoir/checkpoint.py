@@ -30,7 +30,19 @@ def save_checkpoint(path: str | Path, payload: dict, info: dev.DeviceInfo) -> No
     cpu_payload = dev.to_cpu(info, {"format": FORMAT, **payload})  # every process joins the XLA transfer
     if not info.is_main_process:
         return
-    atomic_write(path, lambda tmp: torch.save(cpu_payload, tmp))
+    atomic_write(path, lambda tmp: _torch_save(cpu_payload, tmp))
+
+
+def _torch_save(payload: dict, tmp: str) -> None:
+    """``torch.save``, with a failed write (a full disk) raised as the OSError it is: torch's zip writer
+    reports one as a RuntimeError ("unexpected pos", "file write failed") that carries no errno."""
+    try:
+        torch.save(payload, tmp)
+    except RuntimeError as e:
+        text = str(e)
+        if "unexpected pos" in text or "write" in text.lower():
+            raise OSError(f"torch.save could not write it ({text.strip().splitlines()[-1][:120]})") from None
+        raise
 
 
 def load_checkpoint(path: str | Path, expect: dict) -> dict:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .files import atomic_write, atomic_write_text
+from .files import atomic_write, atomic_write_text, remove_stale_temporaries
 from .messages import progress, say, warn
 from .synthetic import synthetic_stories
 
@@ -82,11 +82,17 @@ class Stories:
             yield story
 
 
-def _read_text(path: Path):
-    """The decoded text of a UTF-8 file, ``READ_BYTES`` at a time; '' once at the end."""
-    import codecs
+_SAID_NEWLINES: set[Path] = set()  # files already reported as having Windows or old-Mac line ends
 
-    decoder = codecs.getincrementaldecoder("utf-8")()
+
+def _read_text(path: Path):
+    """The decoded text of a UTF-8 file, ``READ_BYTES`` at a time; '' once at the end. Line ends
+    are read as ``\n`` whatever wrote them (``\r\n``, ``\r``), so a '\r' is never a character of a
+    story and blank lines still separate stories; a file that has them is said once."""
+    import codecs
+    import io
+
+    decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")(), translate=True)
     offset = 0
     try:
         with open(path, "rb") as f:
@@ -100,9 +106,18 @@ def _read_text(path: Path):
                 yield text
                 offset += len(raw)
                 if not raw:
+                    _say_newlines(path, decoder.newlines)
                     return
     except OSError as e:
         raise DataError(f"cannot read {path}: {e.strerror}") from None
+
+
+def _say_newlines(path: Path, seen) -> None:
+    kinds = {seen} if isinstance(seen, str) else set(seen or ())
+    if kinds - {"\n"} and path not in _SAID_NEWLINES:
+        _SAID_NEWLINES.add(path)
+        names = ", ".join(sorted(repr(k) for k in kinds - {"\n"}))
+        say(f"{path} has {names} line ends: read as '\\n'")
 
 
 def _is_raw_tinystories(path: Path) -> bool:
@@ -246,7 +261,7 @@ def _materialize(config: dict, split: str, max_stories: int | None, max_chars: i
     rows = datasets.load_dataset(config["HF_DATASET"], split=split, streaming=streaming,
                                  cache_dir=str(Path(config["CACHE_DIR"]) / "hf"))
     chosen = Stories(lambda: (row["text"] for row in rows)).select(0, max_stories, max_chars)
-    bar = progress(max_chars or 0, f"fetching {config['HF_DATASET']} {split}", delay=5.0, unit="char",
+    bar = progress(max_chars or None, f"fetching {config['HF_DATASET']} {split}", delay=5.0, unit="char",
                    unit_scale=True)
 
     def write(tmp):
@@ -603,7 +618,7 @@ def cached_tokens(tokenizer, stories, text_hash: str, cache_dir: str | Path, spl
         except Exception as e:  # noqa: BLE001 - any unreadable cache is rebuilt
             warn(f"token cache {bin_path} is unreadable ({type(e).__name__}); rebuilding it")
     digest, count = hashlib.blake2b(digest_size=16), 0
-    bar = progress(total_chars or 0, f"tokenizing {split}", delay=3.0, unit="char", unit_scale=True)
+    bar = progress(total_chars or None, f"tokenizing {split}", delay=3.0, unit="char", unit_scale=True)
 
     def write(tmp):
         nonlocal count
@@ -645,9 +660,20 @@ class TokenData:
                 "val_unknown_share": self.val_unknown_share, **(self.text or {})}
 
 
+def _tidy_cache(cache_dir: str | Path) -> None:
+    """Remove what killed cache writes left (token arrays, tokenizers, hub downloads): a temporary no
+    live process is writing is never finished by anyone."""
+    root = Path(cache_dir)
+    folders = [root / "tokens", root / "tokenizers", *(root / "hub").glob("*")]
+    removed = [tmp for folder in folders if folder.is_dir() for tmp in remove_stale_temporaries(folder)]
+    if removed:
+        warn(f"removed {len(removed)} unfinished temporary file(s) that interrupted cache writes left in {root}")
+
+
 def prepare_data(config: dict) -> TokenData:
     """Corpus -> tokenizer -> cached token arrays, checked against SEQ_LEN. Every step streams the
     stories, so resident memory stays flat however large the corpus (bench/bench_data.py)."""
+    _tidy_cache(config["CACHE_DIR"])
     corpus = load_corpus(config)
     train_text, val_text = TextStats.scan(corpus.train), TextStats.scan(corpus.val)
     for name, stats in (("training", train_text), ("validation", val_text)):

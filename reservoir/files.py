@@ -5,11 +5,16 @@ cannot take the write is one line naming the path and the cause.
     atomic_write(path, lambda tmp: ...)     # temp file, fsync, rename
     append_line(path, text)                 # metrics rows: whole lines or nothing
     remove_stale_temporaries(folder)        # what an interrupted atomic_write left behind
+
+A temporary is locked (flock) by the process writing it, for as long as it writes: the lock goes
+with the process, so a temporary nobody holds is what a killed write left, and is safe to remove
+even in a cache that other runs are writing at the same time.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import shutil
 import tempfile
@@ -28,6 +33,9 @@ class StorageError(RuntimeError):
     """A file that could not be written (read-only place, no space left, ...): reported as one line."""
 
 
+NEARLY_FULL_BYTES = 1 << 20  # a write with no errno that failed with less than this free: the disk was full
+
+
 def _free_bytes(folder: Path) -> int | None:
     try:
         return shutil.disk_usage(folder).free
@@ -40,8 +48,9 @@ def storage_error(path: str | Path, error: OSError) -> StorageError:
               errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EDQUOT: "disk quota exceeded",
               errno.EFBIG: "file too large"}
     code = error.errno
-    if code is None and _free_bytes(Path(path).parent) == 0:  # numpy's short writes carry no errno
-        code = errno.ENOSPC
+    free = _free_bytes(Path(path).parent)
+    if code is None and free is not None and free < NEARLY_FULL_BYTES:  # numpy's and torch's failed writes
+        code = errno.ENOSPC  # carry no errno
     cause = causes.get(code, error.strerror or str(error) or type(error).__name__)
     return StorageError(f"cannot write {path}: {cause}; nothing half-written was left behind. "
                         "Free space or choose a writable RESULTS_DIR / CACHE_DIR")
@@ -54,11 +63,11 @@ def atomic_write(path: str | Path, write) -> None:
     0600, unreadable to colleagues on a shared machine).
     """
     path = Path(path)
-    tmp = None
+    tmp, lock_fd = None, None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX)
-        os.close(fd)
+        lock_fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # "being written": remove_stale_temporaries leaves it alone
         write(tmp)
         fd = os.open(tmp, os.O_RDONLY)
         try:
@@ -74,6 +83,8 @@ def atomic_write(path: str | Path, write) -> None:
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
+        if lock_fd is not None:
+            os.close(lock_fd)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -103,11 +114,24 @@ def append_line(path: str | Path, line: str) -> None:
 
 
 def remove_stale_temporaries(folder: str | Path) -> list[Path]:
-    """Delete what interrupted ``atomic_write`` calls left in ``folder`` (only call it while no other
-    process can be writing there, e.g. under the run's lock); returns what was removed."""
+    """Delete what interrupted ``atomic_write`` calls left in ``folder``: temporaries no live process
+    holds locked (one being written by another run stays); returns what was removed."""
     removed = []
     for tmp in Path(folder).glob(f"{TEMP_PREFIX}*{TEMP_SUFFIX}"):
-        if tmp.is_file():
-            tmp.unlink()
-            removed.append(tmp)
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+        except OSError:  # gone meanwhile (its writer finished), or not ours to read
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a write in progress
+        else:
+            try:
+                tmp.unlink()
+                removed.append(tmp)
+            except OSError:
+                pass
+        finally:
+            os.close(fd)
     return removed

@@ -48,7 +48,8 @@ class PlainProgress:
         self._printed = time.monotonic()
         if not self.disable and self._printed - self._started >= self.delay:
             elapsed = self._printed - self._started
-            line = f"{TAG} {self.desc}: {100 * self.n / self.total:3.0f}% after {elapsed:.0f}s"
+            done = f"{100 * self.n / self.total:3.0f}%" if self.total else f"{self.n:,.0f}"  # no total: a count
+            line = f"{TAG} {self.desc}: {done} after {elapsed:.0f}s"
             print(f"{line}, {self.postfix}" if self.postfix else line, file=self.file, flush=True)
 
     def close(self) -> None:

@@ -169,6 +169,9 @@ def _new_run_dir(results_dir: str, run_name: str | None) -> Path:
             return path
         except FileExistsError:
             continue
+        except OSError as e:  # e.g. RESULTS_DIR is itself a read-only mount: it exists, nothing can go in it
+            raise ResultsError(f"cannot create a run folder in RESULTS_DIR {root}: {e.strerror}; choose a "
+                               "writable RESULTS_DIR") from None
     raise ResultsError(f"could not create a new run folder under {root}")
 
 

@@ -266,12 +266,17 @@ def _optimizer(model, config: dict):
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config["LEARNING_RATE"], betas=(0.9, 0.95))
 
 
-def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress: Progress):
-    """Training batches forever, epoch after epoch, from the data position in ``progress``."""
+def _check_one_batch(windows: TrainWindows, info: dev.DeviceInfo, config: dict) -> None:
+    """Refuse a BATCH_SIZE the data cannot fill before anything costly (the FLOP count runs a step)."""
     per_step = config["BATCH_SIZE"] * info.replicas
     if len(windows) < per_step:
         raise DataError(f"the training data holds {len(windows)} windows of SEQ_LEN={config['SEQ_LEN']}, fewer than "
                         f"one batch ({per_step}); lower BATCH_SIZE or SEQ_LEN, or use more data")
+
+
+def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress: Progress):
+    """Training batches forever, epoch after epoch, from the data position in ``progress``."""
+    per_step = config["BATCH_SIZE"] * info.replicas
     while True:
         windows.set_epoch(progress.epoch)
         remaining = torch.utils.data.Subset(windows, range(progress.offset, len(windows)))
@@ -285,6 +290,8 @@ def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress
 
 
 def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
+    windows = TrainWindows(data.train, config["SEQ_LEN"], config["SEED"])
+    _check_one_batch(windows, info, config)
     cost = flops.sgd_step(model, data.tokenizer.vocab_size, config["BATCH_SIZE"], config["SEQ_LEN"],
                           config["GRAD_ACCUM"] * info.replicas)
     model.to(info.device)
@@ -313,7 +320,7 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
     saved_step = progress.step if saved is not None else None  # the last checkpoint: kept if training diverges
     saved_seconds, every_s = progress.seconds, config["CHECKPOINT_EVERY_S"]
     advice = _sgd_advice(config)
-    batches = _batches(TrainWindows(data.train, config["SEQ_LEN"], config["SEED"]), info, config, progress)
+    batches = _batches(windows, info, config, progress)
     loss_sum = torch.zeros((), device=info.device)  # stays on the device until the next log
     bar = _progress_bar(name, info, budget)
     bar.update(100 * min(1.0, budget.share(progress)))

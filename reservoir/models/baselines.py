@@ -158,6 +158,8 @@ class NGram(LanguageModel):
     def __init__(self, vocab_size: int, cfg: dict):
         super().__init__()
         self.order, self.vocab_size = cfg["order"], vocab_size
+        if vocab_size ** self.order >= 2 ** 63:  # an n-gram is one int64 key: it would wrap silently
+            raise ValueError(f"an order-{self.order} n-gram over {vocab_size} tokens does not fit int64 keys")
         self.context_size = self.order - 1 if self.order > 1 else 1
         self.discount = cfg["discount"]
         self.tables: list[dict] = []

@@ -1,0 +1,159 @@
+"""Faults and bad input, second round: edited or damaged run folders are never trusted, disks
+that fail mid-write are one line, interrupted cache writes are cleaned up, CRLF text is read as
+text (issue: hardening 2). Sweeps' faults are in test_sweep.py."""
+
+import json
+import resource
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from reservoir.messages import PlainProgress
+from tests.test_runner import ROOT, TINY, run_cli, run_script, summary_of
+
+
+def _unshare_works() -> bool:
+    """A private mount namespace (root, or an unprivileged user namespace) lets a test mount a tmpfs."""
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+needs_mounts = pytest.mark.skipif(not _unshare_works(), reason="cannot mount a private tmpfs here (unshare -rm)")
+
+
+def run_in_tmpfs(tmp_path, mount_at, options, *args, before=""):
+    """TinyStories.py in a private mount namespace where ``mount_at`` is a fresh tmpfs with ``options``
+    (``before``: shell commands run after mounting, e.g. to fill it or make it read-only)."""
+    mount_at.mkdir(exist_ok=True)
+    command = " ".join(["'" + str(a).replace("'", "'\\''") + "'" for a in
+                        [sys.executable, ROOT / "TinyStories.py", *TINY, f"CACHE_DIR={tmp_path / 'cache'}", *args]])
+    script = f"mount -t tmpfs -o {options} tmpfs '{mount_at}' && {before} {command}"
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+# --------------------------------------------------------------------- 5, 6: disks
+
+
+@needs_mounts
+def test_a_full_disk_during_a_checkpoint_is_one_line(tmp_path):
+    results = tmp_path / "small"
+    # the token cache lives elsewhere; the 1 MB tmpfs holds the run folder until a checkpoint no longer fits
+    proc = run_in_tmpfs(tmp_path, results, "size=1m", "MODELS=['transformer']", "TRANSFORMER.n_embd=128",
+                        "MAX_STEPS=40", "CHECKPOINT_EVERY=10", "PLOTS=False", f"RESULTS_DIR={results}",
+                        "RUN_NAME=full")
+    assert proc.returncode != 0
+    assert "no space left on the device" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "unexpected pos" not in proc.stderr
+
+
+@needs_mounts
+def test_a_read_only_results_mount_is_one_line(tmp_path):
+    results = tmp_path / "ro"
+    proc = run_in_tmpfs(tmp_path, results, "ro,size=64k", "MODELS=['ngram']", "MAX_STEPS=3",
+                        f"RESULTS_DIR={results}")
+    assert proc.returncode != 0, proc.stdout
+    assert "cannot create a run folder" in proc.stderr and "Read-only file system" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+# --------------------------------------------------------------------- 12, 13: cheap errors, empty progress
+
+
+def _limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+def test_a_batch_the_data_cannot_fill_is_refused_before_the_flop_count(tmp_path):
+    """BATCH_SIZE=10**6: counting FLOPs first would run a forward and backward pass at that batch (tens of
+    GB); under a 4 GiB address-space limit only the early check can answer in one line."""
+    cmd = [sys.executable, str(ROOT / "TinyStories.py"), *TINY, f"RESULTS_DIR={tmp_path / 'results'}",
+           f"CACHE_DIR={tmp_path / 'cache'}", "MODELS=['lstm']", "BATCH_SIZE=1000000", "FLOP_BUDGET=1e13"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, preexec_fn=_limit_memory)
+    assert proc.returncode != 0 and "fewer than one batch" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_progress_line_without_a_total_counts_instead_of_dividing(capsys):
+    bar = PlainProgress(0, "fetching", every=0.0)
+    bar.update(1234)
+    bar.close()
+    assert "fetching: 1,234 after" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------- 10, 11: the cache and the text
+
+
+def _cfg(tmp_path, *args):
+    from configs import parse_overrides
+
+    return parse_overrides([f"CACHE_DIR={tmp_path / 'cache'}", "TIME_BUDGET_S=1", "SEQ_LEN=16", *args])
+
+
+def test_a_killed_cache_write_is_removed_at_start_but_a_live_one_is_kept(tmp_path, capsys):
+    import fcntl
+    import os
+
+    from reservoir.data import prepare_data
+
+    tokens = tmp_path / "cache" / "tokens"
+    tokens.mkdir(parents=True)
+    killed = tokens / ".train-abc.bin.x1y2z3.tmp"  # what a kill during tokenizing leaves
+    killed.write_bytes(b"\0" * 4096)
+    live = tokens / ".val-def.bin.q7r8s9.tmp"  # another run writing the cache right now holds its lock
+    live.write_bytes(b"\0" * 16)
+    holder = os.open(live, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        prepare_data(_cfg(tmp_path, "DATASET=synthetic", "SYNTHETIC_STORIES=60"))
+    finally:
+        os.close(holder)
+    assert not killed.exists() and live.exists()
+    assert "removed 1 unfinished temporary file(s) that interrupted cache writes left" in capsys.readouterr().err
+
+
+def _stories_file(path, stories, separator, newline):
+    path.write_bytes(separator.join(stories).replace("\n", newline).encode("utf-8"))
+    return path
+
+
+@pytest.mark.parametrize("separator", ["\n<|endoftext|>\n", "\n\n"], ids=["tinystories-format", "plain"])
+def test_crlf_text_reads_exactly_as_lf_text(tmp_path, separator, capsys):
+    from reservoir.data import iter_stories, prepare_data
+
+    stories = [f"Story {i}.\nThe cat sat on the mat, line two of {i}." for i in range(40)]
+    runs = {}
+    for newline in ("\n", "\r\n"):
+        name = "crlf" if newline == "\r\n" else "lf"
+        train = _stories_file(tmp_path / f"train-{name}.txt", stories[:30], separator, newline)
+        val = _stories_file(tmp_path / f"val-{name}.txt", stories[30:], separator, newline)
+        assert list(iter_stories(train)) == stories[:30]  # not one story, no '\r' in any
+        runs[name] = prepare_data(_cfg(tmp_path, f"TRAIN_PATH={train}", f"VAL_PATH={val}"))
+    assert runs["crlf"].tokenizer.vocab_size == runs["lf"].tokenizer.vocab_size
+    assert (runs["crlf"].val == runs["lf"].val).all() and runs["crlf"].chars_per_token == runs["lf"].chars_per_token
+    said = capsys.readouterr().out
+    assert said.count("train-crlf.txt has '\\r\\n' line ends") == 1 and "train-lf.txt has" not in said
+
+
+# --------------------------------------------------------------------- 14: n-gram keys
+
+
+def test_an_ngram_whose_keys_would_overflow_is_refused_before_any_folder(tmp_path):
+    from configs import ConfigError, parse_overrides
+
+    with pytest.raises(ConfigError, match=r"NGRAM.order=6 with a vocabulary of 4096 tokens .* NGRAM.order<=5"):
+        parse_overrides(["TOKENIZER=bpe", "VOCAB_SIZE=4096", "MODELS=['ngram']", "NGRAM.order=6", "MAX_STEPS=1"])
+    parse_overrides(["TOKENIZER=bpe", "VOCAB_SIZE=4096", "MODELS=['ngram']", "NGRAM.order=5", "MAX_STEPS=1"])
+    # a character vocabulary is known once the data is read: 300 distinct characters overflow at order 8
+    text = "".join(chr(0x100 + i) for i in range(300))
+    train = tmp_path / "wide.txt"
+    train.write_text("\n\n".join(text[i:] + text[:i] for i in range(0, 300, 7)), encoding="utf-8")
+    proc = run_cli(tmp_path, f"TRAIN_PATH={train}", "MODELS=['ngram']", "NGRAM.order=8", "MAX_STEPS=1",
+                   check=False)
+    assert proc.returncode != 0 and "NGRAM.order=8 with a vocabulary of" in proc.stderr
+    assert "Traceback" not in proc.stderr and not list((tmp_path / "results").glob("*"))
