@@ -15,7 +15,7 @@ from configs import (
     apply_device_adjustments,
     check_vocabulary,
     config_from_argv,
-    default_config,
+    given_settings,
     validate,
 )
 from reservoir import device as dev
@@ -31,7 +31,7 @@ from reservoir.results import (
     claim_run_folder,
     find_run_dir,
     format_table,
-    read_json,
+    read_run_config,
     resume_outlook,
     resumed_config,
     run_seeds,
@@ -42,16 +42,17 @@ ONE_LINE_ERRORS = (ConfigError, dev.DeviceError, DataError, ResultsError, Checkp
                    StorageError, train.BudgetError)
 
 
-def resolve_resume(config: dict) -> tuple[dict, object]:
-    """With RESUME, the saved run's own settings (checked like the command line) and its folder."""
+def resolve_resume(config: dict, named=()) -> tuple[dict, object]:
+    """With RESUME, the saved run's own settings (checked like the command line, whose settings
+    ``named`` must agree with them) and its folder."""
     if not config["RESUME"]:
         return config, None
     resume_dir = find_run_dir(config["RESULTS_DIR"], config["RESUME"])
-    saved = read_json(resume_dir / "config.json", "the run's config")
-    if not isinstance(saved, dict) or not isinstance(saved.get("requested_config"), dict):
+    saved = read_run_config(resume_dir)
+    if not isinstance(saved.get("requested_config"), dict):
         raise ResultsError(f"{resume_dir / 'config.json'} has no requested_config object; the run folder is damaged")
     try:
-        return validate(resumed_config(saved["requested_config"], config, default_config())), resume_dir
+        return validate(resumed_config(saved["requested_config"], config, named)), resume_dir
     except ConfigError as e:
         raise ResultsError(f"{resume_dir / 'config.json'} holds settings this version refuses ({e}); "
                            "start a new run") from None
@@ -80,8 +81,7 @@ def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claime
     try:
         if main and not (run.path / "config.json").exists():
             run.write_config(requested, config, info, data.describe())
-        if not (run.path / "tokenizer.json").exists():  # the folder alone is then enough for sample.py
-            run.write_tokenizer(data.tokenizer.to_json())
+        run.write_tokenizer(data.tokenizer)  # the folder alone is then enough for sample.py
         say(f"results: {run.path}{' (resumed)' if resume_dir else ''}", main)
         _train_every_model(config, info, data, run)
     except BaseException as e:
@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
     config = config_from_argv(argv)
     claim = None
     try:
-        config, resume_dir = resolve_resume(config)
+        config, resume_dir = resolve_resume(config, given_settings(argv))
         if dev.wants_launcher(config):
             # torch_xla's processes cannot share a folder name decided by one of them: decide it here
             stopping.install()

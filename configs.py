@@ -377,6 +377,17 @@ def parse_overrides(args: list[str], base: dict | None = None) -> dict:
     return validate(config)
 
 
+def given_settings(args: list[str]) -> set[str]:
+    """The settings a command line names, as ``KEY`` or ``BLOCK.sub`` (``ESN.units``): what RESUME
+    compares with the saved run. Call it on arguments ``parse_overrides`` accepted."""
+    named = set()
+    for arg in args:
+        name = arg.partition("=")[0].strip()
+        key, dot, sub = name.partition(".")
+        named.add(f"{key.upper()}.{sub.strip().lower()}" if dot else key.upper())
+    return named
+
+
 def apply_device_adjustments(config: dict, device_kind: str) -> dict:
     """Return a new config with the TPU-tuned batch size and learning rate applied on TPU.
 

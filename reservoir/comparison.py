@@ -25,7 +25,7 @@ from . import device as dev
 from .data import prepare_data, tokenizer_hash
 from .diagnostics import diagnose
 from .evaluation import BOOTSTRAP_SAMPLES, Evaluator
-from .results import ResultsError, read_json
+from .results import ResultsError, read_json, read_run_config
 from .sampling import load_trained
 
 SAME_DATA_KEYS = ("tokenizer_hash", "val_tokens", "val_chars", "val_stories")
@@ -63,7 +63,7 @@ def _finished(side: Side) -> list[Trained]:
     for run_dir in side.run_dirs:
         if not run_dir.is_dir():
             raise ResultsError(f"{run_dir} is not a folder; give a run folder such as results/<run>[:<model>]")
-        config_json = read_json(run_dir / "config.json", "the run's config")
+        config_json = read_run_config(run_dir)
         summary_path = run_dir / "summary.json"
         rows = read_json(summary_path, "the run's summary") if summary_path.exists() else []
         runs.append((run_dir, config_json, [r for r in rows if r.get("val_bpc") is not None]))

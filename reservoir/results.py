@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -31,6 +32,7 @@ import torch
 
 from . import device as dev
 from .checkpoint import CheckpointError, load_checkpoint
+from .data import TOKENIZERS, tokenizer_hash
 from .files import append_line, atomic_write_text, remove_stale_temporaries
 from .messages import warn
 from .tracking import Trackers
@@ -78,6 +80,76 @@ def read_json(path: Path, what: str):
         raise ResultsError(f"{path} is missing: is {Path(path).parent} a ReservoirNLP run folder?") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ResultsError(f"{path} ({what}) is not valid JSON ({e}); the run folder is damaged") from None
+
+
+INTEGRITY_KEY = "integrity"  # config.json's hash of its own content, written with it
+WHERE_KEYS = ("RESULTS_DIR", "CACHE_DIR")  # where a run is found and caches kept: RESUME may name others
+
+
+def _integrity(content: dict) -> str:
+    body = {k: v for k, v in content.items() if k != INTEGRITY_KEY}
+    text = json.dumps(finite_or_none(body), sort_keys=True, ensure_ascii=False, allow_nan=False,
+                      separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class RecordedConfig(dict):
+    """A run's config.json as read: a key it lacks is a one-line ResultsError naming the file and the
+    key (``effective_config.MODELS``), never a KeyError traceback in whatever reads it."""
+
+    def __init__(self, content: dict, where: Path, trail: str = ""):
+        super().__init__(content)
+        self.where, self.trail = where, trail
+
+    def __getitem__(self, key):
+        try:
+            value = super().__getitem__(key)
+        except KeyError:
+            raise ResultsError(f"{self.where} is damaged: it has no {self.trail}{key}; start a new run (or "
+                               "restore the run folder from a copy)") from None
+        return RecordedConfig(value, self.where, f"{self.trail}{key}.") if isinstance(value, dict) else value
+
+
+_UNCHECKED_SAID: set[Path] = set()
+
+
+def read_run_config(run_dir: Path) -> RecordedConfig:
+    """A run's config.json, trusted only as the run wrote it: its integrity hash must match (an edited
+    or damaged file is refused in one line), and a key it lacks is a one-line error when read."""
+    path = Path(run_dir) / "config.json"
+    content = read_json(path, "the run's config")
+    if not isinstance(content, dict):
+        raise ResultsError(f"{path} is damaged: it is not a JSON object; start a new run")
+    recorded = content.get(INTEGRITY_KEY)
+    if recorded is None:
+        if path not in _UNCHECKED_SAID:
+            _UNCHECKED_SAID.add(path)
+            warn(f"{path} was written before runs recorded an integrity hash: used without that check")
+    elif recorded != _integrity(content):
+        raise ResultsError(f"{path} was edited or damaged after the run wrote it (its integrity hash no longer "
+                           "matches): a run folder is trusted only as the run wrote it; undo the edit, or start "
+                           "a new run with the settings you want")
+    return RecordedConfig(content, path)
+
+
+def load_tokenizer(run_dir: Path, config_json: dict):
+    """The run's own tokenizer.json, checked against the hash its config.json recorded."""
+    path = Path(run_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise ResultsError(f"{path} is missing: runs write their tokenizer since sample.py exists; sample from a "
+                           "newer run, or copy the tokenizer from data_cache/tokenizers/ into the run folder")
+    kind = config_json["data"]["tokenizer"]
+    if kind not in TOKENIZERS:
+        raise ResultsError(f"{run_dir / 'config.json'} names a tokenizer {kind!r} this version does not know")
+    try:
+        tokenizer = TOKENIZERS[kind].from_json(path.read_text(encoding="utf-8"))
+    except Exception as e:  # noqa: BLE001 - any unreadable tokenizer file gets the same one-line answer
+        raise ResultsError(f"{path} is not a readable {kind} tokenizer ({type(e).__name__}); the run folder is "
+                           "damaged") from None
+    if tokenizer_hash(tokenizer) != config_json["data"]["tokenizer_hash"]:
+        raise ResultsError(f"{path} is not the tokenizer this run trained with (hash differs); the run folder "
+                           "is damaged")
+    return tokenizer
 
 
 def read_metrics(run_dir: Path, file: str = "metrics.jsonl", repair: bool = False) -> list[dict]:
@@ -131,18 +203,24 @@ def find_run_dir(results_dir: str, resume: str) -> Path:
                        "give a folder like results/<run> or RESUME=latest")
 
 
-def resumed_config(saved: dict, given: dict, defaults: dict) -> dict:
+def resumed_config(saved: dict, given: dict, named) -> dict:
     """The saved run's requested config, refusing command-line changes to it.
 
-    A key the user changed from its default (other than RESUME) that disagrees
-    with the saved run would silently mix two experiments in one folder.
+    ``named``: the settings the command line gave ("SEQ_LEN", "ESN.units"). One that disagrees with the
+    saved run (its default value or not) would silently mix two experiments in one folder. Only where
+    the run folder and caches are (RESULTS_DIR, CACHE_DIR) may differ: they are taken from the command.
     """
-    changed = [k for k in given if k not in ("RESUME",) and given[k] != defaults.get(k)
-               and given[k] != saved.get(k)]
+    def value(config: dict, name: str):
+        key, _, sub = name.partition(".")
+        block = config.get(key)
+        return (block.get(sub) if isinstance(block, dict) else None) if sub else block
+
+    changed = [n for n in named if n != "RESUME" and n not in WHERE_KEYS and value(given, n) != value(saved, n)]
     if changed:
         raise ResultsError(f"RESUME continues a run with its own settings; {', '.join(changed)} differ from the "
                            "saved run: drop them, or start a new run")
-    return {**saved, "RESUME": given["RESUME"]}
+    where = {k: given[k] for k in WHERE_KEYS if k in named}
+    return {**saved, **where, "RESUME": given["RESUME"]}
 
 
 def _new_run_dir(results_dir: str, run_name: str | None) -> Path:
@@ -313,19 +391,39 @@ class Run:
         return checkpoint_file(self.path, model, seed, self.seeds)
 
     def write_config(self, requested: dict, effective: dict, info: dev.DeviceInfo, data: dict) -> None:
+        """config.json, with the hash of its content that RESUME, sample.py and compare.py check."""
         global_batch = effective["BATCH_SIZE"] * effective["GRAD_ACCUM"] * info.replicas
         if self.writes:
-            write_json_atomic(self.path / "config.json", {
+            content = {
                 "requested_config": requested, "effective_config": effective, "versions": versions(),
                 "device": {"kind": info.kind, "name": info.name, "precision": info.precision,
                            "world_size": info.world_size, "spmd_devices": info.spmd_devices,
                            "replicas": info.replicas, "per_device_batch": effective["BATCH_SIZE"],
                            "global_batch": global_batch, "tokens_per_step": global_batch * effective["SEQ_LEN"]},
-                "data": data, "started": datetime.datetime.now().isoformat(timespec="seconds")})
+                "data": data, "started": datetime.datetime.now().isoformat(timespec="seconds")}
+            write_json_atomic(self.path / "config.json", {**content, INTEGRITY_KEY: _integrity(content)})
 
-    def write_tokenizer(self, tokenizer_json: str) -> None:
-        if self.writes:
-            atomic_write_text(self.path / "tokenizer.json", tokenizer_json)
+    def write_tokenizer(self, tokenizer) -> None:
+        """tokenizer.json, so the folder alone is enough to sample; on RESUME, one that is missing or
+        damaged is written again from the run's data (whose tokenizer must be the one the run trained with)."""
+        if not self.writes:
+            return
+        path = self.path / "tokenizer.json"
+        if self.resumed:
+            recorded = read_run_config(self.path)["data"]["tokenizer_hash"]
+            if tokenizer_hash(tokenizer) != recorded:
+                raise ResultsError(f"the data here gives another tokenizer than {self.path} trained with (hash "
+                                   f"{tokenizer_hash(tokenizer)}, the run's {recorded}); resume with the run's own "
+                                   "data (DATASET, DATA_DIR) from the folder it was started in")
+            try:
+                load_tokenizer(self.path, read_run_config(self.path))
+                return
+            except ResultsError:
+                if path.exists():
+                    warn(f"{path} was damaged (not the run's tokenizer); written again from the run's data")
+        elif path.exists():
+            return
+        atomic_write_text(path, tokenizer.to_json())
 
     # --- metrics.jsonl (per evaluation) and train_log.jsonl (per loss read): appended, and sent to the trackers
     def log_metrics(self, record: dict) -> None:

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from .checkpoint import CheckpointError, load_checkpoint, restore_model
-from .data import EOT, TOKENIZERS, tokenizer_hash
+from .data import EOT, tokenizer_hash
 from .models import build_model
-from .results import ResultsError, checkpoint_file, read_json, run_seeds
+from .results import ResultsError, checkpoint_file, load_tokenizer, read_json, read_run_config, run_seeds
 
 
 @dataclass(frozen=True)
@@ -67,23 +67,6 @@ class TrainedRun:
     seed: int  # the training seed of the loaded model (one of the run's SEEDS)
 
 
-def load_tokenizer(run_dir: Path, config_json: dict):
-    path = run_dir / "tokenizer.json"
-    if not path.is_file():
-        raise ResultsError(f"{path} is missing: runs write their tokenizer since sample.py exists; sample from a "
-                           "newer run, or copy the tokenizer from data_cache/tokenizers/ into the run folder")
-    kind = config_json["data"]["tokenizer"]
-    try:
-        tokenizer = TOKENIZERS[kind].from_json(path.read_text(encoding="utf-8"))
-    except Exception as e:  # noqa: BLE001 - any unreadable tokenizer file gets the same one-line answer
-        raise ResultsError(f"{path} is not a readable {kind} tokenizer ({type(e).__name__}); the run folder is "
-                           "damaged") from None
-    if tokenizer_hash(tokenizer) != config_json["data"]["tokenizer_hash"]:
-        raise ResultsError(f"{path} is not the tokenizer this run trained with (hash differs); the run folder "
-                           "is damaged")
-    return tokenizer
-
-
 def load_trained(run_dir: str | Path, model_name: str | None = None, train_seed: int | None = None):
     """(model on the CPU, tokenizer, TrainedRun) for ``model_name`` trained with ``train_seed`` in
     ``run_dir``; without a name, the run's best finished model (of that seed, if given); without a
@@ -91,7 +74,7 @@ def load_trained(run_dir: str | Path, model_name: str | None = None, train_seed:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ResultsError(f"{run_dir} is not a folder; give a run folder such as results/<run>")
-    config_json = read_json(run_dir / "config.json", "the run's config")
+    config_json = read_run_config(run_dir)
     config = config_json["effective_config"]
     summary_path = run_dir / "summary.json"
     summaries = read_json(summary_path, "the run's summary") if summary_path.exists() else []

@@ -157,3 +157,92 @@ def test_an_ngram_whose_keys_would_overflow_is_refused_before_any_folder(tmp_pat
                    check=False)
     assert proc.returncode != 0 and "NGRAM.order=8 with a vocabulary of" in proc.stderr
     assert "Traceback" not in proc.stderr and not list((tmp_path / "results").glob("*"))
+
+
+# --------------------------------------------------------------------- 1-4: run folders are trusted as written
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A small finished run (n-gram and LSTM) and its token cache, made once; tests damage copies."""
+    root = tmp_path_factory.mktemp("made")
+    run_cli(root, "MODELS=['ngram','lstm']", "MAX_STEPS=6", "CHECKPOINT_EVERY=3", "RUN_NAME=r", "PLOTS=False")
+    return root
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    shutil.copytree(finished_run / "results", tmp_path / "results")
+    shutil.copytree(finished_run / "cache", tmp_path / "cache")
+    return tmp_path / "results" / "r"
+
+
+def _unfinish(run_dir, model="lstm"):
+    """As if the run had stopped after ``model``'s checkpoint at step 3: RESUME has work to do."""
+    import torch
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps([r for r in summary if r["model"] != model]))
+    ckpt = torch.load(run_dir / "checkpoints" / f"{model}.pt", weights_only=True)
+    assert ckpt["progress"]["step"] == 6
+    ckpt["finished"] = False
+    torch.save(ckpt, run_dir / "checkpoints" / f"{model}.pt")
+
+
+def test_resume_rewrites_a_damaged_tokenizer_and_sample_then_works(run_copy):
+    tokenizer = run_copy / "tokenizer.json"
+    good = tokenizer.read_bytes()
+    with open(tokenizer, "r+b") as f:
+        f.truncate(40)
+    assert "not a readable" in run_script("sample.py", run_copy, "MODEL=lstm", check=False).stderr
+    proc = run_cli(run_copy.parents[1], f"RESUME={run_copy}")
+    assert "tokenizer.json was damaged (not the run's tokenizer); written again" in proc.stderr
+    assert tokenizer.read_bytes() == good
+    assert run_script("sample.py", run_copy, "MODEL=lstm", "MAX_NEW_TOKENS=5").stdout.strip()
+
+
+def _edit_config(run_dir, edit):
+    path = run_dir / "config.json"
+    content = json.loads(path.read_text())
+    edit(content)
+    path.write_text(json.dumps(content))
+
+
+@pytest.mark.parametrize("edit", [
+    lambda c: c["requested_config"].pop("MODELS"),
+    lambda c: c["requested_config"].update(MAX_STEPS=9),
+    lambda c: c["effective_config"].update(SEQ_LEN=64),
+], ids=["models-deleted", "max-steps-edited", "effective-edited"])
+def test_resume_refuses_an_edited_config(run_copy, edit):
+    _unfinish(run_copy)
+    _edit_config(run_copy, edit)
+    before = sorted(p.name for p in run_copy.rglob("*"))
+    proc = run_cli(run_copy.parents[1], f"RESUME={run_copy}", check=False)
+    assert proc.returncode != 0 and "was edited or damaged after the run wrote it" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and sorted(p.name for p in run_copy.rglob("*")) == before
+
+
+@pytest.mark.parametrize("script", ["sample.py", "compare.py"])
+@pytest.mark.parametrize("damage, message", [
+    (lambda c: c["effective_config"].pop("MODELS"), "was edited or damaged"),
+    (lambda c: (c.pop("integrity"), c["effective_config"].pop("MODELS")), "has no effective_config.MODELS"),
+    (lambda c: (c.pop("integrity"), c.pop("effective_config")), "has no effective_config"),
+    (lambda c: (c.pop("integrity"), c["data"].pop("tokenizer_hash")), "has no data.tokenizer_hash"),
+], ids=["hashed", "unhashed-key", "unhashed-block", "unhashed-data"])
+def test_sample_and_compare_read_a_damaged_config_as_one_line(run_copy, script, damage, message):
+    _edit_config(run_copy, damage)
+    args = [run_copy, "MODEL=lstm"] if script == "sample.py" else [f"{run_copy}:lstm", f"{run_copy}:ngram"]
+    proc = run_script(script, *args, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "KeyError" not in proc.stderr
+
+
+def test_resume_refuses_every_changed_key_default_or_not(run_copy):
+    _unfinish(run_copy)
+    results = run_copy.parents[1]
+    proc = run_cli(results, f"RESUME={run_copy}", "SEQ_LEN=128", "BATCH_SIZE=32", "LSTM.hidden=256", check=False)
+    assert proc.returncode != 0 and "SEQ_LEN" in proc.stderr and "BATCH_SIZE" in proc.stderr
+    assert "LSTM.hidden" in proc.stderr and "differ from the saved run" in proc.stderr
+    resumed = run_cli(results, f"RESUME={run_copy}", "SEQ_LEN=32", "LSTM.hidden=64")  # the run's own values
+    assert "lstm: resuming at step 6" in resumed.stdout
+    assert summary_of(run_copy)["lstm"]["train_steps"] == 6

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from configs import parse_overrides
+from configs import given_settings, parse_overrides
 from reservoir.checkpoint import CheckpointError, load_checkpoint
 from reservoir.results import SUMMARY_FIELDS, ResultsError, find_run_dir, read_metrics, resumed_config
 from reservoir.train import Budget, learning_rate
@@ -195,10 +195,10 @@ def test_bad_resume_and_conflicting_overrides_are_one_line_errors(tmp_path):
     with pytest.raises(ResultsError, match="holds no runs"):
         find_run_dir(str(tmp_path / "empty"), "latest")
     saved = parse_overrides(["SEQ_LEN=64"])
-    given = parse_overrides(["RESUME=x", "BATCH_SIZE=3"])
+    args = ["RESUME=x", "BATCH_SIZE=3"]
     with pytest.raises(ResultsError, match="BATCH_SIZE differ"):
-        resumed_config(saved, given, parse_overrides([]))
-    assert resumed_config(saved, parse_overrides(["RESUME=x"]), parse_overrides([]))["SEQ_LEN"] == 64
+        resumed_config(saved, parse_overrides(args), given_settings(args))
+    assert resumed_config(saved, parse_overrides(["RESUME=x"]), {"RESUME"})["SEQ_LEN"] == 64
     proc = run_cli(tmp_path, "MAX_STEPS=None", check=False)  # TINY has no time budget either
     assert proc.returncode != 0 and "no training budget" in proc.stderr
 
