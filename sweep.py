@@ -20,10 +20,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from configs import SHARED_CONFIG, model_blocks, parse_literal, parse_overrides
+from configs import SHARED_CONFIG, ConfigError, model_blocks, parse_literal, parse_overrides
 from reservoir import stopping
 from reservoir.messages import TAG
-from reservoir.sweeps import SEARCH_SPACES, SweepError, open_study, parse_search, run_trials, write_outputs
+from reservoir.sweeps import (
+    SEARCH_SPACES,
+    SweepError,
+    lost_storage_in,
+    open_study,
+    parse_search,
+    run_trials,
+    storage_lost,
+    write_outputs,
+)
 
 SWEEP_KEYS = ("MODEL", "TRIALS", "SWEEP_NAME", "SWEEP_STORAGE", "SEARCH", "SWEEP_WORKER")
 
@@ -64,6 +73,7 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
 def main(argv: list[str]) -> int:
     from TinyStories import ONE_LINE_ERRORS, run_experiment
 
+    settings = {"storage": None}
     try:
         settings, fixed = parse_args(argv)
         base = parse_overrides([*fixed, f"MODELS={[settings['model']]}"])  # fixed settings checked before a trial
@@ -71,14 +81,20 @@ def main(argv: list[str]) -> int:
         study = open_study(settings["name"], settings["storage"], folder, base["SEED"], settings["worker"])
         run_trials(study, settings["model"], settings["trials"], fixed, folder,
                    lambda config, hook: run_experiment(config, on_evaluation=hook), settings["space"],
-                   parse_overrides, settings["worker"])
+                   parse_overrides, settings["worker"], refused=(ConfigError,))
         best = write_outputs(study, settings["model"], folder, fixed)
     except (SweepError, *ONE_LINE_ERRORS) as e:
         raise SystemExit(f"error: {e}") from None
     except (stopping.Stopped, KeyboardInterrupt) as e:
-        print(f"{TAG} sweep stopped ({getattr(e, 'signal_name', 'Ctrl-C')}); the trial in progress is recorded as "
-              "failed. The same command continues the study.", file=sys.stderr, flush=True)
+        print(f"{TAG} sweep stopped ({getattr(e, 'signal_name', 'Ctrl-C')}); the trial in progress was interrupted "
+              "and does not count: the same command continues the study and runs its settings again.",
+              file=sys.stderr, flush=True)
         return getattr(e, "exit_code", 130)
+    except Exception as e:  # a lost database, whatever Optuna raised on meeting it
+        lost = lost_storage_in(e)
+        if lost is None:
+            raise
+        raise SystemExit(f"error: {storage_lost(settings['storage'], lost)}") from None
     counts = ", ".join(f"{n} {state}" for state, n in best["trials"].items() if n)
     print(f"{TAG} sweep {best['study']}: best {best['best_value_bpc']:.4f} bits/char (trial {best['best_trial']}, "
           f"{counts}); paste: {best['override']}  -> {folder / 'best.json'}", flush=True)

@@ -15,14 +15,17 @@ holds the results, so there is no queue of our own.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
 import socket
+import threading
 import time
 import warnings
 from pathlib import Path
 
+from . import stopping
 from .files import atomic_write_text
 from .messages import say, warn
 from .results import run_seeds
@@ -52,6 +55,91 @@ _RANGE = re.compile(r"^\s*(log|float|int)\s*\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\
 
 class SweepError(ValueError):
     """A sweep that cannot run as asked: reported as one line, nothing in an existing study touched."""
+
+
+class StorageLost(RuntimeError):
+    """The study's database went away mid-sweep: one line; the same command continues once it is back."""
+
+
+def storage_errors() -> tuple[type[BaseException], ...]:
+    """What a storage that went away raises: Optuna's wrapper and SQLAlchemy's own errors."""
+    import optuna
+
+    errors: tuple[type[BaseException], ...] = (optuna.exceptions.StorageInternalError,)
+    try:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        errors += (SQLAlchemyError,)
+    except ImportError:  # a journal-file study has no database to lose
+        pass
+    return errors
+
+
+def lost_storage_in(error: BaseException) -> BaseException | None:
+    """The storage error behind ``error``, if any: Optuna can end a trial on a lost database with an
+    error of its own raised while handling the storage's (its post-processing meets the same loss)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, storage_errors()):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def storage_lost(storage_url: str | None, error: BaseException) -> StorageLost:
+    cause = error.__cause__ or error
+    reason = " ".join(str(cause).split())[:160] or type(cause).__name__
+    return StorageLost(f"the sweep storage {storage_url or 'journal'} was lost mid-sweep ({reason}); the trial in "
+                       "progress does not count toward TRIALS: restart the database, then run the same command "
+                       "again to continue the study")
+
+
+class _QuietEndings(logging.Filter):
+    """Drops Optuna's traceback for a trial that ended because the sweep was stopped or its storage
+    lost: the sweep says that in one line of its own; every other failure is still logged in full."""
+
+    def __init__(self):
+        super().__init__()
+        self.trials: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ended = record.exc_info and isinstance(record.exc_info[1], (stopping.Stopped, KeyboardInterrupt,
+                                                                    *storage_errors()))
+        match = re.match(r"Trial (\d+) failed", record.getMessage())
+        if ended and match:
+            self.trials.add(int(match.group(1)))
+        return not (ended or (match and int(match.group(1)) in self.trials))
+
+
+class _QuietConnectionLoss(logging.Filter):
+    """Drops Optuna's multi-line warning when a query meets a closed database connection (it retries the
+    query another way, which meets the same loss): the sweep's own line says the storage was lost."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "OperationalError" not in record.getMessage()
+
+
+def _counted(trial, reruns: set[int]) -> bool:
+    """Whether a trial counts toward TRIALS: finished, pruned, or failed for a reason of its own (one
+    that a stop, a lost storage or a dead worker interrupted is re-run instead)."""
+    from optuna.trial import TrialState
+
+    if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return trial.state == TrialState.FAIL and not trial.user_attrs.get("interrupted") and trial.number not in reruns
+
+
+def _reruns(trials) -> set[int]:
+    return {t.user_attrs["rerun_of"] for t in trials if isinstance(t.user_attrs.get("rerun_of"), int)}
+
+
+def enqueue_rerun(study, trial) -> None:
+    """Queue ``trial``'s settings again (keeping whether they were the study's starting settings)."""
+    attrs = {"rerun_of": trial.number}
+    if trial.user_attrs.get("starting_settings"):
+        attrs["starting_settings"] = True
+    study.enqueue_trial(trial.params, user_attrs=attrs)
 
 
 def parse_search(text: str, known_keys) -> dict:
@@ -110,6 +198,17 @@ def override_line(params: dict) -> str:
     return " ".join(f"{key}={value!r}" for key, value in params.items())
 
 
+def _stale_callback_name() -> str:
+    """Optuna 4.9 renamed the callback for trials whose worker died (4.0-4.8 know only the old name)."""
+    import inspect
+
+    import optuna
+
+    parameters = inspect.signature(optuna.storages.RDBStorage).parameters
+    return "heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in parameters else \
+        "failed_trial_callback"
+
+
 def _storage(storage_url: str | None, folder: Path):
     import optuna
 
@@ -120,11 +219,13 @@ def _storage(storage_url: str | None, folder: Path):
             return JournalStorage(JournalFileBackend(str(folder / "journal.log")))
         except OSError as e:
             raise SweepError(f"cannot open the sweep journal {folder / 'journal.log'} ({e.strerror})") from None
+    dead_worker = {_stale_callback_name(): enqueue_rerun}  # its trial is marked failed and run again
     for attempt in range(5):
         try:
             with warnings.catch_warnings():  # heartbeats are marked experimental; they are what frees dead trials
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(storage_url, heartbeat_interval=30, grace_period=120)
+                return optuna.storages.RDBStorage(storage_url, heartbeat_interval=30, grace_period=120,
+                                                  **dead_worker)
         except Exception as e:  # noqa: BLE001 - SQLAlchemy, driver and OS errors alike: one line
             # workers started together on an empty database race to create its tables: the loser retries
             if "already exists" in str(e) or "UniqueViolation" in str(e) or "duplicate key" in str(e):
@@ -148,24 +249,27 @@ def open_study(name: str, storage_url: str | None, folder: Path, seed: int, work
 
 
 def run_trials(study, model: str, trials: int, fixed: list[str], folder: Path, run_one, space: dict,
-               parse, worker: int = 0) -> None:
-    """Run trials until the study holds ``trials`` finished ones (all workers together).
+               parse, worker: int = 0, refused: tuple[type[Exception], ...] = ()) -> None:
+    """Run trials until the study holds ``trials`` finished ones (all workers together); a trial that
+    was interrupted (a stop, a lost storage, a dead worker) does not count and is run again.
 
     ``run_one(config, on_evaluation)`` runs one experiment and returns its Run; ``parse(args)``
-    turns KEY=VALUE arguments into a validated config.
+    turns KEY=VALUE arguments into a validated config; ``refused``: the errors with which either
+    refuses a trial's settings (the trial fails; the sweep goes on).
     """
     import optuna
-    from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
-
-    done_states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
     def objective(trial):
         params = suggest(trial, space)
         run_dir = folder / "trials"
         args = [*fixed, f"MODELS={[model]}", f"RESULTS_DIR={run_dir}", f"RUN_NAME=trial-{trial.number:04d}",
                 "PLOTS=False", "RESUME=None", *[f"{k}={v!r}" for k, v in params.items()]]
-        config = parse(args)
+        try:
+            config = parse(args)
+        except refused as e:  # settings the search space allows but this data cannot build (say, n-gram keys)
+            warn(f"trial {trial.number}: {e}; recorded as failed")
+            return math.nan
         trial.set_user_attr("run_dir", str(run_dir / f"trial-{trial.number:04d}"))
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("worker", f"{worker} (pid {os.getpid()})")
@@ -180,7 +284,14 @@ def run_trials(study, model: str, trials: int, fixed: list[str], folder: Path, r
                 if trial.should_prune():
                     raise optuna.TrialPruned(f"pruned at step {record['step']}")
 
-        run = run_one(config, on_evaluation)
+        try:
+            run = run_one(config, on_evaluation)
+        except (stopping.Stopped, KeyboardInterrupt):
+            trial.set_user_attr("interrupted", True)  # re-run when the study continues, not counted
+            raise
+        except refused as e:
+            warn(f"trial {trial.number}: {e}; recorded as failed")
+            return math.nan
         trial.set_user_attr("seconds", round(time.perf_counter() - started, 1))
         records = [r for r in run.summaries() if r["model"] == model]  # one per seed
         diverged = next((r for r in records if r.get("val_bpc") is None), None)
@@ -192,12 +303,40 @@ def run_trials(study, model: str, trials: int, fixed: list[str], folder: Path, r
     if not study.trials:  # a new study first measures the settings it would replace
         study.enqueue_trial(current_settings(parse([*fixed, f"MODELS={[model]}"]), space),
                             user_attrs={"starting_settings": True}, skip_if_exists=True)  # workers race
-    finished = sum(t.state in done_states for t in study.trials)
+    existing = study.get_trials(deepcopy=False)
+    reruns = _reruns(existing)
+    for trial in existing:  # a trial a stop interrupted is measured again, starting settings included
+        if trial.state == TrialState.FAIL and trial.user_attrs.get("interrupted") and trial.number not in reruns:
+            say(f"sweep {study.study_name}: trial {trial.number} was interrupted; its settings are run again")
+            enqueue_rerun(study, trial)
+    finished = sum(_counted(t, reruns) for t in existing)
     if finished >= trials:
         say(f"sweep {study.study_name}: already holds {finished} finished trials (TRIALS={trials}); nothing to run")
         return
-    study.optimize(objective, n_trials=trials - finished, catch=(),
-                   callbacks=[MaxTrialsCallback(trials, states=done_states)])
+
+    def enough(study, _trial):  # all workers together: stop once TRIALS trials count
+        trials_now = study.get_trials(deepcopy=False)
+        if sum(_counted(t, _reruns(trials_now)) for t in trials_now) >= trials:
+            study.stop()
+
+    quiet, quiet_storage, lost = _QuietEndings(), _QuietConnectionLoss(), storage_errors()
+    optuna_log, storage_log = logging.getLogger("optuna.study._optimize"), logging.getLogger(
+        "optuna.storages._rdb.storage")
+    thread_hook = threading.excepthook
+
+    def heartbeat_died(args):  # Optuna's heartbeat thread meeting a lost database: the trial's end says it
+        if not issubclass(args.exc_type, lost):
+            thread_hook(args)
+
+    optuna_log.addFilter(quiet)
+    storage_log.addFilter(quiet_storage)
+    threading.excepthook = heartbeat_died
+    try:
+        study.optimize(objective, n_trials=trials - finished, catch=(), callbacks=[enough])
+    finally:
+        optuna_log.removeFilter(quiet)
+        storage_log.removeFilter(quiet_storage)
+        threading.excepthook = thread_hook
 
 
 def write_outputs(study, model: str, folder: Path, fixed: list[str]) -> dict:
@@ -214,13 +353,23 @@ def write_outputs(study, model: str, folder: Path, fixed: list[str]) -> dict:
         "best_params": best.params, "override": override_line(best.params), "fixed_settings": fixed,
         "best_is_starting_settings": bool(best.user_attrs.get("starting_settings")),
         "run_dir": best.user_attrs.get("run_dir"), "host": best.user_attrs.get("host"),
-        "trials": {state.name.lower(): sum(t.state == state for t in study.trials)
-                   for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)},
+        "trials": _state_counts(study.trials),
         "seconds_per_completed_trial": round(sum(seconds) / len(seconds), 1) if seconds else None,
     }
     atomic_write_text(folder / "best.json", json.dumps(summary, indent=2) + "\n")
     _plots(study, folder)
     return summary
+
+
+def _state_counts(trials) -> dict:
+    """Trials by state; 'interrupted': failed ones that were (or will be) run again, not in 'fail'."""
+    from optuna.trial import TrialState
+
+    reruns = _reruns(trials)
+    interrupted = [t for t in trials if t.state == TrialState.FAIL and not _counted(t, reruns)]
+    counts = {state.name.lower(): sum(t.state == state for t in trials)
+              for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)}
+    return {**counts, "fail": counts["fail"] - len(interrupted), "interrupted": len(interrupted)}
 
 
 def _plots(study, folder: Path) -> None:

@@ -149,6 +149,23 @@ def _postgres_bin(name):
     return str(candidates[-1]) if candidates else None
 
 
+class Postgres(str):
+    """The server's SQLAlchemy URL, with ``stop()`` (as an administrator would: connections cut) and
+    ``start()`` again on the same data."""
+
+    def control(self, *args):
+        return subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data / "db"), *args],
+                              capture_output=True, text=True)
+
+    def stop(self):
+        assert self.control("-m", "fast", "-w", "stop").returncode == 0
+
+    def start(self):
+        started = self.control("-l", str(self.data / "log"), "-w", "-o",
+                               f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1", "start")
+        assert started.returncode == 0, started.stderr
+
+
 @pytest.fixture
 def postgres():
     """A PostgreSQL server of its own (Debian's package), on a free local port, removed afterwards."""
@@ -190,7 +207,9 @@ def postgres():
         connection.autocommit = True
         connection.cursor().execute("CREATE DATABASE sweeps")
         connection.close()
-        yield f"postgresql+psycopg2://sweeper@127.0.0.1:{port}/sweeps"
+        server = Postgres(f"postgresql+psycopg2://sweeper@127.0.0.1:{port}/sweeps")
+        server.as_user, server.pg_ctl, server.data, server.port = as_user, pg_ctl, data, port
+        yield server
     finally:
         subprocess.run([*as_user, pg_ctl, "-D", str(data / "db"), "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(data, ignore_errors=True)
@@ -209,3 +228,73 @@ def test_two_workers_on_a_real_postgresql_server(tmp_path, postgres):
     assert len({t.user_attrs["worker"] for t in trials}) == 2
     best = json.loads((tmp_path / "results" / "sweeps" / "pg" / "best.json").read_text())
     assert best["trials"]["complete"] == len(trials)
+
+
+def _wait_for(path, timeout=300):
+    deadline = time.time() + timeout
+    while not path.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert path.exists(), f"{path} never appeared"
+
+
+def _counted_trials(study):
+    reruns = {t.user_attrs.get("rerun_of") for t in study.trials}
+    return [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")
+            or (t.state.name == "FAIL" and not t.user_attrs.get("interrupted") and t.number not in reruns)]
+
+
+def test_sigterm_mid_trial_is_one_line_and_the_interrupted_starting_settings_are_run_again(tmp_path):
+    import signal
+
+    args = ["MODEL=lstm", "SWEEP_NAME=term", "TOKEN_BUDGET=None", "TIME_BUDGET_S=4", "EVAL_EVERY=100000",
+            "TRIALS=2"]
+    first = sweep(tmp_path, *args, background=True)
+    _wait_for(tmp_path / "results" / "sweeps" / "term" / "trials" / "trial-0000" / "train_log.jsonl")
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "Trial 0 failed" not in err, err[-3000:]
+    assert "the same command continues the study and runs its settings again" in err
+    (interrupted,) = load(tmp_path, "term").trials
+    assert interrupted.state.name == "FAIL" and interrupted.user_attrs["interrupted"]
+
+    again = sweep(tmp_path, *args)
+    assert "trial 0 was interrupted; its settings are run again" in again.stdout
+    study = load(tmp_path, "term")
+    counted = _counted_trials(study)
+    assert len(counted) == 2 and all(t.state.name == "COMPLETE" for t in counted)
+    rerun = next(t for t in study.trials if t.user_attrs.get("rerun_of") == 0)
+    assert rerun.params == interrupted.params and rerun.user_attrs["starting_settings"]
+    best = json.loads((tmp_path / "results" / "sweeps" / "term" / "best.json").read_text())
+    assert best["best_value_bpc"] <= rerun.value  # never worse than where it started
+    assert best["trials"]["interrupted"] == 1 and best["trials"]["fail"] == 0
+    assert sweep(tmp_path, *args).stdout.count("nothing to run") == 1  # the interrupted one does not count
+
+
+def test_a_trial_whose_settings_this_data_refuses_fails_alone(tmp_path):
+    """NGRAM.order=8 over a 300-character vocabulary needs more than int64 keys: that trial fails in one
+    warning and the sweep goes on to the next."""
+    text = "".join(chr(0x100 + i) for i in range(300))
+    train = tmp_path / "wide.txt"
+    train.write_text("\n\n".join(text[i:] + text[:i] for i in range(0, 300, 7)), encoding="utf-8")
+    proc = sweep(tmp_path, "MODEL=ngram", "SWEEP_NAME=wide", "TRIALS=2", f"TRAIN_PATH={train}",
+                 "SEARCH=NGRAM.order=int(7,8)", "NGRAM.order=8")
+    assert "NGRAM.order=8 with a vocabulary of" in proc.stderr and "recorded as failed" in proc.stderr
+    states = sorted(t.state.name for t in load(tmp_path, "wide").trials)
+    assert "FAIL" in states and "Traceback" not in proc.stderr
+
+
+def test_postgresql_lost_mid_sweep_is_one_line_and_the_study_continues_after_a_restart(tmp_path, postgres):
+    args = ["MODEL=lstm", "SWEEP_NAME=lost", f"SWEEP_STORAGE={postgres}", "TOKEN_BUDGET=None", "TIME_BUDGET_S=6",
+            "EVAL_EVERY=5", "TRIALS=2"]
+    doomed = sweep(tmp_path, *args, background=True)
+    _wait_for(tmp_path / "results" / "sweeps" / "lost" / "trials" / "trial-0000" / "train_log.jsonl")
+    postgres.stop()
+    _, err = doomed.communicate(timeout=300)
+    assert doomed.returncode != 0 and "was lost mid-sweep" in err, err[-3000:]
+    assert "restart the database, then run the same command" in err
+    assert "Traceback" not in err and len([line for line in err.splitlines() if "% after" not in line]) <= 3, err
+    postgres.start()
+    sweep(tmp_path, *args)
+    study = optuna.load_study(study_name="lost", storage=str(postgres))
+    assert len(_counted_trials(study)) == 2

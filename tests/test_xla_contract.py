@@ -183,7 +183,7 @@ def test_persistent_compile_cache_is_written_and_looked_up_by_a_second_process(t
 def test_bf16_and_gradient_checkpointing_on_xla():
     script = r"""
 import sys; sys.path.insert(0, '.')
-import copy, torch
+import copy, json, torch
 from torch.nn import functional as F
 from configs import parse_overrides
 from reservoir import device as dev
@@ -216,9 +216,9 @@ with torch.no_grad():
     half = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
 out['bf16_dtype'] = str(logits.dtype)
 out['fp32_loss'], out['bf16_loss'] = float(full), float(half)
-print(out)
+print(json.dumps(out))
 """
-    out = eval(python(["-c", script]).stdout.strip().splitlines()[-1])
+    out = json.loads(python(["-c", script]).stdout.strip().splitlines()[-1])
     for name in ("transformer", "lstm", "linear_reservoir", "deep_linear_reservoir"):
         assert out[name + "_grad_norm"] > 0
         assert out[name + "_ckpt_max_diff"] <= 1e-5 * max(1.0, out[name + "_grad_norm"]), out
