@@ -132,7 +132,14 @@ def test_a_second_signal_stops_at_once(tmp_path):
     _, rest = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGTERM, "".join(said) + rest  # killed by it: a graceful stop exits 143
     assert "saved at step" not in rest
-    assert not list((tmp_path / "results").rglob("*.tmp"))  # nothing half-written: only whole files
+    # killed maybe mid-checkpoint: every file is whole, and what the cut-off write left is a temporary
+    # that the next claim of the folder (RESUME) removes
+    run_dir = tmp_path / "results" / "twice"
+    for checkpoint in (run_dir / "checkpoints").glob("*.pt"):
+        torch.load(checkpoint, weights_only=True)
+    json.loads((run_dir / "config.json").read_text())
+    claim_run_folder({"RESULTS_DIR": str(tmp_path / "results"), "RUN_NAME": None}, run_dir).release()
+    assert not list(run_dir.rglob("*.tmp"))
 
 
 def test_timed_checkpoints_bound_what_a_kill_loses(tmp_path):
