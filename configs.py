@@ -377,15 +377,15 @@ def parse_overrides(args: list[str], base: dict | None = None) -> dict:
     return validate(config)
 
 
-def given_settings(args: list[str]) -> set[str]:
-    """The settings a command line names, as ``KEY`` or ``BLOCK.sub`` (``ESN.units``): what RESUME
-    compares with the saved run. Call it on arguments ``parse_overrides`` accepted."""
-    named = set()
+def given_settings(args: list[str]) -> list[str]:
+    """The settings a command line names, in its order, as ``KEY`` or ``BLOCK.sub`` (``ESN.units``):
+    what RESUME compares with the saved run. Call it on arguments ``parse_overrides`` accepted."""
+    named = {}
     for arg in args:
         name = arg.partition("=")[0].strip()
         key, dot, sub = name.partition(".")
-        named.add(f"{key.upper()}.{sub.strip().lower()}" if dot else key.upper())
-    return named
+        named[f"{key.upper()}.{sub.strip().lower()}" if dot else key.upper()] = True
+    return list(named)
 
 
 def apply_device_adjustments(config: dict, device_kind: str) -> dict:
