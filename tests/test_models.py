@@ -230,6 +230,40 @@ def test_generate_honours_its_limits(corpus_ids):
     assert len(model.generate(prompt, 10, temperature=0, stop_id=stop)) == 4
 
 
+def _fitted(name, corpus_ids, *extra):
+    """``name`` built small, its closed-form part fitted where it has one (random weights elsewhere)."""
+    ids, vocab = corpus_ids
+    model = build_model(name, vocab, small_config(*extra)).eval()
+    if model.trainer == "ridge":
+        windows = torch.from_numpy(ids[:8 * 33 * 4].astype(np.int64)).view(4, 8, 33)
+        model.fit_ridge([(w[:, :-1], w[:, 1:]) for w in windows[:3]], [(windows[3][:, :-1], windows[3][:, 1:])])
+    elif model.trainer == "counts":
+        model.fit_counts(ids[:20000], ids[20000:24000])
+    return model
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_cached_generation_writes_the_stories_recomputing_writes(name, corpus_ids):
+    """Carried state (recurrent models) and kept keys and values (the transformer, across the moment
+    its 32-token window fills) give the stories that recomputing the context for every token gives."""
+    model = _fitted(name, corpus_ids)
+    prompt = torch.from_numpy(corpus_ids[0][100:110].astype(np.int64))
+    for settings in ({"temperature": 0.0}, {"temperature": 0.8, "top_k": 20}, {"temperature": 1.0}):
+        stories = [model.generate(prompt, 60, generator=torch.Generator().manual_seed(5), cache=cache, **settings)
+                   for cache in (True, False)]
+        assert len(stories[0]) == 70 and torch.equal(stories[0], stories[1]), (name, settings)
+
+
+def test_the_transformer_cache_matches_its_forward_pass(corpus_ids):
+    model = _fitted("transformer", corpus_ids)
+    ids = torch.from_numpy(corpus_ids[0][:20].astype(np.int64)).view(1, -1)
+    logits, cache = model.begin_generation(ids[:, :12])
+    for t in range(12, 20):
+        torch.testing.assert_close(logits, model(ids[:, :t])[:, -1], rtol=1e-5, atol=1e-5)
+        logits, cache = model.continue_generation(ids[:, :t + 1], cache)
+    assert len(cache) == 2 and cache[0][0].shape[2] == 20  # keys of every position so far
+
+
 def test_esn_readout_ridge_is_calibrated_to_a_real_cross_entropy(corpus_ids):
     ids, vocab = corpus_ids
     config = small_config()

@@ -54,21 +54,53 @@ class LanguageModel(nn.Module):
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
         return {"params_total": trainable + self.fixed_param_count(), "params_trainable": trainable}
 
+    # --- generation: the logits for the next token, and what to carry to the step after
+    def _recomputes(self) -> bool:
+        """Whether generating recomputes the context at every token: finite-context models (the
+        window slides) do; recurrent ones carry their state instead."""
+        return self.stream_kind != "recurrent" or bool(self.context_size)
+
+    def begin_generation(self, ids: torch.Tensor):
+        """(next-token logits (1, V), carry) after the prompt ``ids`` (1, T)."""
+        if self._recomputes():
+            return self._window_logits(ids), None
+        logits, state = self.forward_stream(ids, self.initial_state(1, ids.device))
+        return logits[:, -1, :].float(), state
+
+    def continue_generation(self, ids: torch.Tensor, carry):
+        """(next-token logits, carry) after ``ids``, whose last token is new since the last call."""
+        if self._recomputes():
+            return self._window_logits(ids), None
+        logits, state = self.forward_stream(ids[:, -1:], carry)
+        return logits[:, -1, :].float(), state
+
+    def _window_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        context = ids[:, -self.context_size:] if self.context_size else ids
+        return self(context)[:, -1, :].float()
+
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, stop_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+                 generator: torch.Generator | None = None, cache: bool = True) -> torch.Tensor:
         """Continue ``prompt`` (1-D or (1, T) ids) by at most ``max_new_tokens`` tokens.
 
         temperature 0 is greedy; top_k keeps the k likeliest tokens, top_p the
-        smallest set whose probability reaches p. Stops early at ``stop_id``.
+        smallest set whose probability reaches p. Stops early at ``stop_id``. Recurrent
+        models carry their state from token to token, the transformer its keys and values
+        (until its window is full), so a story costs O(length); ``cache=False`` recomputes
+        the whole context for every token instead (the same stories, slower: kept to test
+        and measure against).
         """
         ids = prompt.view(1, -1)
-        for _ in range(max_new_tokens):
-            context = ids[:, -self.context_size:] if self.context_size else ids
-            logits = self(context)[:, -1, :].float()
+        if cache:
+            logits, carry = self.begin_generation(ids)
+        for step in range(max_new_tokens):
+            if not cache:
+                logits = LanguageModel._window_logits(self, ids)
+            elif step:
+                logits, carry = self.continue_generation(ids, carry)
             if temperature <= 0:
-                next_id = logits.argmax(-1, keepdim=True)
+                chosen = logits.argmax(-1, keepdim=True).cpu()
             else:
                 logits = logits / temperature
                 if top_k is not None:
@@ -79,9 +111,8 @@ class LanguageModel(nn.Module):
                     cumulative = sorted_logits.softmax(-1).cumsum(-1)
                     drop = cumulative - sorted_logits.softmax(-1) >= top_p  # keep the first token reaching p
                     logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
-                probs = logits.softmax(-1)
-                next_id = torch.multinomial(probs.cpu(), 1, generator=generator).to(ids.device)
-            ids = torch.cat([ids, next_id], dim=1)
-            if stop_id is not None and int(next_id) == stop_id:
+                chosen = torch.multinomial(logits.softmax(-1).cpu(), 1, generator=generator)
+            ids = torch.cat([ids, chosen.to(ids.device)], dim=1)  # one host sync per token: the .cpu() above
+            if stop_id is not None and int(chosen) == stop_id:
                 break
         return ids[0]

@@ -22,12 +22,20 @@ class _Block(nn.Module):
                                  nn.Dropout(dropout))
         self.heads, self.dropout = heads, dropout
 
-    def forward(self, x):
+    def forward(self, x, past=None, keep: bool = False):
+        """``past``: (keys, values) of the positions before ``x`` (generation's cache); ``keep``: also
+        return this block's keys and values so far."""
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0)
+        if past is not None:  # one new position, which attends to every cached one: no mask
+            if t > 1:
+                raise ValueError("a cached block takes one new position at a time")
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=past is None,
+                                             dropout_p=self.dropout if self.training else 0)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp(self.ln2(x))
+        x = x + self.mlp(self.ln2(x))
+        return (x, (k, v)) if keep else x
 
 
 class Transformer(LanguageModel):
@@ -69,6 +77,29 @@ class Transformer(LanguageModel):
         for block in self.blocks:
             x = self._checkpointed(block, x)
         return self.head(self.ln_f(x))
+
+    # generation: each block's keys and values are kept while the context fits the window; past
+    # it the positions shift with every token, so the window is recomputed, exactly as without a cache
+    def begin_generation(self, ids):
+        if ids.shape[1] > self.context_size:
+            return self._window_logits(ids), None
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        cache = []
+        for block in self.blocks:
+            x, kv = block(x, keep=True)
+            cache.append(kv)
+        return self.head(self.ln_f(x))[:, -1, :].float(), cache  # all positions, as the recomputing path does
+
+    def continue_generation(self, ids, cache):
+        position = ids.shape[1] - 1
+        if cache is None or position >= self.context_size:
+            return self._window_logits(ids), None
+        x = self.tok(ids[:, -1:]) + self.pos(torch.tensor([position], device=ids.device))
+        kept = []
+        for block, kv in zip(self.blocks, cache, strict=True):
+            x, kv = block(x, past=kv, keep=True)
+            kept.append(kv)
+        return self.head(self.ln_f(x))[:, -1, :].float(), kept
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token (6N + attention), as in the PaLM / nanoGPT MFU estimate."""
