@@ -70,7 +70,7 @@ def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claime
         check_available(config["LOGGERS"])  # a tracker that cannot start fails now, not mid-run
 
     # --- data and tokenizer
-    data = prepare_data(config)
+    data = dev.main_process_first(info, lambda: prepare_data(config), "data_prepared")  # one download, one cache
     check_vocabulary(config, data.tokenizer.vocab_size)
     say(f"data: {data.description}; {data.tokenizer.kind} tokenizer, vocab {data.tokenizer.vocab_size}, "
         f"{data.train.size:,} training / {data.val.size:,} validation tokens", main)

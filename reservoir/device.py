@@ -192,17 +192,29 @@ def resolve_kind(device: str = "auto", use_tpu: bool = False) -> str:
     return device
 
 
-def resolve_precision(kind: str, requested: str = "auto") -> str:
+def cuda_has_native_bf16(device: torch.device | int | None = None) -> bool:
+    """bf16 in hardware: compute capability 8.0 (Ampere) or newer. ``torch.cuda.is_bf16_supported()``
+    also says yes on a T4 or V100, where bf16 is emulated and slower than fp32."""
+    if torch.version.hip:  # ROCm reports no CUDA capability; its own answer is about hardware
+        return torch.cuda.is_bf16_supported()
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def resolve_precision(kind: str, requested: str = "auto", device: torch.device | int | None = None) -> str:
+    """The precision a run uses (the table in README, "Precision"): auto is bf16 on TPUs and on GPUs
+    with bf16 hardware, fp16 with a grad scaler on older GPUs, fp32 on CPUs. ``device``: the GPU
+    this process uses (each torchrun process asks about its own, not GPU 0)."""
     if requested == "auto":
         if kind == "tpu":
             return "bf16"
         if kind == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+            return "bf16" if cuda_has_native_bf16(device) else "fp16"
         return "fp32"
     if requested == "fp16" and kind != "cuda":
         raise DeviceError(f"PRECISION='fp16' needs a CUDA GPU; on {kind} use 'bf16' or 'fp32'")
-    if requested == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
-        raise DeviceError("PRECISION='bf16' is not supported by this GPU; use 'fp16' or 'fp32'")
+    if requested == "bf16" and kind == "cuda" and not cuda_has_native_bf16(device):
+        raise DeviceError("PRECISION='bf16' needs a GPU with bf16 hardware (compute capability 8.0+, e.g. A100, "
+                          "L4, H100); on this one use 'fp16' (or 'auto') or 'fp32'")
     return requested
 
 
@@ -222,13 +234,20 @@ def _xla_device_name(runtime) -> str:
     return f"XLA:{hw} via PJRT_DEVICE={os.environ.get('PJRT_DEVICE', '?')}"
 
 
+def process_group_backend(kind: str) -> str:
+    """torch.distributed's backend per tensor device: on GPUs, NCCL for CUDA tensors and gloo for the
+    CPU tensors that stay on the host (the ridge fits' float64 XᵀX sums, the clock): NCCL alone
+    has no CPU backend ("No backend type associated with device type cpu")."""
+    return "cpu:gloo,cuda:nccl" if kind == "cuda" else "gloo"
+
+
 def _distributed_rank_world(kind: str) -> tuple[int, int]:
     """Join the process group torchrun set up (NCCL on GPUs, gloo on CPUs); (rank, world size)."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     if world > 1 and not torch.distributed.is_initialized():
         if kind == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        torch.distributed.init_process_group("nccl" if kind == "cuda" else "gloo")
+        torch.distributed.init_process_group(process_group_backend(kind))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
@@ -239,8 +258,8 @@ def select_device(config: dict | None = None, process_index: int = 0) -> DeviceI
     XLA_CACHE_DIR on XLA). ``process_index``: this process's index under torch_xla.launch."""
     config = config or {}
     kind = resolve_kind(config.get("DEVICE", "auto"), bool(config.get("USE_TPU", False)))
-    precision = resolve_precision(kind, config.get("PRECISION", "auto"))
     if kind == "tpu":
+        precision = resolve_precision(kind, config.get("PRECISION", "auto"))
         torch_xla, runtime, _ = _xla()
         if config.get("XLA_CACHE_DIR"):  # before any computation; processes must not share a cache
             runtime.initialize_cache(os.path.join(config["XLA_CACHE_DIR"], f"process{process_index}"))
@@ -257,11 +276,13 @@ def select_device(config: dict | None = None, process_index: int = 0) -> DeviceI
             mesh=mesh,
             spmd_devices=spmd_devices,
         )
-    rank, world = _distributed_rank_world(kind)
+    rank, world = _distributed_rank_world(kind)  # sets this process's GPU first
     if kind == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        precision = resolve_precision(kind, config.get("PRECISION", "auto"), device)
+        torch.backends.cudnn.benchmark = True  # fixed shapes every step: let cuDNN pick its fastest kernels
         return DeviceInfo("cuda", device, torch.cuda.get_device_name(device), precision, world, rank)
+    precision = resolve_precision(kind, config.get("PRECISION", "auto"))
     return DeviceInfo("cpu", torch.device("cpu"), f"CPU ({torch.get_num_threads()} threads)", precision, world, rank)
 
 
@@ -458,7 +479,33 @@ def wrap_for_training(info: DeviceInfo, model: torch.nn.Module) -> torch.nn.Modu
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [info.device.index] if info.kind == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    # buffers are a reservoir's frozen matrices, identical on every process from the same seed:
+    # re-sending them before every forward (DDP's default) only costs bandwidth (torch 2.13 renamed
+    # the switch; the old name still works on torch 2.9, torch_xla's)
+    import inspect
+
+    renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    no_resend = {"forward_sync_buffers": False} if renamed else {"broadcast_buffers": False}
+    return DistributedDataParallel(model, device_ids=device_ids, **no_resend)
+
+
+def optimizer_options(info: DeviceInfo) -> dict:
+    """Options for torch.optim.AdamW on this device: the fused kernel on CUDA (one kernel for every
+    parameter instead of several per tensor)."""
+    return {"fused": True} if info.kind == "cuda" else {}
+
+
+def main_process_first(info: DeviceInfo, fn, tag: str):
+    """``fn()`` on the main process, then on the others once it is done: downloads, tokenizer
+    training and cache writes happen once, and the other processes read what it wrote."""
+    if info.world_size == 1:
+        return fn()
+    if info.is_main_process:
+        result = fn()
+        barrier(info, tag)
+        return result
+    barrier(info, tag)
+    return fn()
 
 
 def no_gradient_sync(wrapped: torch.nn.Module, skip: bool):

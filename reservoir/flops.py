@@ -167,17 +167,24 @@ def _host_copy(model):
     return twin
 
 
-def sgd_step(model, vocab_size: int, batch_size: int, seq_len: int, steps_per_batch: int) -> FitCost:
-    """One optimizer step: forward + backward of ``steps_per_batch`` micro-batches of (batch_size, seq_len)."""
+COUNT_BATCH = 2  # sequences the count runs: every counted product is linear in the batch, so it scales
+
+
+def sgd_step(model, vocab_size: int, batch_size: int, seq_len: int, steps_per_batch: int,
+             count_batch: int | None = COUNT_BATCH) -> FitCost:
+    """One optimizer step: forward + backward of ``steps_per_batch`` micro-batches of (batch_size, seq_len),
+    counted on ``count_batch`` sequences (None: the whole batch) and scaled: a GPU-sized batch is not
+    run on the host just to be counted (equal either way, tested)."""
+    counted = batch_size if count_batch is None else min(batch_size, count_batch)
     twin = _host_copy(model)
     twin.train()
-    ids = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, vocab_size, (counted, seq_len + 1), generator=torch.Generator().manual_seed(0))
 
     def step():
         logits = twin(ids[:, :-1])
         F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
 
-    return FitCost(per_step=_counted(step) * steps_per_batch)
+    return FitCost(per_step=_counted(step) * batch_size / counted * steps_per_batch)
 
 
 def ridge_fit(model, chunk: tuple[torch.Tensor, torch.Tensor], calibration: list, washout: int) -> FitCost:

@@ -252,7 +252,7 @@ def _progress_bar(name: str, info: dev.DeviceInfo, budget: Budget):
 # --------------------------------------------------------------------- gradient training
 
 
-def _optimizer(model, config: dict):
+def _optimizer(model, config: dict, options: dict):
     """AdamW, decaying matrices only (not biases, norms or embeddings: nanoGPT's choice)."""
     decay, no_decay, seen = [], [], set()
     for module in model.modules():
@@ -263,7 +263,8 @@ def _optimizer(model, config: dict):
             is_matrix = p.dim() >= 2 and not isinstance(module, torch.nn.Embedding)
             (decay if is_matrix else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": config["WEIGHT_DECAY"]}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config["LEARNING_RATE"], betas=(0.9, 0.95))
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config["LEARNING_RATE"], betas=(0.9, 0.95),
+                             **options)
 
 
 def _check_one_batch(windows: TrainWindows, info: dev.DeviceInfo, config: dict) -> None:
@@ -299,7 +300,7 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
     if config["GRADIENT_CHECKPOINTING"]:
         model.use_gradient_checkpointing(dev.checkpoint_function(info))
     trained = dev.wrap_for_training(info, model)
-    optimizer = _optimizer(model, config)
+    optimizer = _optimizer(model, config, dev.optimizer_options(info))
     scaler = dev.make_grad_scaler(info)
     progress = Progress()
     if saved is not None:

@@ -33,6 +33,7 @@ def test_ddp_with_two_gloo_processes_equals_one_process_on_the_whole_batch(tmp_p
     launch(tmp_path, [sys.executable], "BATCH_SIZE=8", "RUN_NAME=one")
     assert "Rank 0/2" in proc.stdout and "Rank 1/2" not in proc.stdout  # only rank 0 speaks
     assert proc.stdout.count("results:") == 1
+    assert proc.stdout.count("trained char tokenizer") == 1  # rank 0 prepares the data, rank 1 reads it
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["ddp", "one"]  # rank 1 made no folder
     config = json.loads((tmp_path / "results" / "ddp" / "config.json").read_text())
     assert config["device"]["world_size"] == 2 and config["device"]["per_device_batch"] == 4

@@ -123,3 +123,13 @@ def test_sparse_products_are_counted_by_non_zeros():
         torch.addmm(torch.zeros(20, 3), dense.to_sparse_csr(), x)
         torch.mm(dense, x)
     assert count.get_total_flops() == 2 * 20 * 3 + 2 * 20 * 20 * 3
+
+
+@pytest.mark.parametrize("name", ["transformer", "lstm", "linear_reservoir", "deep_linear_reservoir"])
+def test_a_step_counted_on_two_sequences_and_scaled_equals_the_whole_batch(name):
+    """The count runs on COUNT_BATCH sequences, not on a GPU-sized batch: the same number either way."""
+    config = parse_overrides([f"SEQ_LEN={SEQ}"])
+    model = build_model(name, VOCAB, config)
+    whole = flops.sgd_step(model, VOCAB, batch_size=16, seq_len=SEQ, steps_per_batch=3, count_batch=None)
+    scaled = flops.sgd_step(model, VOCAB, batch_size=16, seq_len=SEQ, steps_per_batch=3)
+    assert flops.COUNT_BATCH < 16 and scaled.per_step == pytest.approx(whole.per_step, rel=1e-12)

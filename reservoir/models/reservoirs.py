@@ -206,8 +206,9 @@ class ReservoirLM(LanguageModel):
         return (feats, state) if return_state else feats
 
     def readout(self, feats: torch.Tensor) -> torch.Tensor:
-        if self.readout_kind == "ridge":
-            return floor_logits(feats @ self.w_out[:-1] + self.w_out[-1], self.prob_floor)
+        if self.readout_kind == "ridge":  # solved and calibrated in fp32: evaluated in fp32, autocast or not
+            with torch.autocast(feats.device.type, enabled=False):
+                return floor_logits(feats.float() @ self.w_out[:-1] + self.w_out[-1], self.prob_floor)
         return self.head(feats)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,55 @@
+"""Sampling tokens/s of every model at its default size: carried state / kept keys and values
+(``generate``'s default) against recomputing the whole context for every token (``cache=False``,
+how sample.py worked before).
+
+    python bench/bench_sampling.py [NEW_TOKENS] [DEVICE]      (default 2000 characters, cpu)
+
+Weights are random (ridge readouts fitted on random text, the n-gram counted on it): speed does not
+depend on them. Each model writes the same story both ways (asserted here, tested in test_models.py).
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from configs import parse_overrides  # noqa: E402
+from reservoir.models import MODEL_NAMES, build_model  # noqa: E402
+
+VOCAB, PROMPT = 80, 16
+
+
+def fitted(name: str, config: dict, device: str):
+    model = build_model(name, VOCAB, config).eval()
+    rng = np.random.default_rng(0)
+    if model.trainer == "ridge":
+        chunk = lambda: torch.from_numpy(rng.integers(0, VOCAB, (8, 129)))  # noqa: E731
+        chunks = [chunk() for _ in range(3)]
+        model.fit_ridge([(c[:, :-1], c[:, 1:]) for c in chunks[:2]], [(chunks[2][:, :-1], chunks[2][:, 1:])])
+    elif model.trainer == "counts":
+        model.fit_counts(rng.integers(0, VOCAB, 200_000))
+    return model.to(device)
+
+
+def main(new_tokens: int, device: str) -> None:
+    config = parse_overrides(["SEQ_LEN=128"])
+    prompt = torch.arange(PROMPT, device=device) % VOCAB
+    print(f"{new_tokens} new tokens after a {PROMPT}-token prompt, on {device}")
+    print(f"{'model':22s} {'recompute tok/s':>16s} {'cached tok/s':>13s} {'speed-up':>9s}")
+    for name in MODEL_NAMES:
+        model = fitted(name, config, device)
+        rates, stories = {}, {}
+        for cache in (False, True):
+            start = time.perf_counter()
+            stories[cache] = model.generate(prompt, new_tokens, temperature=1.0, cache=cache,
+                                            generator=torch.Generator().manual_seed(0))
+            rates[cache] = new_tokens / (time.perf_counter() - start)
+        assert torch.equal(stories[False], stories[True]), f"{name}: the cached story differs"
+        print(f"{name:22s} {rates[False]:16,.0f} {rates[True]:13,.0f} {rates[True] / rates[False]:8.1f}x")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000, sys.argv[2] if len(sys.argv) > 2 else "cpu")

@@ -1,0 +1,76 @@
+"""The CUDA path's decisions, exercised on the CPU where the logic allows (issue: the GPU path).
+What only a GPU can show (NCCL, speed, MFU) is measured by bench/gpu_check.sh on one."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from configs import parse_overrides
+from reservoir import device as dev
+from reservoir.models import build_model
+
+
+@pytest.mark.parametrize("capability, auto", [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
+def test_auto_precision_follows_the_gpus_bf16_hardware(monkeypatch, capability, auto):
+    """A T4 (7.5) or V100 (7.0) gets fp16 with a grad scaler: torch.cuda.is_bf16_supported() says yes
+    there too, but its bf16 is emulated. The device query is the system edge simulated here."""
+    asked = []
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: asked.append(device) or capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    gpu = torch.device("cuda", 1)
+    assert dev.resolve_precision("cuda", "auto", gpu) == auto
+    assert asked == [gpu]  # this process's GPU, not GPU 0
+    if auto == "fp16":
+        with pytest.raises(dev.DeviceError, match="needs a GPU with bf16 hardware"):
+            dev.resolve_precision("cuda", "bf16", gpu)
+    else:
+        assert dev.resolve_precision("cuda", "bf16", gpu) == "bf16"
+    assert dev.resolve_precision("cuda", "fp32", gpu) == "fp32"
+
+
+def test_gpus_sum_host_tensors_with_gloo_and_device_tensors_with_nccl():
+    backends = dict(part.split(":") for part in dev.process_group_backend("cuda").split(","))
+    assert backends == {"cpu": "gloo", "cuda": "nccl"}
+    assert dev.process_group_backend("cpu") == "gloo"
+
+
+def test_cuda_gets_the_fused_optimizer_and_ddp_leaves_frozen_buffers_alone(monkeypatch):
+    from reservoir.train import _optimizer
+
+    cuda = dev.DeviceInfo("cuda", torch.device("cpu"), "fake GPU", "bf16")
+    cpu = dev.DeviceInfo("cpu", torch.device("cpu"), "CPU", "fp32")
+    assert dev.optimizer_options(cuda) == {"fused": True} and dev.optimizer_options(cpu) == {}
+    model = build_model("linear_reservoir", 20, parse_overrides(["LINEAR_RESERVOIR.units=8"]))
+    assert _optimizer(model, parse_overrides([]), dev.optimizer_options(cuda)).defaults["fused"] is True
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        two = dev.DeviceInfo("cpu", torch.device("cpu"), "CPU", "fp32", world_size=2, rank=0)
+        wrapped = dev.wrap_for_training(two, model)
+        assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel)
+        resends = getattr(wrapped, "forward_sync_buffers", getattr(wrapped, "broadcast_buffers", None))
+        assert resends is False  # the reservoir's λ and input weights: identical everywhere
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_a_ridge_readout_is_evaluated_in_the_dtype_it_was_solved_in():
+    """Under bf16 autocast the fixed features are fp32 already; the readout must be too (a 300-unit ESN
+    went 2.7076 -> 2.7123 bits/char when its readout ran in bf16)."""
+    vocab = 30
+    model = build_model("esn", vocab, parse_overrides(["ESN.units=64"])).eval()
+    rng = np.random.default_rng(0)
+    chunks = [torch.from_numpy(rng.integers(0, vocab, (4, 65))) for _ in range(3)]
+    model.fit_ridge([(c[:, :-1], c[:, 1:]) for c in chunks[:2]], [(chunks[2][:, :-1], chunks[2][:, 1:])])
+    ids = chunks[0][:, :-1]
+    with torch.no_grad():
+        exact = model(ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            under_autocast = model(ids)
+    assert under_autocast.dtype == torch.float32
+    torch.testing.assert_close(under_autocast, exact, rtol=0, atol=0)
