@@ -396,6 +396,13 @@ def autocast(info: DeviceInfo):
 # --------------------------------------------------------------------- XLA step helpers
 
 
+def synchronize(info: DeviceInfo) -> None:
+    """Wait for the work queued on a GPU, so that the clock read next counts finished work (CUDA
+    runs ahead of the host); called where a time is taken for a budget or a rate, not every step."""
+    if info.kind == "cuda":
+        torch.cuda.synchronize(info.device)
+
+
 def mark_step(info: DeviceInfo) -> None:
     """Cut the lazy XLA graph here and run it (a no-op off XLA)."""
     if info.is_xla:

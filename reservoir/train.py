@@ -348,12 +348,15 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
             progress.tokens += per_step
             progress.flops = cost.flops(progress.step)
             if warm.running:  # compiling: the training clock stands still
+                dev.synchronize(info)
                 started = time.perf_counter() - progress.seconds
                 warm.step_done(progress.step, progress.seconds)
             checkpoint = bool(config["CHECKPOINT_EVERY"]) and progress.step % config["CHECKPOINT_EVERY"] == 0
             log = checkpoint or progress.step % config["LOG_EVERY"] == 0
             stop = False
             if log or info.world_size == 1:  # several processes agree on the clock and on stopping at log steps
+                if log:  # a logged time and rate count finished work, not work still queued on a GPU
+                    dev.synchronize(info)
                 progress.seconds = dev.max_across(info, time.perf_counter() - started)
                 stop = dev.max_across(info, float(stopping.requested() is not None)) > 0
                 overdue = every_s and progress.seconds - saved_seconds >= every_s  # a kill loses at most every_s
@@ -361,6 +364,9 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
                 log = log or checkpoint
             share = budget.share(progress)  # from values every process holds alike: they agree to evaluate
             done = share >= 1
+            if done and not log:  # the fit's final time, after the last queued step has run
+                dev.synchronize(info)
+                progress.seconds = dev.max_across(info, time.perf_counter() - started)
             evaluate = points.due(progress.step, share) and not done  # the end has its own, final evaluation
             log = log or evaluate
             progress.train_loss_steps += 1
@@ -378,6 +384,8 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
                 _check_finite(name, progress, "the training loss", progress.last_train_loss, f"{kept}; {advice}")
             if done:
                 break
+            if evaluate or checkpoint:  # the step's queued work is training time, not the pause's
+                dev.synchronize(info)
             paused = time.perf_counter()
             if evaluate:
                 result = evaluator.periodic(model, info, info.device)

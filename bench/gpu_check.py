@@ -1,0 +1,166 @@
+"""Everything a session with a CUDA GPU should measure, in one go (bench/gpu_check.sh installs, then runs this).
+
+    python bench/gpu_check.py OUT_DIR             # on a CUDA machine
+    python bench/gpu_check.py OUT_DIR --dry-run   # CPU-safe parts on tiny sizes (CI runs this)
+
+Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md:
+  - the device, its precision and torch's version;
+  - test_tpu_support.py, and the CUDA-marked tests (pytest -m cuda);
+  - a short `python TinyStories.py DEVICE=cuda` run of every model: bits/char, tokens/s, precision;
+  - with 2 or more GPUs, the same run under torchrun (NCCL for the model, gloo for host sums);
+  - the transformer's training tokens/s and MFU in the runner, against a minimal nanoGPT-style
+    loop (bench/minimal_gpt.py) at the same sizes on the same GPU;
+  - sampling tokens/s with and without the carried state / key-value cache (bench_sampling.py);
+  - the ESN fit against reservoirpy, where reservoirpy is installed (bench_esn.py).
+A part that fails is recorded with its error and the rest still runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+# dense bf16 tensor-core peaks (TFLOP/s) from the vendors' data sheets, for MFU; others: measured
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0, "L40": 181.0}
+GPU_SIZES = ["SEQ_LEN=256", "BATCH_SIZE=64", "TRANSFORMER.n_layer=6", "TRANSFORMER.n_embd=384",
+             "TRANSFORMER.n_head=6"]
+TINY_SIZES = ["SEQ_LEN=32", "BATCH_SIZE=8", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32",
+              "TRANSFORMER.n_head=2", "ESN.units=64", "DEEP_ESN.units=32", "LSTM.hidden=64",
+              "LINEAR_RESERVOIR.units=32", "DEEP_LINEAR_RESERVOIR.layers=2", "DEEP_LINEAR_RESERVOIR.units=16",
+              "DEEP_LINEAR_RESERVOIR.width=32", "DEEP_LINEAR_RESERVOIR.mix_hidden=32", "NVAR.input_dim=4"]
+
+
+def run(cmd: list[str], timeout: int = 1800, env: dict | None = None) -> dict:
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})})
+        code, tail = proc.returncode, (proc.stdout + proc.stderr)[-2000:]
+    except subprocess.TimeoutExpired:
+        code, tail = 124, f"timed out after {timeout}s"
+    return {"command": " ".join(cmd), "ok": code == 0, "returncode": code,
+            "seconds": round(time.perf_counter() - start, 1), "tail": tail}
+
+
+def device_facts(dry_run: bool) -> dict:
+    import torch
+
+    facts = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "dry_run": dry_run}
+    if torch.cuda.is_available():
+        from reservoir import device as dev
+
+        facts.update(gpus=torch.cuda.device_count(), name=torch.cuda.get_device_name(0),
+                     capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+                     precision=dev.resolve_precision("cuda", "auto", 0), cuda=torch.version.cuda)
+    return facts
+
+
+def runner_table(run_dir: Path) -> list[dict]:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return []
+    keep = ("model", "val_bpc", "tokens_per_second", "train_seconds", "precision", "device")
+    return [{k: r.get(k) for k in keep} for r in json.loads(path.read_text())]
+
+
+def peak_tflops(name: str | None) -> float | None:
+    for key, value in PEAK_BF16_TFLOPS.items():
+        if name and key in name:
+            return value
+    return None
+
+
+def main(out: Path, dry_run: bool) -> int:
+    sys.path.insert(0, str(ROOT))
+    out.mkdir(parents=True, exist_ok=True)
+    facts = device_facts(dry_run)
+    device = "cpu" if dry_run or not facts["cuda_available"] else "cuda"
+    if device == "cpu" and not dry_run:
+        print("no CUDA GPU here: run with --dry-run for the CPU-safe parts", file=sys.stderr)
+        return 2
+    sizes = TINY_SIZES if dry_run else GPU_SIZES
+    steps = "MAX_STEPS=5" if dry_run else "TIME_BUDGET_S=60"
+    data = ["DATASET=synthetic", "SYNTHETIC_STORIES=400"] if dry_run else []
+    report: dict = {"device": facts, "parts": {}}
+    parts = report["parts"]
+    parts["test_tpu_support"] = run([PY, "test_tpu_support.py", f"DEVICE={device}"])
+    if not dry_run:
+        parts["cuda_tests"] = run([PY, "-m", "pytest", "-q", "-m", "cuda", "tests/"])
+    common = [*data, *sizes, "FLOP_BUDGET=None", "PLOTS=False", f"RESULTS_DIR={out / 'results'}",
+              f"CACHE_DIR={out / 'cache'}", f"DEVICE={device}", steps,
+              "MODELS=['ngram','esn','deep_esn','nvar','linear_reservoir','deep_linear_reservoir','lstm','transformer']"]
+    parts["every_model"] = run([PY, "TinyStories.py", *common, "RUN_NAME=every-model"])
+    parts["every_model"]["models"] = runner_table(out / "results" / "every-model")
+    if facts.get("gpus", 0) >= 2:
+        torchrun = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={facts['gpus']}"]
+        parts["torchrun"] = run([*torchrun, "TinyStories.py", *common, "RUN_NAME=torchrun"])
+        parts["torchrun"]["models"] = runner_table(out / "results" / "torchrun")
+
+    # the transformer: the runner's training tokens/s against a minimal loop at the same sizes
+    budget = "MAX_STEPS=10" if dry_run else "MAX_STEPS=300"
+    parts["transformer_runner"] = run([PY, "TinyStories.py", *common[:-2], budget, "MODELS=['transformer']",
+                                       "EVAL_POINTS=1", "CHECKPOINT_EVERY=0", "CHECKPOINT_EVERY_S=0",
+                                       "RUN_NAME=transformer"])
+    ours = runner_table(out / "results" / "transformer")
+    minimal = run([PY, "bench/minimal_gpt.py", device, *sizes, budget.replace("MAX_STEPS=", "STEPS=")])
+    parts["transformer_minimal"] = minimal
+    try:
+        reference = json.loads(minimal["tail"].strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        reference = None
+    if ours and reference:
+        tps = ours[0]["tokens_per_second"]
+        peak = peak_tflops(facts.get("name"))
+        report["transformer"] = {
+            "runner_tokens_per_second": tps, "minimal_tokens_per_second": reference["tokens_per_second"],
+            "ratio_runner_to_minimal": round(tps / reference["tokens_per_second"], 3),
+            "flops_per_token": reference["flops_per_token"], "peak_tflops": peak,
+            "runner_mfu": None if peak is None else round(tps * reference["flops_per_token"] / (peak * 1e12), 4),
+            "minimal_mfu": None if peak is None else round(
+                reference["tokens_per_second"] * reference["flops_per_token"] / (peak * 1e12), 4)}
+    parts["sampling"] = run([PY, "bench/bench_sampling.py", "100" if dry_run else "2000", device])
+    try:
+        import reservoirpy  # noqa: F401
+
+        parts["esn_vs_reservoirpy"] = run([PY, "bench/bench_esn.py"])
+    except ImportError:
+        parts["esn_vs_reservoirpy"] = {"ok": None, "tail": "skipped: reservoirpy is not installed here"}
+
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "gpu_check.md").write_text(markdown(report) + "\n")
+    print(markdown(report))
+    return 0 if all(p.get("ok") is not False for p in parts.values()) else 1
+
+
+def _number(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def markdown(report: dict) -> str:
+    facts = report["device"]
+    lines = [f"### GPU check: {facts.get('name', 'CPU (dry run)')}, torch {facts['torch']}, "
+             f"precision {facts.get('precision', 'fp32')}", "", "| part | ok | seconds |", "| --- | --- | --- |"]
+    for name, part in report["parts"].items():
+        lines.append(f"| {name} | {part.get('ok')} | {part.get('seconds', '')} |")
+    models = report["parts"].get("every_model", {}).get("models") or []
+    if models:
+        lines += ["", "| model | bits/char | tokens/s | precision |", "| --- | --- | --- | --- |"]
+        lines += [f"| {m['model']} | {_number(m['val_bpc'], '.3f')} | {_number(m['tokens_per_second'], ',.0f')} | "
+                  f"{m['precision']} |" for m in models]
+    if "transformer" in report:
+        t = report["transformer"]
+        lines += ["", f"transformer: runner {t['runner_tokens_per_second']:,.0f} tok/s, minimal loop "
+                  f"{t['minimal_tokens_per_second']:,.0f} tok/s (ratio {t['ratio_runner_to_minimal']}); "
+                  f"MFU runner {t['runner_mfu']}, minimal {t['minimal_mfu']} (peak {t['peak_tflops']} TFLOP/s)"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--dry-run"]
+    sys.exit(main(Path(args[0]) if args else ROOT / "gpu_check", "--dry-run" in sys.argv))

@@ -1,0 +1,83 @@
+"""The reference for the runner's transformer throughput: a minimal nanoGPT-style training loop,
+self-contained (nothing from reservoir/), at the same sizes, on the same device.
+
+    python bench/minimal_gpt.py cuda SEQ_LEN=256 BATCH_SIZE=64 TRANSFORMER.n_layer=6 \
+        TRANSFORMER.n_embd=384 TRANSFORMER.n_head=6 STEPS=300
+
+Pre-LayerNorm blocks with fused causal attention, tied embeddings, AdamW (fused on CUDA), bf16
+autocast where the GPU has bf16 hardware, random tokens. Prints one JSON line: tokens/s over the
+steps after 10 warm-up steps, and the training FLOPs per token (6N + 12 L d T, as the runner counts).
+"""
+
+import json
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+VOCAB = 96
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.ff = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.out(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.ff(self.norm2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers: int, width: int, heads: int, context: int):
+        super().__init__()
+        self.token, self.position = nn.Embedding(VOCAB, width), nn.Embedding(context, width)
+        self.blocks = nn.Sequential(*[Block(width, heads) for _ in range(layers)])
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, VOCAB, bias=False)
+        self.head.weight = self.token.weight
+
+    def forward(self, ids):
+        x = self.token(ids) + self.position(torch.arange(ids.shape[1], device=ids.device))
+        return self.head(self.norm(self.blocks(x)))
+
+
+def main(device: str, settings: dict) -> None:
+    seq, batch = settings.get("SEQ_LEN", 256), settings.get("BATCH_SIZE", 64)
+    layers, width = settings.get("TRANSFORMER.n_layer", 6), settings.get("TRANSFORMER.n_embd", 384)
+    heads, steps = settings.get("TRANSFORMER.n_head", 6), settings.get("STEPS", 300)
+    model = GPT(layers, width, heads, seq).to(device)
+    cuda = device == "cuda"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=cuda)
+    bf16 = cuda and torch.cuda.get_device_capability()[0] >= 8
+    ids = torch.randint(0, VOCAB, (batch, seq + 1), device=device)
+    warmup = min(10, steps // 2)
+    for step in range(steps):
+        if step == warmup:
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(ids[:, :-1]).float().flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    n = sum(p.numel() for p in model.parameters()) - model.position.weight.numel()
+    print(json.dumps({"tokens_per_second": (steps - warmup) * batch * seq / seconds,
+                      "flops_per_token": 6 * n + 12 * layers * width * seq, "bf16": bf16, "steps": steps}))
+
+
+if __name__ == "__main__":
+    pairs = dict(arg.split("=", 1) for arg in sys.argv[2:])
+    main(sys.argv[1] if len(sys.argv) > 1 else "cuda", {k: int(v) for k, v in pairs.items()})
