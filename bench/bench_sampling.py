@@ -2,7 +2,7 @@
 (``generate``'s default) against recomputing the whole context for every token (``cache=False``,
 how sample.py worked before).
 
-    python bench/bench_sampling.py [NEW_TOKENS] [DEVICE]      (default 2000 characters, cpu)
+    python bench/bench_sampling.py [NEW_TOKENS] [DEVICE] [MODEL ...]   (default 2000 characters, cpu, all)
 
 Weights are random (ridge readouts fitted on random text, the n-gram counted on it): speed does not
 depend on them. Each model writes the same story both ways (asserted here, tested in test_models.py).
@@ -34,12 +34,12 @@ def fitted(name: str, config: dict, device: str):
     return model.to(device)
 
 
-def main(new_tokens: int, device: str) -> None:
+def main(new_tokens: int, device: str, names: list[str]) -> None:
     config = parse_overrides(["SEQ_LEN=128"])
     prompt = torch.arange(PROMPT, device=device) % VOCAB
     print(f"{new_tokens} new tokens after a {PROMPT}-token prompt, on {device}")
     print(f"{'model':22s} {'recompute tok/s':>16s} {'cached tok/s':>13s} {'speed-up':>9s}")
-    for name in MODEL_NAMES:
+    for name in names:
         model = fitted(name, config, device)
         rates, stories = {}, {}
         for cache in (False, True):
@@ -52,4 +52,5 @@ def main(new_tokens: int, device: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000, sys.argv[2] if len(sys.argv) > 2 else "cpu")
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000, sys.argv[2] if len(sys.argv) > 2 else "cpu",
+         sys.argv[3:] or list(MODEL_NAMES))
