@@ -1,6 +1,6 @@
 """The results contract: what a run writes and what plots and comparisons read.
 
-    results/<run>/config.json      effective config, versions, device, data, world size
+    results/<run>/config.json      effective config, versions, device, data, world size; an integrity hash
     results/<run>/metrics.jsonl    one line per evaluation (model, step, tokens, seconds, losses, val_bpc)
     results/<run>/train_log.jsonl  one line per training-loss read (model, step, tokens, seconds, train_loss, lr)
     results/<run>/tokenizer.json   the run's tokenizer, so the folder alone is enough to sample (sample.py)
