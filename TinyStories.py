@@ -20,10 +20,8 @@ from configs import (
 )
 from reservoir import device as dev
 from reservoir import stopping, train
-from reservoir.checkpoint import CheckpointError
-from reservoir.data import DataError, prepare_data
-from reservoir.files import StorageError
-from reservoir.messages import TAG, say, warn
+from reservoir.data import prepare_data
+from reservoir.messages import TAG, OneLineError, say, warn
 from reservoir.models import build_model
 from reservoir.results import (
     ResultsError,
@@ -36,10 +34,7 @@ from reservoir.results import (
     resumed_config,
     run_seeds,
 )
-from reservoir.tracking import TrackingError, check_available
-
-ONE_LINE_ERRORS = (ConfigError, dev.DeviceError, DataError, ResultsError, CheckpointError, TrackingError,
-                   StorageError, train.BudgetError)
+from reservoir.tracking import check_available
 
 
 def resolve_resume(config: dict, named=()) -> tuple[dict, object]:
@@ -153,7 +148,7 @@ def main(argv: list[str]) -> int:
             dev.launch(functools.partial(run_experiment, resume_dir=resume_dir, claimed=claim.path), config)
         else:
             run_experiment(config, resume_dir=resume_dir)
-    except ONE_LINE_ERRORS as e:
+    except OneLineError as e:
         raise SystemExit(f"error: {e}") from None
     except stopping.Stopped as e:
         print(f"{TAG} stopped by {e.signal_name}: {e.saved}. {resume_outlook(getattr(e, 'run_dir', None), config)}",

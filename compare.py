@@ -21,15 +21,11 @@ import json
 import sys
 from pathlib import Path
 
-from configs import ConfigError, parse_literal
-from reservoir import device as dev
-from reservoir.checkpoint import CheckpointError
+from configs import parse_literal
 from reservoir.comparison import Side, compare, describe
-from reservoir.data import DataError
 from reservoir.diagnostics import format_diagnostics, plot_diagnostics
 from reservoir.files import atomic_write_text
-from reservoir.messages import TAG
-from reservoir.results import ResultsError
+from reservoir.messages import TAG, OneLineError
 
 KEYS = {
     "TOKENS": "validation targets scored (default: what both runs' final evaluations scored)",
@@ -68,7 +64,7 @@ def main(argv: list[str]) -> int:
     try:
         report = compare(side_a, side_b, options.get("TOKENS"), options.get("DEVICE", "cpu"),
                          options.get("DIAGNOSTICS", False))
-    except (ConfigError, ResultsError, CheckpointError, DataError, dev.DeviceError) as e:
+    except OneLineError as e:
         raise SystemExit(f"error: {e}") from None
     out = Path(options.get("OUT") or side_a.run_dirs[0] / "comparisons" /
                f"{side_a.model}-vs-{side_b.run_dirs[0].name}-{side_b.model}.json")

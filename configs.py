@@ -16,6 +16,8 @@ import math
 import tokenize
 from pathlib import Path
 
+from reservoir.messages import OneLineError
+
 SHARED_CONFIG = {
     # --- device -----------------------------------------------------------
     "USE_TPU": False,  # ask for a TPU (torch_xla); falls back to GPU, then CPU, with a warning
@@ -132,7 +134,7 @@ _OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STO
              "FLOP_BUDGET": float, "SEEDS": list, "TOKENIZER_TRAIN_CHARS": int}
 
 
-class ConfigError(ValueError):
+class ConfigError(OneLineError, ValueError):
     """A user mistake in the configuration: reported as one line, no traceback."""
 
 

@@ -20,9 +20,7 @@ from pathlib import Path
 
 from configs import ConfigError, parse_literal
 from reservoir import device as dev
-from reservoir.checkpoint import CheckpointError
-from reservoir.messages import TAG
-from reservoir.results import ResultsError
+from reservoir.messages import TAG, OneLineError
 from reservoir.sampling import SampleSettings, load_trained, write_stories
 
 KEYS = {  # key: what it does (defaults come from the run)
@@ -105,7 +103,7 @@ def main(argv: list[str]) -> int:
         print(f"{TAG} {run_dir}: {run.model} at step {run.step} ({state}, training seed {run.seed}), on {where}",
               file=sys.stderr)
         stories = write_stories(model, tokenizer, prompts, settings, where)
-    except (ConfigError, ResultsError, CheckpointError, dev.DeviceError) as e:
+    except OneLineError as e:
         raise SystemExit(f"error: {e}") from None
     print(f"\n{SEPARATOR}\n".join(story for _, story in stories))
     return 0

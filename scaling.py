@@ -20,10 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from configs import ConfigError, parse_overrides
-from reservoir.messages import TAG, say
-from reservoir.results import ResultsError
-from reservoir.scaling import Study, StudyError, StudyExit, format_report, plot_scaling, write_report
+from configs import parse_overrides
+from reservoir.messages import TAG, OneLineError, say
+from reservoir.scaling import Study, StudyExit, format_report, plot_scaling, write_report
 
 HERE = Path(__file__).resolve().parent
 
@@ -52,7 +51,7 @@ def main(argv: list[str]) -> int:
         report = study.report()
         path = write_report(report, study.path)
         png = plot_scaling(report, study.path / "scaling.png")
-    except (StudyError, ConfigError, ResultsError) as e:
+    except OneLineError as e:
         raise SystemExit(f"error: {e}") from None
     except StudyExit as e:
         print(f"{TAG} study stopped: {e}", file=sys.stderr, flush=True)

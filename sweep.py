@@ -22,7 +22,7 @@ from pathlib import Path
 
 from configs import SHARED_CONFIG, ConfigError, model_blocks, parse_literal, parse_overrides
 from reservoir import stopping
-from reservoir.messages import TAG
+from reservoir.messages import TAG, OneLineError
 from reservoir.sweeps import (
     SEARCH_SPACES,
     SweepError,
@@ -71,7 +71,7 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    from TinyStories import ONE_LINE_ERRORS, run_experiment
+    from TinyStories import run_experiment
 
     settings = {"storage": None}
     try:
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
                    lambda config, hook: run_experiment(config, on_evaluation=hook), settings["space"],
                    parse_overrides, settings["worker"], refused=(ConfigError,))
         best = write_outputs(study, settings["model"], folder, fixed)
-    except (SweepError, *ONE_LINE_ERRORS) as e:
+    except OneLineError as e:
         raise SystemExit(f"error: {e}") from None
     except (stopping.Stopped, KeyboardInterrupt) as e:
         print(f"{TAG} sweep stopped ({getattr(e, 'signal_name', 'Ctrl-C')}); the trial in progress was interrupted "

@@ -16,12 +16,13 @@ import torch
 
 from . import device as dev
 from .files import atomic_write
+from .messages import OneLineError
 
 FORMAT = 1
 SINCE_LATER = ("replicas", "seed")  # identity keys older checkpoints lack: checked only where present
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(OneLineError, RuntimeError):
     """A checkpoint that cannot be used: reported as one line that says what to do."""
 
 

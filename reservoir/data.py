@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .files import atomic_write, atomic_write_text, remove_stale_temporaries
-from .messages import progress, say, warn
+from .messages import OneLineError, progress, say, warn
 from .synthetic import synthetic_stories
 
 EOT = "<|endoftext|>"
@@ -32,7 +32,7 @@ UNKNOWN_WARNING_SHARE = 0.001  # warn when more validation tokens than this shar
 _EOT_MARK = "\ue000"  # a private-use character standing for EOT inside joined text
 
 
-class DataError(ValueError):
+class DataError(OneLineError, ValueError):
     """Bad data input: reported as one line that says what to fix."""
 
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .messages import TAG, warn
+from .messages import TAG, OneLineError, warn
 
 _GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips appear on the PCI bus with Google's vendor id
 
 
-class DeviceError(RuntimeError):
+class DeviceError(OneLineError, RuntimeError):
     """An explicit device or precision request that this machine cannot honour."""
 
 

@@ -20,6 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .messages import OneLineError
+
 TEMP_PREFIX, TEMP_SUFFIX = ".", ".tmp"  # temporaries are .<name>.<random>.tmp beside their target
 
 
@@ -29,7 +31,7 @@ def _current_umask() -> int:
     return mask
 
 
-class StorageError(RuntimeError):
+class StorageError(OneLineError, RuntimeError):
     """A file that could not be written (read-only place, no space left, ...): reported as one line."""
 
 

@@ -16,6 +16,12 @@ from tqdm import tqdm
 TAG = "[ReservoirNLP]"
 
 
+class OneLineError(Exception):
+    """An error the researcher can act on: every root script prints it as one line ("error: ...",
+    exit status 1) and never a traceback. Each concern's error derives from it (ConfigError,
+    DataError, ResultsError, ...), so a script catches this one type."""
+
+
 def say(message: str, main: bool = True) -> None:
     if main:
         tqdm.write(f"{TAG} {message}", file=sys.stdout)

@@ -34,7 +34,7 @@ from . import device as dev
 from .checkpoint import CheckpointError, load_checkpoint
 from .data import TOKENIZERS, tokenizer_hash
 from .files import append_line, atomic_write_text, remove_stale_temporaries
-from .messages import warn
+from .messages import OneLineError, warn
 from .tracking import Trackers
 
 SUMMARY_FIELDS = ("model", "params_total", "params_trainable", "train_seconds", "train_tokens", "tokens_per_second",
@@ -42,7 +42,7 @@ SUMMARY_FIELDS = ("model", "params_total", "params_trainable", "train_seconds", 
                   "seed")
 
 
-class ResultsError(ValueError):
+class ResultsError(OneLineError, ValueError):
     """A results folder that cannot be used as asked: reported as one line."""
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .messages import say, warn
+from .messages import OneLineError, say, warn
 from .results import ResultsError, read_json, run_seeds, write_json_atomic
 
 STUDY_KEYS = ("BUDGETS", "STUDY")
@@ -42,7 +42,7 @@ REFERENCE = "transformer"  # gaps are measured to this model
 MIN_FIT_POINTS = 3  # distinct compute-bound budgets a curve needs (it has three parameters)
 
 
-class StudyError(ValueError):
+class StudyError(OneLineError, ValueError):
     """A study that cannot run as asked: reported as one line."""
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import stopping
 from .files import atomic_write_text
-from .messages import say, warn
+from .messages import OneLineError, say, warn
 from .results import run_seeds
 
 # One declared search space per model, with the ranges reservoirpy's tutorials and the literature
@@ -53,11 +53,11 @@ SEARCH_SPACES = {
 _RANGE = re.compile(r"^\s*(log|float|int)\s*\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)\s*$")
 
 
-class SweepError(ValueError):
+class SweepError(OneLineError, ValueError):
     """A sweep that cannot run as asked: reported as one line, nothing in an existing study touched."""
 
 
-class StorageLost(RuntimeError):
+class StorageLost(OneLineError, RuntimeError):
     """The study's database went away mid-sweep: one line; the same command continues once it is back."""
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .messages import OneLineError
+
 _OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")
 
 
-class TrackingError(RuntimeError):
+class TrackingError(OneLineError, RuntimeError):
     """A tracker that cannot start (missing package, no login): reported as one line at start."""
 
 

@@ -26,7 +26,7 @@ from .checkpoint import load_checkpoint, restore_model, save_checkpoint
 from .data import DataError, TokenData, TrainWindows, eval_windows, tokenizer_hash
 from .evaluation import EvalPoints, Evaluations
 from .machine import MachineLoad
-from .messages import progress, say, warn
+from .messages import OneLineError, progress, say, warn
 from .results import Run
 from .sampling import SampleSettings, write_stories
 from .stopping import Diverged, Stopped
@@ -38,7 +38,7 @@ WARMUP_STEPS = 2  # steps timed as warm-up (compilation on XLA) and not charged 
 # --------------------------------------------------------------------- budget and schedule
 
 
-class BudgetError(ValueError):
+class BudgetError(OneLineError, ValueError):
     """A budget no fit can be trained within: reported as one line."""
 
 

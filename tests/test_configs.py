@@ -81,3 +81,23 @@ def test_cli_help_lists_every_key_with_default():
     assert r.returncode == 0, r.stderr
     for key, value in SHARED_CONFIG.items():
         assert key in r.stdout and f"default {value!r}" in r.stdout
+
+
+def test_every_error_a_script_reports_in_one_line_shares_one_base():
+    """Root scripts catch OneLineError alone: an error class of the project that does not derive from it
+    would reach the user as a traceback."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import configs
+    import reservoir
+    from reservoir.messages import OneLineError
+
+    names = [m.name for m in pkgutil.iter_modules(reservoir.__path__) if not m.ispkg]
+    modules = [configs] + [importlib.import_module(f"reservoir.{name}") for name in names]
+    errors = {cls for module in modules for _, cls in inspect.getmembers(module, inspect.isclass)
+              if cls.__module__ == module.__name__ and issubclass(cls, Exception) and cls.__name__.endswith("Error")}
+    assert {"ConfigError", "DataError", "ResultsError", "CheckpointError", "StorageError", "DeviceError",
+            "TrackingError", "BudgetError", "SweepError", "StudyError"} <= {e.__name__ for e in errors}
+    assert [e.__name__ for e in errors if not issubclass(e, OneLineError)] == []
