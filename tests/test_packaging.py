@@ -36,7 +36,10 @@ def test_installed_package_imports_from_anywhere_with_the_runtime_dependencies(t
     metadata = next(target.glob("reservoir_nlp-*.dist-info")) / "METADATA"
     requires = [line.split(":", 1)[1].strip() for line in metadata.read_text().splitlines()
                 if line.startswith("Requires-Dist:") and "extra ==" not in line]
-    assert requires == _requirements((ROOT / "requirements.txt").read_text())  # one list, kept equal
+    from packaging.requirements import Requirement  # compares "torch>=2.4,<3" with its normal form "torch<3,>=2.4"
+
+    listed = _requirements((ROOT / "requirements.txt").read_text())
+    assert [str(Requirement(r)) for r in requires] == [str(Requirement(r)) for r in listed]  # one list, kept equal
 
 
 def test_every_module_of_the_package_is_listed():
@@ -45,3 +48,13 @@ def test_every_module_of_the_package_is_listed():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     on_disk = {str(p.parent.relative_to(ROOT)).replace("/", ".") for p in Path(ROOT / "reservoir").rglob("__init__.py")}
     assert listed == on_disk
+
+
+def test_every_dependency_is_capped_below_a_major_version_ci_has_not_run():
+    """pip resolved datasets 5.2 and optuna 5.0 against bare lower bounds: a next major release would
+    reach users before CI had ever run it."""
+    for name in ("requirements.txt", "requirements-dev.txt"):
+        for requirement in _requirements((ROOT / name).read_text()):
+            if requirement.startswith("-r"):
+                continue
+            assert "<" in requirement or "==" in requirement, f"{name}: {requirement} has no upper bound"
