@@ -370,6 +370,8 @@ def test_deep_linear_reservoir_carries_its_state_exactly_from_chunk_to_chunk(chu
             parts.append(logits)
     torch.testing.assert_close(torch.cat(parts, dim=1), whole, atol=1e-5, rtol=1e-4)
     assert model.stream_kind == "window" and model.context_size == 32  # evaluated and sampled like the transformer
+    (h_re, h_im), _ = state.layers  # a named state: each layer's (Re h, Im h), and the recent embeddings
+    assert h_re.shape == h_im.shape == (2, 16) and state.recent.shape == (2, model.taps - 1, 8)
 
 
 def test_esn_fit_stride_fits_the_readout_on_every_nth_state(corpus_ids):

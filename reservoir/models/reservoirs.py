@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -436,6 +437,15 @@ class FrozenRecurrenceBlock(nn.Module):
         return x + y, (h_re[:, -1], h_im[:, -1])
 
 
+class DeepLinearState(NamedTuple):
+    """A deep linear reservoir's stream state: each layer's (Re h, Im h), each (B, units), and the
+    embeddings of the last ``taps - 1`` tokens (B, taps - 1, embed_dim) that the next chunk's taps
+    reach back to."""
+
+    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    recent: torch.Tensor
+
+
 class DeepLinearReservoir(LanguageModel):
     """A stack of frozen diagonal linear recurrences with trained nonlinear mixing between them
     (a frozen-recurrence deep state-space model: LRU, Orvieto et al. 2023, with its eigenvalues
@@ -470,30 +480,31 @@ class DeepLinearReservoir(LanguageModel):
                                   cfg["tau_max"], cfg["max_phase"], g) for _ in range(cfg["layers"]))
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, vocab_size))
 
-    def _run(self, ids: torch.Tensor, state):
+    def _run(self, ids: torch.Tensor, state: DeepLinearState | None):
         """(logits, state after ``ids``); ``state`` None: a window from a zero state (training)."""
         emb = self.embed(ids)
-        before = None if state is None else state[-1].to(emb.dtype)
+        before = None if state is None else state.recent.to(emb.dtype)
         x = self.drop(self.project_taps(delayed_inputs(emb, self.taps, before)))
         finals = []
         for layer, block in enumerate(self.blocks):
             if state is None:
                 x, final = self._checkpointed(block, x)
             else:
-                x, final = block(x, (state[2 * layer].float(), state[2 * layer + 1].float()))
-            finals.extend(final)
+                h_re, h_im = state.layers[layer]
+                x, final = block(x, (h_re.float(), h_im.float()))
+            finals.append(final)
         history = emb if before is None else torch.cat([before, emb], dim=1)
-        carried = history[:, history.shape[1] - (self.taps - 1):]  # what the next chunk's taps reach back to
-        return self.head(x), (*finals, carried)
+        recent = history[:, history.shape[1] - (self.taps - 1):]  # what the next chunk's taps reach back to
+        return self.head(x), DeepLinearState(tuple(finals), recent)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self._run(ids, None)[0]
 
-    def initial_state(self, batch, device):
-        block = self.blocks[0]
-        units = block.lam_re.shape[0]
-        zeros = [torch.zeros(batch, units, device=device) for _ in range(2 * len(self.blocks))]
-        return (*zeros, torch.zeros(batch, self.taps - 1, self.embed.embedding_dim, device=device))
+    def initial_state(self, batch, device) -> DeepLinearState:
+        units = self.blocks[0].lam_re.shape[0]
+        layers = tuple((torch.zeros(batch, units, device=device), torch.zeros(batch, units, device=device))
+                       for _ in self.blocks)
+        return DeepLinearState(layers, torch.zeros(batch, self.taps - 1, self.embed.embedding_dim, device=device))
 
     def forward_stream(self, ids, state):
         return self._run(ids, state)
