@@ -98,7 +98,7 @@ def main(argv: list[str]) -> int:
             stop_at_end=bool(options.get("STOP_AT_END", False)))
         prompts = _prompts(options.get("PROMPT", config["SAMPLE_PROMPTS"]))
         info = dev.select_device({"DEVICE": options.get("DEVICE", "auto")})
-        where = dev.sampling_device(info, getattr(model, "host_only", False))
+        where = dev.sampling_device(info, model.host_only)
         state = "finished" if run.finished else "unfinished, last checkpoint"
         print(f"{TAG} {run_dir}: {run.model} at step {run.step} ({state}, training seed {run.seed}), on {where}",
               file=sys.stderr)

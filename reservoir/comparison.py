@@ -127,7 +127,7 @@ def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str =
             run_settings = one.config_json["effective_config"]
             evaluator = Evaluator(data, run_settings, run_settings["BATCH_SIZE"], tokens)
             model, _, _ = load_trained(one.run_dir, side.model, one.row.get("seed"))
-            where = dev.sampling_device(info, getattr(model, "host_only", False))  # on XLA: the CPU
+            where = dev.sampling_device(info, model.host_only)  # on XLA: the CPU
             per_token = evaluator.token_nats(model.to(where), info, where)
             per_seed.append(per_token)
             rescored.append(float(per_token.sum() / evaluator.chars / np.log(2)))

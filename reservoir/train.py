@@ -174,7 +174,7 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
         say(f"{name}: no checkpoint in {run.path} for seed {seed}; training it from step 0", info.is_main_process)
     if saved is not None and saved["finished"]:
         restore_model(model, saved, run.checkpoint_path(name, seed))
-        device = dev.compute_device(info, getattr(model, "host_only", False))
+        device = dev.compute_device(info, model.host_only)
         model.to(device)
         run.forget_metrics(name, saved["progress"]["step"], seed)
         say(f"{name}: finished in the checkpoint (seed {seed}); evaluating it again", info.is_main_process)
@@ -531,7 +531,7 @@ def sample_stories(model, data: TokenData, config: dict, info: dev.DeviceInfo) -
     """One story per prompt, same seed for every model (sample.py reproduces them from the run folder)."""
     settings = SampleSettings(config["SAMPLE_TOKENS"], config["SAMPLE_TEMPERATURE"], config["SAMPLE_TOP_K"],
                               config["SEED"])
-    where = dev.sampling_device(info, getattr(model, "host_only", False))  # sampling comes last: already saved
+    where = dev.sampling_device(info, model.host_only)  # sampling comes last: already saved
     return write_stories(model, data.tokenizer, config["SAMPLE_PROMPTS"], settings, where)
 
 

@@ -15,6 +15,7 @@ class LanguageModel(nn.Module):
     """
 
     trainer = "sgd"
+    host_only = False  # True: numpy on the host (the n-gram); runners keep it and its inputs on the CPU
     context_size: int | None = None  # longest context generate() feeds back (None: unlimited)
     # 'recurrent': state carried through a stream (forward_stream); 'window': a finite context,
     # scored on overlapping windows (see reservoir/evaluation.py)
