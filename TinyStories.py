@@ -12,7 +12,6 @@ import sys
 
 from configs import (
     ConfigError,
-    apply_device_adjustments,
     check_vocabulary,
     config_from_argv,
     given_settings,
@@ -58,7 +57,7 @@ def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claime
     stopping.install()  # SIGTERM / Ctrl-C: finish the step, checkpoint, exit
     info = dev.select_device(config, process_index)
     dev.enable_transparent_hugepages(info)
-    requested, config = config, apply_device_adjustments(config, info.kind)
+    requested, config = config, dev.adjust_config(config, info.kind)
     main = info.is_main_process
     if main:
         print(info.banner(), flush=True)

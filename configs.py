@@ -390,18 +390,6 @@ def given_settings(args: list[str]) -> list[str]:
     return list(named)
 
 
-def apply_device_adjustments(config: dict, device_kind: str) -> dict:
-    """Return a new config with the TPU-tuned batch size and learning rate applied on TPU.
-
-    The effective values are what the run records with its results.
-    """
-    adjusted = copy.deepcopy(config)
-    if device_kind == "tpu":
-        adjusted["BATCH_SIZE"] = int(config["BATCH_SIZE"] * config["TPU_BATCH_MULTIPLIER"])
-        adjusted["LEARNING_RATE"] = float(config["LEARNING_RATE"] * config["TPU_LR_MULTIPLIER"])
-    return adjusted
-
-
 def config_from_argv(argv: list[str]) -> dict:
     """The validated config for a command line; prints help or a one-line error and exits."""
     wants_help = {"-H", "--HELP", "HELP=1", "HELP=TRUE"}

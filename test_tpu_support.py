@@ -19,7 +19,7 @@ import unittest
 
 import torch
 
-from configs import ConfigError, apply_device_adjustments, config_from_argv, default_config, parse_overrides
+from configs import ConfigError, config_from_argv, default_config, parse_overrides
 from reservoir import device as dev
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -224,11 +224,11 @@ def check_precision_per_device():
 
 def check_tpu_batch_and_lr_adjustments():
     config = parse_overrides(["BATCH_SIZE=24", "LEARNING_RATE=0.001"])
-    tpu = apply_device_adjustments(config, "tpu")
+    tpu = dev.adjust_config(config, "tpu")
     assert tpu["BATCH_SIZE"] == 48 and abs(tpu["LEARNING_RATE"] - 0.0012) < 1e-12
     assert config["BATCH_SIZE"] == 24, "the input config must not be modified"
     for kind in ("cuda", "cpu"):
-        assert apply_device_adjustments(config, kind) == config
+        assert dev.adjust_config(config, kind) == config
     try:
         parse_overrides(["BATCH_SZE=3"])
     except ConfigError as e:

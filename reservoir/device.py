@@ -12,6 +12,7 @@ torch_xla is imported lazily so the rest works without it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import glob
 import importlib
@@ -216,6 +217,17 @@ def resolve_precision(kind: str, requested: str = "auto", device: torch.device |
         raise DeviceError("PRECISION='bf16' needs a GPU with bf16 hardware (compute capability 8.0+, e.g. A100, "
                           "L4, H100); on this one use 'fp16' (or 'auto') or 'fp32'")
     return requested
+
+
+def adjust_config(config: dict, device_kind: str) -> dict:
+    """A new config with this device's adjustments: on TPU, BATCH_SIZE x TPU_BATCH_MULTIPLIER and
+    LEARNING_RATE x TPU_LR_MULTIPLIER (2x and 1.2x by default). The effective values are what the
+    run records with its results."""
+    adjusted = copy.deepcopy(config)
+    if device_kind == "tpu":
+        adjusted["BATCH_SIZE"] = int(config["BATCH_SIZE"] * config["TPU_BATCH_MULTIPLIER"])
+        adjusted["LEARNING_RATE"] = float(config["LEARNING_RATE"] * config["TPU_LR_MULTIPLIER"])
+    return adjusted
 
 
 def _xla():

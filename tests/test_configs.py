@@ -7,11 +7,11 @@ import pytest
 from configs import (
     SHARED_CONFIG,
     ConfigError,
-    apply_device_adjustments,
     help_text,
     key_comments,
     parse_overrides,
 )
+from reservoir import device as dev
 from tests.conftest import ROOT
 
 
@@ -64,7 +64,7 @@ def test_use_tpu_contradicting_device_is_refused():
 
 def test_tpu_adjustments_return_a_new_config():
     config = parse_overrides(["BATCH_SIZE=10", "LEARNING_RATE=0.01", "TPU_BATCH_MULTIPLIER=3"])
-    tpu = apply_device_adjustments(config, "tpu")
+    tpu = dev.adjust_config(config, "tpu")
     assert (tpu["BATCH_SIZE"], tpu["LEARNING_RATE"]) == (30, pytest.approx(0.012))
     assert config["BATCH_SIZE"] == 10
 
