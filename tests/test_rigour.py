@@ -193,6 +193,9 @@ def _load_while_busy(peers: int, idle_priority: bool) -> dict:
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs Linux's SCHED_IDLE scheduling class")
 def test_low_priority_background_work_does_not_raise_the_flag_but_peers_do():
+    alone = _load_while_busy(0, idle_priority=True)
+    if alone["cpu_share"] < 0.9:  # other work on this machine already takes our cores: nothing to tell apart
+        pytest.skip(f"the machine is busy before this test adds any work: {alone}")
     peers = 2 * os.cpu_count() + 2
     idle = _load_while_busy(peers, idle_priority=True)
     assert idle["runnable_mean"] > idle["cores"] + 0.5, idle  # the low-priority threads are counted runnable ...
