@@ -410,13 +410,14 @@ class Run:
             return
         path = self.path / "tokenizer.json"
         if self.resumed:
-            recorded = read_run_config(self.path)["data"]["tokenizer_hash"]
+            saved = read_run_config(self.path)  # read once: the hash to match, and the tokenizer's kind
+            recorded = saved["data"]["tokenizer_hash"]
             if tokenizer_hash(tokenizer) != recorded:
                 raise ResultsError(f"the data here gives another tokenizer than {self.path} trained with (hash "
                                    f"{tokenizer_hash(tokenizer)}, the run's {recorded}); resume with the run's own "
                                    "data (DATASET, DATA_DIR) from the folder it was started in")
             try:
-                load_tokenizer(self.path, read_run_config(self.path))
+                load_tokenizer(self.path, saved)
                 return
             except ResultsError:
                 if path.exists():

@@ -102,10 +102,10 @@ class _QuietEndings(logging.Filter):
     def __init__(self):
         super().__init__()
         self.trials: set[int] = set()
+        self.endings = (stopping.Stopped, KeyboardInterrupt, *storage_errors())  # looked up once, not per record
 
     def filter(self, record: logging.LogRecord) -> bool:
-        ended = record.exc_info and isinstance(record.exc_info[1], (stopping.Stopped, KeyboardInterrupt,
-                                                                    *storage_errors()))
+        ended = record.exc_info and isinstance(record.exc_info[1], self.endings)
         match = re.match(r"Trial (\d+) failed", record.getMessage())
         if ended and match:
             self.trials.add(int(match.group(1)))
