@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from configs import parse_literal
+from configs import ConfigError, parse_options
 from reservoir.comparison import Side, compare, describe
 from reservoir.diagnostics import format_diagnostics, plot_diagnostics
 from reservoir.files import atomic_write_text
@@ -43,14 +43,10 @@ def parse_args(argv: list[str]) -> tuple[Side, Side, dict]:
             print(usage)
             raise SystemExit(0)
         raise SystemExit(f"error: give two sides, each a run folder with an optional :<model>\n\n{usage}")
-    options = {}
-    for arg in argv:
-        if "=" in arg:
-            key, _, text = arg.partition("=")
-            key = key.strip().upper()
-            if key not in KEYS:
-                raise SystemExit(f"error: {arg!r}: the keys are {', '.join(KEYS)}")
-            options[key] = text if key in ("DEVICE", "OUT") else parse_literal(text)
+    try:
+        options = parse_options([a for a in argv if "=" in a], KEYS, text_keys=("DEVICE", "OUT"))
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
     if not isinstance(options.get("DIAGNOSTICS", False), bool):
         raise SystemExit(f"error: DIAGNOSTICS must be True or False, got {options['DIAGNOSTICS']!r}")
     tokens = options.get("TOKENS")

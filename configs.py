@@ -323,7 +323,12 @@ def validate(config: dict) -> dict:
                           "the run folder is always RESULTS_DIR/RUN_NAME")
     _check_model_blocks(checked)
     if checked["TOKENIZER"] == "bpe":  # the vocabulary is known now; a char vocabulary once the data is read
-        check_vocabulary(checked, checked["VOCAB_SIZE"])
+        from reservoir.models import ModelSettingsError, check_vocabulary  # here: configs alone needs no torch
+
+        try:
+            check_vocabulary(checked, checked["VOCAB_SIZE"])
+        except ModelSettingsError as e:
+            raise ConfigError(str(e)) from None
     budgets = ("MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S", "FLOP_BUDGET")
     if not checked["RESUME"] and not any(checked[k] for k in budgets):  # a resumed run keeps its own budget
         raise ConfigError("no training budget: set at least one of MAX_STEPS, TOKEN_BUDGET, TIME_BUDGET_S, "
@@ -331,20 +336,6 @@ def validate(config: dict) -> dict:
     if checked["USE_TPU"] and checked["DEVICE"] in ("cuda", "cpu"):
         raise ConfigError(f"USE_TPU=True contradicts DEVICE={checked['DEVICE']!r}; set one of them")
     return checked
-
-
-NGRAM_KEY_BITS = 63  # the n-gram stores an n-gram as one int64: vocab ** order must stay below 2 ** 63
-
-
-def check_vocabulary(config: dict, vocab_size: int) -> None:
-    """Settings that only fail with the data's vocabulary: refused before any run folder exists."""
-    if "ngram" in config["MODELS"]:
-        order = config["NGRAM"]["order"]
-        if vocab_size ** order >= 2 ** NGRAM_KEY_BITS:
-            highest = max(k for k in range(1, order) if vocab_size ** k < 2 ** NGRAM_KEY_BITS)
-            raise ConfigError(f"NGRAM.order={order} with a vocabulary of {vocab_size} tokens needs keys of "
-                              f"{math.ceil(order * math.log2(vocab_size))} bits (the n-gram's are 63): use "
-                              f"NGRAM.order<={highest}, or a smaller VOCAB_SIZE")
 
 
 def _seeds(value: list) -> list[int]:
@@ -359,21 +350,61 @@ def _seeds(value: list) -> list[int]:
     return seeds
 
 
+def key_value(arg: str) -> tuple[str, str | None, str] | None:
+    """``KEY=VALUE`` or ``BLOCK.sub=VALUE`` as (KEY upper-cased, sub lower-cased or None, VALUE as written);
+    None for an argument with no '='. Every root script reads its arguments through this."""
+    name, eq, text = arg.partition("=")
+    if not eq:
+        return None
+    key, dot, sub = name.strip().partition(".")
+    return key.strip().upper(), sub.strip().lower() if dot else None, text
+
+
+def split_arguments(args: list[str], keys) -> tuple[dict[str, str], list[str]]:
+    """A script's own ``KEY=VALUE`` arguments (KEY one of ``keys``) as {KEY: VALUE text}, and every other
+    argument in its order: the TinyStories.py settings or positional arguments the script handles apart."""
+    own, rest = {}, []
+    for arg in args:
+        parsed = key_value(arg)
+        if parsed is not None and parsed[1] is None and parsed[0] in keys:
+            own[parsed[0]] = parsed[2].strip()
+        else:
+            rest.append(arg)
+    return own, rest
+
+
+def parse_options(args: list[str], keys, text_keys=()) -> dict:
+    """A script's ``KEY=VALUE`` options -> {KEY: value}: keys case-insensitive, values Python literals
+    (``parse_literal``) except those of ``text_keys``, kept as written (paths, prompts, names). Anything
+    that is not KEY=VALUE with one of ``keys`` is a ConfigError that lists them."""
+    options = {}
+    for arg in args:
+        parsed = key_value(arg)
+        if parsed is None or parsed[1] is not None or parsed[0] not in keys:
+            raise ConfigError(f"{arg!r} is not one of {', '.join(keys)} as KEY=VALUE")
+        key, _, text = parsed
+        options[key] = text if key in text_keys else parse_literal(text)
+    return options
+
+
+def wants_help(argv: list[str]) -> bool:
+    return any(a.upper().replace(" ", "") in ("-H", "--HELP", "HELP=1", "HELP=TRUE") for a in argv)
+
+
 def parse_overrides(args: list[str], base: dict | None = None) -> dict:
     """Apply ``KEY=VALUE`` arguments to ``base`` (default SHARED_CONFIG) and validate the result."""
     config = default_config() if base is None else copy.deepcopy(base)
     for arg in args:
-        if "=" not in arg:
+        parsed = key_value(arg)
+        if parsed is None:
             raise ConfigError(f"argument {arg!r} is not KEY=VALUE (try --help for the list of keys)")
-        name, _, text = arg.partition("=")
-        key, dot, sub = name.strip().partition(".")
-        key = key.upper()
+        key, sub, text = parsed
         if key not in SHARED_CONFIG:
-            raise ConfigError(f"unknown config key {name.strip()}{_closest_key(key, SHARED_CONFIG)}")
-        if dot:
+            raise ConfigError(f"unknown config key {arg.partition('=')[0].strip()}{_closest_key(key, SHARED_CONFIG)}")
+        if sub is not None:
             if not isinstance(SHARED_CONFIG[key], dict):
                 raise ConfigError(f"{key} has no sub-keys; write {key}=VALUE")
-            config[key] = {**config[key], sub.strip().lower(): parse_literal(text)}
+            config[key] = {**config[key], sub: parse_literal(text)}
         else:
             config[key] = parse_literal(text)
     return validate(config)
@@ -383,17 +414,14 @@ def given_settings(args: list[str]) -> list[str]:
     """The settings a command line names, in its order, as ``KEY`` or ``BLOCK.sub`` (``ESN.units``):
     what RESUME compares with the saved run. Call it on arguments ``parse_overrides`` accepted."""
     named = {}
-    for arg in args:
-        name = arg.partition("=")[0].strip()
-        key, dot, sub = name.partition(".")
-        named[f"{key.upper()}.{sub.strip().lower()}" if dot else key.upper()] = True
+    for key, sub, _ in filter(None, map(key_value, args)):
+        named[key if sub is None else f"{key}.{sub}"] = True
     return list(named)
 
 
 def config_from_argv(argv: list[str]) -> dict:
     """The validated config for a command line; prints help or a one-line error and exits."""
-    wants_help = {"-H", "--HELP", "HELP=1", "HELP=TRUE"}
-    if any(a.upper().replace(" ", "") in wants_help for a in argv):
+    if wants_help(argv):
         print(help_text())
         raise SystemExit(0)
     try:

@@ -1,266 +1,41 @@
 """Plot one or more runs' results (written by TinyStories.py at the end of each run).
 
-    python plot_results.py results/<run> [results/<other run> ...] [--out DIR]
+    python plot_results.py results/<run> [results/<other run> ...] [OUT=DIR]
 
-One run: the PNGs go into its folder; several: into --out (default <first run's
+One run: the PNGs go into its folder; several: into OUT (default <first run's
 parent>/comparison). Each model keeps one colour in every plot and every comparison;
 runs are told apart by line style and named by RUN_NAME (else data and date). Runs
 on different data are never ranked on one axis: each data source gets its own panel.
 """
 
-from __future__ import annotations
-
-import argparse
-import re
 import sys
-import textwrap
 from pathlib import Path
 
-import matplotlib
+from configs import ConfigError, parse_options, wants_help
+from reservoir.messages import OneLineError
+from reservoir.plots import PLOTS, plot_runs
 
-matplotlib.use("Agg")  # files only: runs on headless machines
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-
-from reservoir.models import MODEL_NAMES  # noqa: E402
-from reservoir.results import ResultsError, aggregate, read_json, read_metrics, seed_groups  # noqa: E402
-
-PLOTS = {  # file: what it shows (also the --help text)
-    "bpc_vs_tokens.png": "validation bits/char against training tokens (mean over seeds, band: min to max)",
-    "bpc_vs_seconds.png": "the same against training wall-clock seconds",
-    "bpc_vs_flops.png": "the same against training FLOPs (matrix products; see reservoir/flops.py)",
-    "final_bpc.png": "final bits/char per model, ± the 95% interval (one seed) or the sd over seeds",
-    "bpc_vs_params.png": "final bits/char against trainable parameters (log scale)",
-    "bpc_vs_train_flops.png": "final bits/char against total training FLOPs (compute-matched comparisons)",
-    "throughput.png": "training tokens per second (log scale)",
-}
-RUN_STYLES = ["-", "--", ":", "-."]
-MARKERS = ["o", "s", "^", "D", "v", "P"]
-ONE_PASS_NOTE = "a lone square: a one-pass fit (ridge readout, n-gram counts), scored once at the end of its pass"
-REFERENCE_NOTE = "dashed line: n-gram (no trained parameters, no FLOPs), for reference"
+KEYS = {"OUT": "where the PNGs go (default: the run's folder; several runs: <parent>/comparison)"}
 
 
-def load_run(path: Path) -> dict:
-    config = read_json(path / "config.json", "the run's config")
-    summary = read_json(path / "summary.json", "the run's summary") if (path / "summary.json").exists() else []
-    return {"name": path.name, "config": config, "summary": summary, "metrics": read_metrics(path)}
-
-
-def model_colour(model: str) -> str:
-    """One colour per model, the same in every plot of every run."""
-    palette = plt.get_cmap("tab10").colors
-    index = MODEL_NAMES.index(model) if model in MODEL_NAMES else len(MODEL_NAMES) + hash(model) % 3
-    return palette[index % len(palette)]
-
-
-def run_label(run: dict) -> str:
-    """RUN_NAME, else the data source and the date the run started."""
-    requested = run["config"].get("requested_config", {})
-    if requested.get("RUN_NAME"):
-        return requested["RUN_NAME"]
-    started = run["config"].get("started", "")[:16].replace("T", " ")
-    return f"{_data_source(run)}, {started}" if started else run["name"]
-
-
-def _data_source(run: dict) -> str:
-    return re.sub(r"[^ ,:]*/", "", run["config"]["data"]["data_description"])  # no folders
-
-
-def by_data(runs: list[dict]) -> list[tuple[str, list[dict]]]:
-    groups: dict[str, list[dict]] = {}
-    for run in runs:
-        groups.setdefault(_data_source(run), []).append(run)
-    return list(groups.items())
-
-
-def _panels(runs: list[dict], title: str, height: float = 4.5):
-    groups = by_data(runs)
-    fig, axes = plt.subplots(1, len(groups), figsize=(7 * len(groups) + 3, height), squeeze=False)
-    devices = sorted({f"{r['config']['device']['name']} ({r['config']['device']['precision']})" for r in runs})
-    fig.suptitle(textwrap.fill(f"{title} · device: {'; '.join(devices)}", 110), fontsize=9)
-    for ax, (source, _) in zip(axes[0], groups, strict=True):
-        ax.set_title(textwrap.fill(f"data: {source}", 70), fontsize=8)
-    return fig, axes[0], groups
-
-
-def _save(fig, ax, out: Path, handles: list, notes: list[str]) -> Path:
-    extra = [Line2D([], [], color="none", label=textwrap.fill(note, 40)) for note in notes]
-    ax.legend(handles=handles + extra, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
-
-
-def _log_axes(ax, xlabel: str, ylabel: str) -> None:
-    ax.set_xscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.3)
-
-
-def _legend(runs: list[dict], models: list[str]) -> list:
-    handles = [Line2D([], [], color=model_colour(m), lw=2, label=m) for m in models]
-    if len(runs) > 1:
-        handles += [Line2D([], [], color="black", ls=RUN_STYLES[i % len(RUN_STYLES)], label=run_label(run))
-                    for i, run in enumerate(runs)]
-    return handles
-
-
-def learning_curve(rows: list[dict], x_key: str) -> tuple[list[float], list[float], list[float], list[float]]:
-    """(x, mean, low, high) of one model's evaluations over its seeds, matched by evaluation index."""
-    seeds: dict[int, list[dict]] = {}
-    for row in sorted(rows, key=lambda r: r["step"]):
-        seeds.setdefault(row.get("seed", 0), []).append(row)
-    length = min(len(curve) for curve in seeds.values())
-    xs, mean, low, high = [], [], [], []
-    for k in range(length):
-        points = [curve[k] for curve in seeds.values()]
-        values = [p["val_bpc"] for p in points]
-        xs.append(max(sum(p.get(x_key) or 0 for p in points) / len(points), 1e-3))
-        mean.append(sum(values) / len(values))
-        low.append(min(values))
-        high.append(max(values))
-    return xs, mean, low, high
-
-
-def _curves(runs, x_key, xlabel, title, out: Path) -> Path | None:
-    fig, axes, groups = _panels(runs, title)
-    models, one_pass, drawn = [], False, False
-    for ax, (_, group) in zip(axes, groups, strict=True):
-        for run in group:
-            style = RUN_STYLES[runs.index(run) % len(RUN_STYLES)]
-            for model in dict.fromkeys(m["model"] for m in run["metrics"]):
-                rows = [m for m in run["metrics"] if m["model"] == model and m.get("val_bpc") is not None
-                        and m.get(x_key) is not None]
-                if not rows:
-                    continue
-                xs, mean, low, high = learning_curve(rows, x_key)
-                colour = model_colour(model)
-                models += [model] if model not in models else []
-                drawn = True
-                if len(xs) == 1:  # a one-pass fit: scored once, at the end of its pass
-                    ax.plot(xs, mean, "s", color=colour, markersize=8)
-                    one_pass = True
-                    continue
-                ax.plot(xs, mean, style, marker="o", markersize=3, color=colour)
-                if any(h > lo for h, lo in zip(high, low, strict=True)):
-                    ax.fill_between(xs, low, high, color=colour, alpha=0.2, lw=0)
-        _log_axes(ax, xlabel, "validation bits / character (lower is better)")
-    if not drawn:
-        plt.close(fig)
-        return None
-    return _save(fig, axes[-1], out, _legend(runs, models), [ONE_PASS_NOTE] if one_pass else [])
-
-
-def _finals(run: dict) -> list[dict]:
-    return [aggregate(group) for _, group in seed_groups(run["summary"])]
-
-
-def _spread(row: dict) -> float:
-    return row.get("val_bpc_sd") or row.get("val_bpc_ci95") or 0.0
-
-
-def _bars(runs, value, xlabel, title, out: Path, references: bool, log: bool = False) -> Path:
-    groups = by_data(runs)
-    rows_per_panel = [[(run, r) for run in group for r in _finals(run) if r.get(value) is not None]
-                      for _, group in groups]
-    fig, axes, _ = _panels(runs, title, height=0.45 * max(len(rows) for rows in rows_per_panel) + 2.2)
-    several = len(runs) > 1
-    for ax, rows in zip(axes, rows_per_panel, strict=True):
-        rows.sort(key=lambda row: row[1][value], reverse=not references)
-        labels = [f"{r['model']} ({run_label(run)})" if several else r["model"] for run, r in rows]
-        errors = [_spread(r) for _, r in rows] if references else None
-        ax.barh(labels, [r[value] for _, r in rows], color=[model_colour(r["model"]) for _, r in rows],
-                xerr=errors, capsize=3 if references else 0)
-        for i, (_, r) in enumerate(rows):
-            seeds = f" (mean of {r['scored_seeds']} seeds)" if r["scored_seeds"] > 1 else ""
-            label = f" {r[value]:,.3f}{seeds}" if references else f" {r[value]:,.0f}"
-            ax.text(r[value] + (_spread(r) if references else 0), i, label, va="center", fontsize=8)
-        if references:  # every n-gram is a reference line: models left of it beat counting
-            ngrams = [(run, r) for run, r in rows if r["model"] == "ngram"]
-            for k, (run, r) in enumerate(ngrams):
-                order = run["config"]["effective_config"]["NGRAM"]["order"]
-                ax.axvline(r[value], color=model_colour("ngram"), ls="--", lw=1)
-                where = f" ({run_label(run)})" if several else ""
-                ax.text(r[value], len(rows) - 0.4 - 0.35 * k, f" {order}-gram{where}",  # one label per line
-                        color=model_colour("ngram"), fontsize=8)
-        if log:
-            ax.set_xscale("log")
-        ax.invert_yaxis()
-        ax.set_xlabel(xlabel)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
-
-
-def _scatter(runs, x_key, xlabel, title, out: Path) -> Path | None:
-    """Final bits/char against a size or cost, one marker per run; models without one (the n-gram has no
-    trained parameters, and counts rather than FLOPs) are reference lines."""
-    fig, axes, groups = _panels(runs, title)
-    models, drawn, reference = [], False, False
-    for ax, (_, group) in zip(axes, groups, strict=True):
-        for run in group:
-            marker = MARKERS[runs.index(run) % len(MARKERS)]
-            for r in _finals(run):
-                if r.get("val_bpc") is None:
-                    continue
-                colour = model_colour(r["model"])
-                models += [r["model"]] if r["model"] not in models else []
-                x = r.get(x_key)
-                if r["model"] == "ngram" or not x:
-                    ax.axhline(r["val_bpc"], color=colour, ls="--", lw=1)
-                    reference = True
-                    continue
-                ax.errorbar([x], [r["val_bpc"]], yerr=[_spread(r)], fmt=marker, color=colour, markersize=7,
-                            capsize=3)
-                drawn = True
-        _log_axes(ax, xlabel, "final validation bits / character (lower is better)")
-    if not drawn:
-        plt.close(fig)
-        return None
-    handles = [Line2D([], [], color=model_colour(m), marker="o", ls="", label=m) for m in models]
-    if len(runs) > 1:
-        handles += [Line2D([], [], color="black", marker=MARKERS[i % len(MARKERS)], ls="", label=run_label(run))
-                    for i, run in enumerate(runs)]
-    return _save(fig, axes[-1], out, handles, [REFERENCE_NOTE] if reference else [])
-
-
-def plot_runs(paths: list[Path], out: Path | None = None) -> list[Path]:
-    runs = [load_run(Path(p)) for p in paths]
-    out = Path(out) if out else (Path(paths[0]) if len(paths) == 1 else Path(paths[0]).parent / "comparison")
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    if any(r["metrics"] for r in runs):
-        for x_key, xlabel, file in (("tokens", "training tokens", "bpc_vs_tokens.png"),
-                                    ("seconds", "training wall-clock seconds", "bpc_vs_seconds.png"),
-                                    ("flops", "training FLOPs", "bpc_vs_flops.png")):
-            written.append(_curves(runs, x_key, xlabel, f"Validation bits/char vs {xlabel}", out / file))
-    if any(r["summary"] for r in runs):
-        written.append(_bars(runs, "val_bpc", "final validation bits / character (lower is better)",
-                             "Final validation bits/char", out / "final_bpc.png", references=True))
-        written.append(_scatter(runs, "params_trainable", "trainable parameters",
-                                "Final bits/char vs trainable parameters", out / "bpc_vs_params.png"))
-        written.append(_scatter(runs, "train_flops", "training FLOPs", "Final bits/char vs training compute",
-                                out / "bpc_vs_train_flops.png"))
-        written.append(_bars(runs, "tokens_per_second", "training tokens / second (log scale)",
-                             "Training throughput", out / "throughput.png", references=False, log=True))
-    return [path for path in written if path is not None]
+def usage() -> str:
+    keys = "\n".join(f"  {key:<6} {what}" for key, what in KEYS.items())
+    plots = "\n".join(f"  {name:<24} {what}" for name, what in PLOTS.items())
+    return f"{__doc__}\nKeys:\n{keys}\n\nPlots written (when the runs hold the numbers they need):\n{plots}"
 
 
 def main(argv: list[str]) -> int:
-    epilog = "plots written (when the runs hold the numbers they need):\n" + "\n".join(
-        f"  {name:<24} {what}" for name, what in PLOTS.items())
-    parser = argparse.ArgumentParser(description=__doc__, epilog=epilog,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="run folders (results/<run>), one or several")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="where the PNGs go (default: the run's folder; several runs: <parent>/comparison)")
-    args = parser.parse_args(argv)
+    if wants_help(argv):
+        print(usage())
+        return 0
+    runs = [Path(a) for a in argv if "=" not in a]
     try:
-        written = plot_runs(args.runs, args.out)
-    except ResultsError as e:
+        if not runs or any(str(r).startswith("-") for r in runs):
+            raise ConfigError("give one or more run folders (results/<run>), then OUT=DIR if you like; "
+                              "python plot_results.py --help says more")
+        options = parse_options([a for a in argv if "=" in a], KEYS, text_keys=("OUT",))
+        written = plot_runs(runs, options.get("OUT"))
+    except OneLineError as e:
         raise SystemExit(f"error: {e}") from None
     if not written:
         raise SystemExit("error: these runs have no evaluations yet; nothing to plot")

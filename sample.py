@@ -18,10 +18,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from configs import ConfigError, parse_literal
+from configs import ConfigError, parse_options
 from reservoir import device as dev
 from reservoir.messages import TAG, OneLineError
-from reservoir.sampling import SampleSettings, load_trained, write_stories
+from reservoir.results import load_trained
+from reservoir.sampling import SampleSettings, write_stories
 
 KEYS = {  # key: what it does (defaults come from the run)
     "MODEL": "which model of the run (default: its best finished model)",
@@ -46,14 +47,10 @@ def parse_args(argv: list[str]) -> tuple[Path, dict]:
             print(usage)
             raise SystemExit(0)
         raise SystemExit(f"error: the first argument is the run folder, e.g. results/<run>\n\n{usage}")
-    options = {}
-    for arg in argv[1:]:
-        key, eq, text = arg.partition("=")
-        key = key.strip().upper()
-        if not eq or key not in KEYS:
-            raise SystemExit(f"error: {arg!r} is not one of {', '.join(KEYS)} as KEY=VALUE")
-        options[key] = text if key in ("PROMPT", "MODEL", "DEVICE") else parse_literal(text)
-    return Path(argv[0]), options
+    try:
+        return Path(argv[0]), parse_options(argv[1:], KEYS, text_keys=("PROMPT", "MODEL", "DEVICE"))
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def _prompts(value) -> list[str]:

@@ -20,9 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from configs import parse_overrides
+from configs import parse_overrides, split_arguments, wants_help
 from reservoir.messages import TAG, OneLineError, say
-from reservoir.scaling import Study, StudyExit, format_report, plot_scaling, write_report
+from reservoir.scaling import STUDY_KEYS, Study, StudyExit, format_report, plot_scaling, write_report
 
 HERE = Path(__file__).resolve().parent
 
@@ -42,11 +42,11 @@ def run_point(args: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if any(a in ("-h", "--help") for a in argv):
+    if wants_help(argv):
         print(__doc__)
         return 0
     try:
-        study = Study.from_args(argv, parse_overrides)
+        study = Study.from_args(*split_arguments(argv, STUDY_KEYS), parse_overrides)
         study.run(run_point)
         report = study.report()
         path = write_report(report, study.path)

@@ -20,11 +20,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from configs import SHARED_CONFIG, ConfigError, model_blocks, parse_literal, parse_overrides
+from configs import (
+    SHARED_CONFIG,
+    ConfigError,
+    model_blocks,
+    parse_literal,
+    parse_overrides,
+    split_arguments,
+    wants_help,
+)
 from reservoir import stopping
+from reservoir.experiment import run_experiment
 from reservoir.messages import TAG, OneLineError
+from reservoir.models import ModelSettingsError
 from reservoir.sweeps import (
     SEARCH_SPACES,
+    Sweep,
     SweepError,
     lost_storage_in,
     open_study,
@@ -42,47 +53,39 @@ def known_keys() -> set[str]:
     return keys | {f"{block}.{name}" for block in model_blocks() for name in SHARED_CONFIG[block]}
 
 
-def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
-    if any(a in ("-h", "--help") for a in argv):
+def parse_args(argv: list[str]) -> Sweep:
+    """The sweep a command line asks for; its fixed settings are checked as a run's would be."""
+    if wants_help(argv):
         print(__doc__)
         raise SystemExit(0)
-    sweep, fixed = {}, []
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        if eq and key.strip().upper() in SWEEP_KEYS:
-            sweep[key.strip().upper()] = value.strip()
-        else:
-            fixed.append(arg)
-    model = sweep.get("MODEL", "").lower()
+    own, fixed = split_arguments(argv, SWEEP_KEYS)
+    model = own.get("MODEL", "").lower()
     if model not in SEARCH_SPACES:
         raise SweepError(f"MODEL={model or '?'} is not a model to sweep; choose one of {', '.join(SEARCH_SPACES)}")
-    trials = parse_literal(sweep.get("TRIALS", "20"))
+    trials = parse_literal(own.get("TRIALS", "20"))
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise SweepError(f"TRIALS must be a whole number >= 1, got {sweep.get('TRIALS')!r}")
-    worker = parse_literal(sweep.get("SWEEP_WORKER", "0"))
+        raise SweepError(f"TRIALS must be a whole number >= 1, got {own.get('TRIALS')!r}")
+    worker = parse_literal(own.get("SWEEP_WORKER", "0"))
     if isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
-        raise SweepError(f"SWEEP_WORKER must be a whole number >= 0, got {sweep.get('SWEEP_WORKER')!r}")
-    name = sweep.get("SWEEP_NAME") or f"{model}-sweep"
+        raise SweepError(f"SWEEP_WORKER must be a whole number >= 0, got {own.get('SWEEP_WORKER')!r}")
+    name = own.get("SWEEP_NAME") or f"{model}-sweep"
     if "/" in name or name in (".", ".."):
         raise SweepError(f"SWEEP_NAME must be a plain name, got {name!r}")
-    space = parse_search(sweep["SEARCH"], known_keys()) if sweep.get("SEARCH") else SEARCH_SPACES[model]
-    return {"model": model, "trials": trials, "name": name, "storage": sweep.get("SWEEP_STORAGE") or None,
-            "space": space, "worker": worker}, fixed
+    space = parse_search(own["SEARCH"], known_keys()) if own.get("SEARCH") else SEARCH_SPACES[model]
+    base = parse_overrides([*fixed, f"MODELS={[model]}"])  # fixed settings checked before a trial
+    return Sweep(model, trials, name, own.get("SWEEP_STORAGE") or None, space, worker, fixed,
+                 Path(base["RESULTS_DIR"]) / "sweeps" / name)
 
 
 def main(argv: list[str]) -> int:
-    from TinyStories import run_experiment
-
-    settings = {"storage": None}
+    sweep = None
     try:
-        settings, fixed = parse_args(argv)
-        base = parse_overrides([*fixed, f"MODELS={[settings['model']]}"])  # fixed settings checked before a trial
-        folder = Path(base["RESULTS_DIR"]) / "sweeps" / settings["name"]
-        study = open_study(settings["name"], settings["storage"], folder, base["SEED"], settings["worker"])
-        run_trials(study, settings["model"], settings["trials"], fixed, folder,
-                   lambda config, hook: run_experiment(config, on_evaluation=hook), settings["space"],
-                   parse_overrides, settings["worker"], refused=(ConfigError,))
-        best = write_outputs(study, settings["model"], folder, fixed)
+        sweep = parse_args(argv)
+        seed = parse_overrides(sweep.fixed)["SEED"]
+        study = open_study(sweep.name, sweep.storage, sweep.folder, seed, sweep.worker)
+        run_trials(study, sweep, lambda config, hook: run_experiment(config, on_evaluation=hook), parse_overrides,
+                   refused=(ConfigError, ModelSettingsError))
+        best = write_outputs(study, sweep.model, sweep.folder, sweep.fixed)
     except OneLineError as e:
         raise SystemExit(f"error: {e}") from None
     except (stopping.Stopped, KeyboardInterrupt) as e:
@@ -94,10 +97,10 @@ def main(argv: list[str]) -> int:
         lost = lost_storage_in(e)
         if lost is None:
             raise
-        raise SystemExit(f"error: {storage_lost(settings['storage'], lost)}") from None
+        raise SystemExit(f"error: {storage_lost(sweep.storage if sweep else None, lost)}") from None
     counts = ", ".join(f"{n} {state}" for state, n in best["trials"].items() if n)
     print(f"{TAG} sweep {best['study']}: best {best['best_value_bpc']:.4f} bits/char (trial {best['best_trial']}, "
-          f"{counts}); paste: {best['override']}  -> {folder / 'best.json'}", flush=True)
+          f"{counts}); paste: {best['override']}  -> {sweep.folder / 'best.json'}", flush=True)
     return 0
 
 

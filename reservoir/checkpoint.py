@@ -2,6 +2,7 @@
 
     save_checkpoint(path, payload, info)     # rank 0 writes; XLA tensors fetched to the CPU in one go
     payload = load_checkpoint(path, expect)  # CheckpointError (one line) if corrupt or not this run's
+    expect = checkpoint_identity(name, config, tokenizer)  # what says a checkpoint is this run's
     restore_model(model, payload, path)      # CheckpointError if the model code has changed since
 
 A checkpoint is a ``torch.save`` of plain containers, numbers and tensors, so
@@ -17,6 +18,7 @@ import torch
 from . import device as dev
 from .files import atomic_write
 from .messages import OneLineError
+from .tokenizers import tokenizer_hash
 
 FORMAT = 1
 SINCE_LATER = ("replicas", "seed")  # identity keys older checkpoints lack: checked only where present
@@ -24,6 +26,17 @@ SINCE_LATER = ("replicas", "seed")  # identity keys older checkpoints lack: chec
 
 class CheckpointError(OneLineError, RuntimeError):
     """A checkpoint that cannot be used: reported as one line that says what to do."""
+
+
+def checkpoint_identity(name: str, config: dict, tokenizer, replicas: int | None = None) -> dict:
+    """What a checkpoint of model ``name`` must match to belong to a run with ``config`` and ``tokenizer``:
+    the model's settings, the tokenizer, SEQ_LEN and the seed; with ``replicas`` (training resumes:
+    the data order and batch depend on it) that too."""
+    identity = {"model": name, "model_config": config[name.upper()], "vocab_size": tokenizer.vocab_size,
+                "tokenizer_hash": tokenizer_hash(tokenizer), "seq_len": config["SEQ_LEN"], "seed": config["SEED"]}
+    if replicas is not None:
+        identity["replicas"] = replicas
+    return identity
 
 
 def save_checkpoint(path: str | Path, payload: dict, info: dev.DeviceInfo) -> None:

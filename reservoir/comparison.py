@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from . import device as dev
-from .data import prepare_data, tokenizer_hash
+from .data import prepare_data
 from .diagnostics import diagnose
 from .evaluation import BOOTSTRAP_SAMPLES, Evaluator
-from .results import ResultsError, read_json, read_run_config
-from .sampling import load_trained
+from .results import ResultsError, load_trained, read_json, read_run_config
+from .tokenizers import tokenizer_hash
 
 SAME_DATA_KEYS = ("tokenizer_hash", "val_tokens", "val_chars", "val_stories")
 REQUIRED_DATA_KEYS = ("tokenizer_hash", "val_tokens")

@@ -128,10 +128,10 @@ class Evaluator:
         if self.mode == "stream" and getattr(model, "stream_kind", "window") == "recurrent":
             scored = self._recurrent(model, info, device, on_device, context)
         elif self.mode == "stream":
-            scored = self._batched(model, info, device, on_device, context, *self._windows(self.stride,
-                                                                                          self.seq - self.stride))
+            scored = self._batched(model, info, device, on_device, context,
+                                   self._windows(self.stride, self.seq - self.stride))
         else:
-            scored = self._batched(model, info, device, on_device, context, *self._windows(self.seq, 0))
+            scored = self._batched(model, info, device, on_device, context, self._windows(self.seq, 0))
         model.train(was_training)
         return scored
 
@@ -142,8 +142,10 @@ class Evaluator:
         per_token[where[scored]] = values[scored]
         return per_token
 
-    def _batched(self, model, info, device, on_device, context, windows, weights, index):
-        """Independent windows, ``batch_size`` at a time (the last batch padded with zero-weight rows)."""
+    def _batched(self, model, info, device, on_device, context, scored_windows):
+        """Independent windows, ``batch_size`` at a time (the last batch padded with zero-weight rows);
+        ``scored_windows``: (windows, weights, index) as ``_windows`` makes them."""
+        windows, weights, index = scored_windows
         pad = -len(windows) % self.batch_size
         if pad:
             windows = torch.cat([windows, windows[:1].expand(pad, -1)])

@@ -10,7 +10,9 @@
     results/<run>/checkpoints/     <model>.pt (the first seed), <model>-seed<N>.pt (further SEEDS)
     results/<run>/*.png            plots
 
-A new run always gets a new folder; only ``RESUME`` writes into an old one.
+A new run always gets a new folder; only ``RESUME`` writes into an old one. Reading one back is
+here too: ``read_run_config`` (checked against its hash), ``load_tokenizer``, and ``load_trained``
+(a model restored from its checkpoint, for sample.py and compare.py).
 Only the main process writes; every JSON file is replaced atomically.
 """
 
@@ -31,10 +33,11 @@ from pathlib import Path
 import torch
 
 from . import device as dev
-from .checkpoint import CheckpointError, load_checkpoint
-from .data import TOKENIZERS, tokenizer_hash
+from .checkpoint import CheckpointError, checkpoint_identity, load_checkpoint, restore_model
 from .files import append_line, atomic_write_text, remove_stale_temporaries
 from .messages import OneLineError, warn
+from .models import build_model
+from .tokenizers import TOKENIZERS, tokenizer_hash
 from .tracking import Trackers
 
 SUMMARY_FIELDS = ("model", "params_total", "params_trainable", "train_seconds", "train_tokens", "tokens_per_second",
@@ -150,6 +153,61 @@ def load_tokenizer(run_dir: Path, config_json: dict):
         raise ResultsError(f"{path} is not the tokenizer this run trained with (hash differs); the run folder "
                            "is damaged")
     return tokenizer
+
+
+# --------------------------------------------------------------------- a trained model from its folder
+
+
+@dataclass
+class TrainedRun:
+    path: Path
+    model: str
+    config: dict  # the effective config the run trained with
+    summaries: list[dict]
+    step: int  # the training step of the loaded checkpoint
+    finished: bool
+    seed: int  # the training seed of the loaded model (one of the run's SEEDS)
+
+
+def load_trained(run_dir: str | Path, model_name: str | None = None, train_seed: int | None = None):
+    """(model on the CPU, tokenizer, TrainedRun) for ``model_name`` trained with ``train_seed`` in
+    ``run_dir``; without a name, the run's best finished model (of that seed, if given); without a
+    seed, the run's first seed (or the best model's)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ResultsError(f"{run_dir} is not a folder; give a run folder such as results/<run>")
+    config_json = read_run_config(run_dir)
+    config = config_json["effective_config"]
+    summary_path = run_dir / "summary.json"
+    summaries = read_json(summary_path, "the run's summary") if summary_path.exists() else []
+    seeds = run_seeds(config)
+    if train_seed is not None and train_seed not in seeds:
+        raise ResultsError(f"TRAIN_SEED={train_seed} is not a seed of this run (its seeds: "
+                           f"{', '.join(map(str, seeds))})")
+    if model_name is None:
+        if not summaries:
+            raise ResultsError(f"{run_dir} has no finished model yet; name one with MODEL=<name> "
+                               f"(models of this run: {', '.join(config['MODELS'])})")
+        scored = [r for r in summaries if r.get("val_bpc") is not None  # diverged models have no score
+                  and train_seed in (None, r.get("seed"))]
+        if not scored:
+            raise ResultsError(f"{run_dir} has no model with a score; name one with MODEL=<name>")
+        best = min(scored, key=lambda r: r["val_bpc"])
+        model_name, train_seed = best["model"], best.get("seed")
+    if model_name not in config["MODELS"]:
+        raise ResultsError(f"MODEL={model_name!r} is not a model of this run (its models: "
+                           f"{', '.join(config['MODELS'])})")
+    train_seed = seeds[0] if train_seed is None else train_seed
+    checkpoint = checkpoint_file(run_dir, model_name, train_seed, seeds)
+    if not checkpoint.is_file():
+        raise CheckpointError(f"{checkpoint} does not exist: {model_name} has not reached a checkpoint in this run")
+    tokenizer = load_tokenizer(run_dir, config_json)
+    payload = load_checkpoint(checkpoint, checkpoint_identity(model_name, {**config, "SEED": train_seed}, tokenizer))
+    model = build_model(model_name, tokenizer.vocab_size, {**config, "SEED": train_seed})
+    restore_model(model, payload, checkpoint)
+    run = TrainedRun(run_dir, model_name, config, summaries, payload["progress"]["step"], bool(payload["finished"]),
+                     train_seed)
+    return model, tokenizer, run
 
 
 def read_metrics(run_dir: Path, file: str = "metrics.jsonl", repair: bool = False) -> list[dict]:
@@ -542,7 +600,8 @@ def format_table(records: list[dict]) -> str:
     compile_column = any(r.get("device_kind") == "tpu" or r.get("compile_over_budget") for r in records)
     seeds_column = any(r["seeds"] > 1 for r in rows)
     head = (f"{'model':<18}" + (f"{'seeds':>6}" if seeds_column else "") + f"{'val bits/char ± 95%':>21}"
-            f"{'val ppl':>9}{'params (trained)':>22}{'train s':>9}{'tokens':>12}{'tok/s':>10}{'FLOPs':>10}"
+            f"{'val ppl':>9}{'params (trained)':>22}{'trained':>20}{'train s':>9}{'tokens':>12}{'tok/s':>10}"
+            f"{'FLOPs':>10}"
             f"{'epochs':>8}{'load':>9}{'bound by':>10}" + (f"{'compile s':>11}" if compile_column else ""))
     if seeds_column:
         head = head.replace("val bits/char ± 95%", "val bits/char ± sd ")

@@ -1,6 +1,6 @@
 """The budget ladder: every model trained at several FLOP budgets, a curve fitted per model.
 
-    study = Study.from_args(args, parse_overrides)  # BUDGETS, STUDY and any TinyStories.py KEY=VALUE
+    study = Study.from_args(*split_arguments(args, STUDY_KEYS), parse_overrides)  # STUDY_KEYS, then run settings
     study.run(run_point)                            # each budget an ordinary run folder (resumed if interrupted)
     report = study.report()                         # scaling.json: points, fits, gaps, crossovers
     plot_scaling(report, study.path / "scaling.png")
@@ -85,15 +85,9 @@ class Study:
         self.path = Path(self.config["RESULTS_DIR"]) / self.name
 
     @classmethod
-    def from_args(cls, argv: list[str], parse_overrides) -> Study:
-        """The study of a command line; ``parse_overrides(args) -> config`` checks the run settings."""
-        own, settings = {}, []
-        for arg in argv:
-            key, eq, value = arg.partition("=")
-            if eq and key.strip().upper() in STUDY_KEYS:
-                own[key.strip().upper()] = value.strip()
-            else:
-                settings.append(arg)
+    def from_args(cls, own: dict[str, str], settings: list[str], parse_overrides) -> Study:
+        """The study of a command line: ``own``, its STUDY_KEYS (as configs.split_arguments parts them
+        from the rest), and ``settings``, the run settings that ``parse_overrides(args) -> config`` checks."""
         budgets = parse_budgets(own["BUDGETS"]) if "BUDGETS" in own else list(DEFAULT_BUDGETS)
         name = own.get("STUDY") or "scaling"
         if not name.strip() or "/" in name or "\\" in name or name in (".", ".."):

@@ -1,8 +1,8 @@
 """Hyper-parameter sweeps on Optuna: every model family tuned the same way, on one machine or many.
 
-    study = open_study(name, storage_url, results_dir, seed)     # Optuna's storage coordinates workers
-    run_trials(study, model, trials, fixed, run_experiment, space)
-    best = write_outputs(study, model, folder, fixed)             # best.json + Optuna's plots
+    study = open_study(sweep.name, sweep.storage, sweep.folder, seed, sweep.worker)  # storage coordinates workers
+    run_trials(study, sweep, run_experiment, parse_overrides)    # sweep: a Sweep (model, trials, space, ...)
+    best = write_outputs(study, sweep.model, sweep.folder, sweep.fixed)   # best.json + Optuna's plots
 
 A trial is an ordinary run (its own results folder under ``results/sweeps/<name>/trials/``);
 its objective is the model's final validation bits/char, and its periodic evaluations feed
@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import stopping
@@ -248,10 +249,23 @@ def open_study(name: str, storage_url: str | None, folder: Path, seed: int, work
                                direction="minimize", load_if_exists=True)
 
 
-def run_trials(study, model: str, trials: int, fixed: list[str], folder: Path, run_one, space: dict,
-               parse, worker: int = 0, refused: tuple[type[Exception], ...] = ()) -> None:
-    """Run trials until the study holds ``trials`` finished ones (all workers together); a trial that
-    was interrupted (a stop, a lost storage, a dead worker) does not count and is run again.
+@dataclass(frozen=True)
+class Sweep:
+    """What one sweep command asks for (sweep.py's keys), its fixed settings and its folder."""
+
+    model: str
+    trials: int  # finished trials of the whole study, all workers together
+    name: str
+    storage: str | None  # an SQLAlchemy URL; None: a journal file in ``folder``
+    space: dict  # key -> distribution, as parse_search makes them
+    worker: int  # this worker's index (its sampler's seed differs)
+    fixed: list[str]  # TinyStories.py KEY=VALUE held for every trial
+    folder: Path  # results/sweeps/<name>
+
+
+def run_trials(study, sweep: Sweep, run_one, parse, refused: tuple[type[Exception], ...] = ()) -> None:
+    """Run trials until the study holds ``sweep.trials`` finished ones (all workers together); a trial
+    that was interrupted (a stop, a lost storage, a dead worker) does not count and is run again.
 
     ``run_one(config, on_evaluation)`` runs one experiment and returns its Run; ``parse(args)``
     turns KEY=VALUE arguments into a validated config; ``refused``: the errors with which either
@@ -259,6 +273,9 @@ def run_trials(study, model: str, trials: int, fixed: list[str], folder: Path, r
     """
     import optuna
     from optuna.trial import TrialState
+
+    model, trials, fixed, folder, space, worker = (sweep.model, sweep.trials, sweep.fixed, sweep.folder, sweep.space,
+                                                   sweep.worker)
 
     def objective(trial):
         params = suggest(trial, space)

@@ -2,6 +2,9 @@
 
     outcome = fit(name, model, data, config, info, run)    # trains under the budget, evaluates, checkpoints
 
+Each fit is a ``Fit`` (what the trainers share: model, data, config, device, run folder, budget,
+the checkpoint it resumes from) handed to its trainer; a ``Clock`` keeps its training time.
+
 Gradient-trained models share one loop (``_train_sgd``); ridge readouts and
 n-grams use their one-pass fits. All of them stop at the same budget
 (``Budget``): MAX_STEPS, TOKEN_BUDGET, TIME_BUDGET_S, FLOP_BUDGET, whichever comes
@@ -14,7 +17,9 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,11 +27,13 @@ from torch.nn import functional as F
 
 from . import device as dev
 from . import flops, stopping
-from .checkpoint import load_checkpoint, restore_model, save_checkpoint
-from .data import DataError, TokenData, TrainWindows, eval_windows, tokenizer_hash
+from .checkpoint import checkpoint_identity, load_checkpoint, restore_model, save_checkpoint
+from .corpus import DataError
+from .data import TokenData, TrainWindows, eval_windows
 from .evaluation import EvalPoints, Evaluations
 from .machine import MachineLoad
 from .messages import OneLineError, progress, say, warn
+from .models.base import LanguageModel
 from .results import Run
 from .sampling import SampleSettings, write_stories
 from .stopping import Diverged, Stopped
@@ -163,31 +170,28 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
     from ``run``'s checkpoint for ``name`` if there is one."""
     trainer = {"sgd": _train_sgd, "ridge": _fit_ridge, "counts": _fit_counts}[model.trainer]
     model.use_time_scan(dev.time_scan(info))  # on XLA: recurrences compile one cell, not SEQ_LEN of them
-    evaluator = Evaluations.for_run(data, config)  # periodic, and final (with an interval)
-    identity = {"model": name, "model_config": config[name.upper()], "vocab_size": data.tokenizer.vocab_size,
-                "tokenizer_hash": tokenizer_hash(data.tokenizer), "seq_len": config["SEQ_LEN"],
-                "replicas": info.replicas, "seed": config["SEED"]}  # data order and batch: a resume keeps them
-    seed, saved = config["SEED"], None
-    if run.checkpoint_path(name, seed).exists():
-        saved = load_checkpoint(run.checkpoint_path(name, seed), identity)
+    job = Fit(name, model, data, config, info, run, Evaluations.for_run(data, config),
+              checkpoint_identity(name, config, data.tokenizer, info.replicas), Budget.from_config(config))
+    if job.checkpoint_path.exists():
+        job.saved = load_checkpoint(job.checkpoint_path, job.identity)
     elif run.resumed:
-        say(f"{name}: no checkpoint in {run.path} for seed {seed}; training it from step 0", info.is_main_process)
-    if saved is not None and saved["finished"]:
-        restore_model(model, saved, run.checkpoint_path(name, seed))
+        say(f"{name}: no checkpoint in {run.path} for seed {job.seed}; training it from step 0", job.main)
+    if job.saved is not None and job.saved["finished"]:
+        restore_model(model, job.saved, job.checkpoint_path)
         device = dev.compute_device(info, model.host_only)
         model.to(device)
-        run.forget_metrics(name, saved["progress"]["step"], seed)
-        say(f"{name}: finished in the checkpoint (seed {seed}); evaluating it again", info.is_main_process)
-        return Outcome(Progress(**saved["progress"]), evaluator.score_final(model, info, device),
-                       saved.get("extra", {}))
-    run.forget_metrics(name, saved["progress"]["step"] if saved else -1, seed)  # past the checkpoint: redone
+        run.forget_metrics(name, job.saved["progress"]["step"], job.seed)
+        say(f"{name}: finished in the checkpoint (seed {job.seed}); evaluating it again", job.main)
+        return Outcome(Progress(**job.saved["progress"]), job.evaluator.score_final(model, info, device),
+                       job.saved.get("extra", {}))
+    run.forget_metrics(name, job.saved["progress"]["step"] if job.saved else -1, job.seed)  # past it: redone
     with MachineLoad() as load:
-        outcome = trainer(name, model, data, config, info, run, evaluator, identity, saved)
+        outcome = trainer(job)
     outcome.load = load.report()
     epochs = outcome.progress.tokens / max(1, data.train.size)
     if epochs > 1:
         say(f"{name}: passed over its training data {epochs:.1f} times ({outcome.progress.tokens:,} tokens of "
-            f"{data.train.size:,}); more data, not more epochs, is what a longer budget needs", info.is_main_process)
+            f"{data.train.size:,}); more data, not more epochs, is what a longer budget needs", job.main)
     if outcome.load["oversubscribed"]:
         warn(f"{name}: the machine was oversubscribed while it trained ({outcome.load['runnable_mean']:.1f} "
              f"threads wanted its {outcome.load['cores']} cores on average): its tok/s and any time-budgeted "
@@ -208,45 +212,89 @@ def _ridge_advice(name: str) -> str:
     return f"lower {block}.input_scaling or {block}.spectral_radius, or raise {block}.ridge"
 
 
-def _check_finite(name: str, progress: Progress, what: str, value: float | None, advice: str) -> None:
-    """The NaN guard: a non-finite loss stops this model (before anything is saved from it)."""
-    if value is not None and not math.isfinite(value):
-        raise Diverged(name, progress.step, f"{what} is {value}", advice, progress.tokens, progress.seconds)
+class Clock:
+    """The training wall-clock of one fit. Evaluation and checkpoints run ``paused()``; a warm-up
+    (compilation) holds it still by setting it back to where it stood."""
+
+    def __init__(self, seconds: float = 0.0):
+        self._zero = time.perf_counter() - seconds
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self._zero
+
+    def set(self, seconds: float) -> None:
+        self._zero = time.perf_counter() - seconds
+
+    @contextmanager
+    def paused(self):
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._zero += time.perf_counter() - began
 
 
-def _finish(name, model, info, run, evaluator, identity, progress: Progress, device, extra: dict, seed: int,
-            optimizer=None, scaler=None, advice: str = "") -> Outcome:
-    """The final evaluation and the 'finished' checkpoint, shared by every kind of fit."""
-    final = evaluator.score_final(model, info, device)
-    _check_finite(name, progress, "the validation loss", final["val_loss"], advice)
-    _log_eval(run, name, seed, progress, final, final=True)
-    _save(run, name, model, info, identity, progress, True, optimizer, scaler, extra)
-    return Outcome(progress, final, extra)
+@dataclass
+class Fit:
+    """One model's fit: what every trainer is given, and what they all do at its end."""
 
+    name: str
+    model: LanguageModel
+    data: TokenData
+    config: dict
+    info: dev.DeviceInfo
+    run: Run
+    evaluator: Evaluations  # periodic, and final (with an interval)
+    identity: dict  # what a checkpoint must match (checkpoint.checkpoint_identity)
+    budget: Budget
+    saved: dict | None = None  # the checkpoint this fit resumes from
 
-def _log_eval(run: Run, name: str, seed: int, progress: Progress, result: dict, final: bool = False) -> None:
-    record = {"model": name, "seed": seed, "step": progress.step, "tokens": progress.tokens,
-              "seconds": round(progress.seconds, 3), "flops": progress.flops, "train_loss": progress.last_train_loss,
-              **result,
-              "final": final}
-    run.log_metrics(record)
+    @property
+    def seed(self) -> int:
+        return self.config["SEED"]
 
+    @property
+    def main(self) -> bool:
+        return self.info.is_main_process
 
-def _save(run, name, model, info, identity, progress, finished, optimizer=None, scaler=None, extra=None) -> None:
-    payload = {**identity, "finished": finished, "progress": asdict(progress), "model_state": model.state_dict(),
-               "rng": dev.rng_state(info), "extra": extra or {}}
-    if optimizer is not None:
-        payload["optimizer"] = optimizer.state_dict()
-        payload["scaler"] = scaler.state_dict()
-    save_checkpoint(run.checkpoint_path(name, identity["seed"]), payload, info)
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run.checkpoint_path(self.name, self.seed)
 
+    def check_finite(self, progress: Progress, what: str, value: float | None, advice: str) -> None:
+        """The NaN guard: a non-finite loss stops this model (before anything is saved from it)."""
+        if value is not None and not math.isfinite(value):
+            raise Diverged(self.name, progress.step, f"{what} is {value}", advice, progress.tokens, progress.seconds)
 
-def _progress_bar(name: str, info: dev.DeviceInfo, budget: Budget):
-    limits = [f"{v} {u}" for v, u in ((budget.max_flops and f"{budget.max_flops:.3g}", "FLOPs"),
-                                      (budget.max_steps, "steps"), (budget.max_tokens, "tokens"),
-                                      (budget.max_seconds, "s")) if v]
-    return progress(100, f"{name} (budget: {', '.join(limits)})", disable=not info.is_main_process, unit="%",
-                    bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]", leave=True)
+    def log_eval(self, progress: Progress, result: dict, final: bool = False) -> None:
+        self.run.log_metrics({"model": self.name, "seed": self.seed, "step": progress.step, "tokens": progress.tokens,
+                              "seconds": round(progress.seconds, 3), "flops": progress.flops,
+                              "train_loss": progress.last_train_loss, **result, "final": final})
+
+    def save(self, progress: Progress, finished: bool, optimizer=None, scaler=None, extra: dict | None = None) -> None:
+        payload = {**self.identity, "finished": finished, "progress": asdict(progress),
+                   "model_state": self.model.state_dict(), "rng": dev.rng_state(self.info), "extra": extra or {}}
+        if optimizer is not None:
+            payload["optimizer"] = optimizer.state_dict()
+            payload["scaler"] = scaler.state_dict()
+        save_checkpoint(self.checkpoint_path, payload, self.info)
+
+    def finish(self, progress: Progress, device, extra: dict, optimizer=None, scaler=None,
+               advice: str = "") -> Outcome:
+        """The final evaluation and the 'finished' checkpoint, shared by every kind of fit."""
+        final = self.evaluator.score_final(self.model, self.info, device)
+        self.check_finite(progress, "the validation loss", final["val_loss"], advice)
+        self.log_eval(progress, final, final=True)
+        self.save(progress, True, optimizer, scaler, extra)
+        return Outcome(progress, final, extra)
+
+    def progress_bar(self):
+        budget = self.budget
+        limits = [f"{v} {u}" for v, u in ((budget.max_flops and f"{budget.max_flops:.3g}", "FLOPs"),
+                                          (budget.max_steps, "steps"), (budget.max_tokens, "tokens"),
+                                          (budget.max_seconds, "s")) if v]
+        return progress(100, f"{self.name} (budget: {', '.join(limits)})", disable=not self.main, unit="%",
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]", leave=True)
 
 
 # --------------------------------------------------------------------- gradient training
@@ -290,10 +338,11 @@ def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress
         progress.epoch, progress.offset = progress.epoch + 1, 0
 
 
-def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
-    windows = TrainWindows(data.train, config["SEQ_LEN"], config["SEED"])
+def _train_sgd(job: Fit) -> Outcome:
+    model, config, info, budget = job.model, job.config, job.info, job.budget
+    windows = TrainWindows(job.data.train, config["SEQ_LEN"], job.seed)
     _check_one_batch(windows, info, config)
-    cost = flops.sgd_step(model, data.tokenizer.vocab_size, config["BATCH_SIZE"], config["SEQ_LEN"],
+    cost = flops.sgd_step(model, job.data.tokenizer.vocab_size, config["BATCH_SIZE"], config["SEQ_LEN"],
                           config["GRAD_ACCUM"] * info.replicas)
     model.to(info.device)
     model.train()
@@ -303,30 +352,29 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
     optimizer = _optimizer(model, config, dev.optimizer_options(info))
     scaler = dev.make_grad_scaler(info)
     progress = Progress()
-    if saved is not None:
-        restore_model(model, saved, run.checkpoint_path(name, config["SEED"]))
-        optimizer.load_state_dict(saved["optimizer"])
-        scaler.load_state_dict(saved["scaler"])
-        dev.set_rng_state(info, saved["rng"])
-        progress = Progress(**saved["progress"])
-        say(f"{name}: resuming at step {progress.step} ({progress.tokens:,} tokens, {progress.seconds:.0f}s)",
-            info.is_main_process)
+    if job.saved is not None:
+        restore_model(model, job.saved, job.checkpoint_path)
+        optimizer.load_state_dict(job.saved["optimizer"])
+        scaler.load_state_dict(job.saved["scaler"])
+        dev.set_rng_state(info, job.saved["rng"])
+        progress = Progress(**job.saved["progress"])
+        say(f"{job.name}: resuming at step {progress.step} ({progress.tokens:,} tokens, {progress.seconds:.0f}s)",
+            job.main)
     progress.flops = cost.flops(progress.step)
-    budget = Budget.from_config(config)
     if budget.max_flops and cost.per_step > budget.max_flops:
-        raise BudgetError(f"FLOP_BUDGET={budget.max_flops:.3g} does not cover one training step of {name} "
+        raise BudgetError(f"FLOP_BUDGET={budget.max_flops:.3g} does not cover one training step of {job.name} "
                           f"({cost.per_step:.3g} FLOPs); raise FLOP_BUDGET")
     points = EvalPoints(config, budget.share(progress))
     accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
-    saved_step = progress.step if saved is not None else None  # the last checkpoint: kept if training diverges
+    saved_step = progress.step if job.saved is not None else None  # the last checkpoint: kept if training diverges
     saved_seconds, every_s = progress.seconds, config["CHECKPOINT_EVERY_S"]
     advice = _sgd_advice(config)
     batches = _batches(windows, info, config, progress)
     loss_sum = torch.zeros((), device=info.device)  # stays on the device until the next log
-    bar = _progress_bar(name, info, budget)
+    bar = job.progress_bar()
     bar.update(100 * min(1.0, budget.share(progress)))
-    started = time.perf_counter() - progress.seconds
-    warm = WarmUp(name, progress.step, WARMUP_STEPS, budget, info.is_main_process)
+    clock = Clock(progress.seconds)
+    warm = WarmUp(job.name, progress.step, WARMUP_STEPS, budget, job.main)
     try:
         while budget.share(progress) < 1:
             lr = learning_rate(config, progress.step, budget.share(progress))
@@ -349,7 +397,7 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
             progress.flops = cost.flops(progress.step)
             if warm.running:  # compiling: the training clock stands still
                 dev.synchronize(info)
-                started = time.perf_counter() - progress.seconds
+                clock.set(progress.seconds)
                 warm.step_done(progress.step, progress.seconds)
             checkpoint = bool(config["CHECKPOINT_EVERY"]) and progress.step % config["CHECKPOINT_EVERY"] == 0
             log = checkpoint or progress.step % config["LOG_EVERY"] == 0
@@ -357,7 +405,7 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
             if log or info.world_size == 1:  # several processes agree on the clock and on stopping at log steps
                 if log:  # a logged time and rate count finished work, not work still queued on a GPU
                     dev.synchronize(info)
-                progress.seconds = dev.max_across(info, time.perf_counter() - started)
+                progress.seconds = dev.max_across(info, clock.seconds())
                 stop = dev.max_across(info, float(stopping.requested() is not None)) > 0
                 overdue = every_s and progress.seconds - saved_seconds >= every_s  # a kill loses at most every_s
                 checkpoint = checkpoint or stop or bool(overdue)
@@ -366,7 +414,7 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
             done = share >= 1
             if done and not log:  # the fit's final time, after the last queued step has run
                 dev.synchronize(info)
-                progress.seconds = dev.max_across(info, time.perf_counter() - started)
+                progress.seconds = dev.max_across(info, clock.seconds())
             evaluate = points.due(progress.step, share) and not done  # the end has its own, final evaluation
             log = log or evaluate
             progress.train_loss_steps += 1
@@ -377,32 +425,31 @@ def _train_sgd(name, model, data, config, info, run, evaluator, identity, saved)
                 bar.update(100 * min(1.0, share) - bar.n)
                 speed = progress.tokens / max(progress.seconds, 1e-9)
                 bar.set_postfix_str(f"step {progress.step}, loss {progress.last_train_loss:.3f}, {speed:,.0f} tok/s")
-                run.log_train({"model": name, "seed": config["SEED"], "step": progress.step, "tokens": progress.tokens,
-                               "seconds": round(progress.seconds, 3), "train_loss": progress.last_train_loss,
-                               "lr": lr, "tokens_per_second": round(speed, 1)})
+                job.run.log_train({"model": job.name, "seed": job.seed, "step": progress.step,
+                                   "tokens": progress.tokens, "seconds": round(progress.seconds, 3),
+                                   "train_loss": progress.last_train_loss, "lr": lr,
+                                   "tokens_per_second": round(speed, 1)})
                 kept = f"checkpoint at step {saved_step} kept" if saved_step is not None else "no checkpoint yet"
-                _check_finite(name, progress, "the training loss", progress.last_train_loss, f"{kept}; {advice}")
+                job.check_finite(progress, "the training loss", progress.last_train_loss, f"{kept}; {advice}")
             if done:
                 break
             if evaluate or checkpoint:  # the step's queued work is training time, not the pause's
                 dev.synchronize(info)
-            paused = time.perf_counter()
-            if evaluate:
-                result = evaluator.periodic(model, info, info.device)
-                _check_finite(name, progress, "the validation loss", result["val_loss"], advice)
-                _log_eval(run, name, config["SEED"], progress, result)
-            if checkpoint:
-                _save(run, name, model, info, identity, progress, False, optimizer, scaler)
-                saved_step, saved_seconds = progress.step, progress.seconds
-            if stop:
-                raise Stopped(stopping.requested() or "SIGTERM", name,
-                              f"{name} saved at step {progress.step} ({run.checkpoint_path(name, config['SEED'])})")
-            started += time.perf_counter() - paused  # evaluation and checkpoints are not training time
+            with clock.paused():  # evaluation and checkpoints are not training time
+                if evaluate:
+                    result = job.evaluator.periodic(model, info, info.device)
+                    job.check_finite(progress, "the validation loss", result["val_loss"], advice)
+                    job.log_eval(progress, result)
+                if checkpoint:
+                    job.save(progress, False, optimizer, scaler)
+                    saved_step, saved_seconds = progress.step, progress.seconds
+                if stop:
+                    raise Stopped(stopping.requested() or "SIGTERM", job.name,
+                                  f"{job.name} saved at step {progress.step} ({job.checkpoint_path})")
     finally:
         bar.close()  # also when the model diverges or a signal stops it
-    return _finish(name, model, info, run, evaluator, identity, progress, info.device,
-                   {**warm.report(progress.step, progress.seconds), "bound_by": budget.bound(progress)},
-                   config["SEED"], optimizer, scaler, advice=advice)
+    return job.finish(progress, info.device, {**warm.report(progress.step, progress.seconds),
+                                              "bound_by": budget.bound(progress)}, optimizer, scaler, advice=advice)
 
 
 # --------------------------------------------------------------------- closed-form fits
@@ -426,11 +473,11 @@ def _training_tokens(data: TokenData, config: dict, cap: int | None) -> tuple[np
     return data.train[:-n_cal], data.train[-n_cal:]
 
 
-def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
+def _fit_ridge(job: Fit) -> Outcome:
     """One streaming pass: the training tokens as parallel streams cut into SEQ_LEN chunks,
     the reservoir state carried from chunk to chunk (one step = one chunk of every stream)."""
-    budget = Budget.from_config(config)
-    fit_ids, cal_ids = _training_tokens(data, config, _token_cap(budget, config, info))
+    name, model, config, info, budget = job.name, job.model, job.config, job.info, job.budget
+    fit_ids, cal_ids = _training_tokens(job.data, config, _token_cap(budget, config, info))
     seq, per_process = config["SEQ_LEN"], config["BATCH_SIZE"] * info.spmd_devices
     streams = per_process * info.world_size
     stream_len = (len(fit_ids) - 1) // streams
@@ -457,19 +504,18 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
     model.to(info.device)
     calibration = [(x.to(info.device), y.to(info.device)) for x, y in calibration]
     progress = Progress(tokens=cal[:, 1:].numel(), flops=cost.flops(0))  # the calibration tail is training too
-    bar = _progress_bar(name, info, budget)
-    started = time.perf_counter()
-    warm = WarmUp(name, 0, 1, budget, info.is_main_process)  # the first chunk compiles both graphs on XLA
+    bar = job.progress_bar()
+    clock = Clock()
+    warm = WarmUp(name, 0, 1, budget, job.main)  # the first chunk compiles both graphs on XLA
 
     bound = {"by": None}  # set when the FLOP budget, not a spent limit or the data's end, stops the pass
 
     def chunks_in_budget():
-        nonlocal started
         for k in range(chunks):
             if warm.running and k == 1:  # the first chunk is done: its time is warm-up, not training
-                started = time.perf_counter()
+                clock.set(0.0)
                 warm.step_done(1, 0.0)
-            if budget.share(progress, time.perf_counter() - started) >= 1:
+            if budget.share(progress, clock.seconds()) >= 1:
                 break
             if budget.max_flops and cost.flops(progress.step + 1) > budget.max_flops:
                 bound["by"] = "flops"
@@ -484,7 +530,7 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
             progress.step += 1
             progress.tokens += streams * seq
             progress.flops = cost.flops(progress.step)
-            share = min(1.0, max(budget.share(progress, time.perf_counter() - started), progress.step / chunks))
+            share = min(1.0, max(budget.share(progress, clock.seconds()), progress.step / chunks))
             bar.update(100 * share - bar.n)
 
     reduce = (lambda t: dev.all_reduce_sum(info, t)) if info.world_size > 1 else None
@@ -493,35 +539,33 @@ def _fit_ridge(name, model, data, config, info, run, evaluator, identity, saved)
                                 carry_state=True, materialize=lambda: dev.mark_step(info))
     except FloatingPointError as e:  # states or readout not finite
         bar.close()
-        raise Diverged(name, progress.step, str(e), _ridge_advice(name), progress.tokens,
-                       time.perf_counter() - started) from None
-    progress.seconds = time.perf_counter() - started
+        raise Diverged(name, progress.step, str(e), _ridge_advice(name), progress.tokens, clock.seconds()) from None
+    progress.seconds = clock.seconds()
     bar.set_postfix_str(f"{progress.tokens:,} tokens, {progress.tokens / progress.seconds:,.0f} tok/s")
     bar.close()
     timing = {**warm.report(progress.step, progress.seconds), "bound_by": bound["by"] or budget.bound(progress)}
-    return _finish(name, model, info, run, evaluator, identity, progress, info.device, {**extra, **timing},
-                   config["SEED"], advice=_ridge_advice(name))
+    return job.finish(progress, info.device, {**extra, **timing}, advice=_ridge_advice(name))
 
 
-def _fit_counts(name, model, data, config, info, run, evaluator, identity, saved) -> Outcome:
+def _fit_counts(job: Fit) -> Outcome:
     """N-gram counts on the host over the budget's tokens (the time budget is not needed:
     counting takes seconds)."""
-    budget = Budget.from_config(config)
-    cost = flops.count_updates(model.order)
+    config, info, budget, data = job.config, job.info, job.budget, job.data
+    cost = flops.count_updates(job.model.order)
     caps = [c for c in (_token_cap(budget, config, info), cost.steps_within(budget.max_flops)) if c is not None]
     cap = max(1, min(caps)) if caps else None
     fit_ids, held_ids = _training_tokens(data, config, cap)
     total = min(cap or data.train.size, len(fit_ids) + len(held_ids))
     fit_ids = fit_ids[: total - len(held_ids)]
-    started = time.perf_counter()
-    extra = model.fit_counts(np.asarray(fit_ids), np.asarray(held_ids))
+    clock = Clock()
+    extra = job.model.fit_counts(np.asarray(fit_ids), np.asarray(held_ids))
     tokens = len(fit_ids) + len(held_ids)
     progress = Progress(step=math.ceil(total / _tokens_per_step(config, info)), tokens=tokens,
-                        seconds=time.perf_counter() - started, flops=cost.flops(tokens))
-    say(f"{name}: counted {progress.tokens:,} tokens in {progress.seconds:.1f}s (discount {extra['discount']})",
-        info.is_main_process)
+                        seconds=clock.seconds(), flops=cost.flops(tokens))
+    say(f"{job.name}: counted {progress.tokens:,} tokens in {progress.seconds:.1f}s (discount {extra['discount']})",
+        job.main)
     extra["bound_by"] = "data" if cap is None or tokens < cap else budget.bound(progress)
-    return _finish(name, model, info, run, evaluator, identity, progress, torch.device("cpu"), extra, config["SEED"])
+    return job.finish(progress, torch.device("cpu"), extra)
 
 
 # --------------------------------------------------------------------- samples

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.test_runner import run_cli, run_script, summary_of
+from tests.conftest import run_cli, run_script, summary_of
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_a_model_against_itself_differs_by_nothing_and_the_default_side_is_the_b
     (["{runs}/nowhere", "{runs}/counts"], "is not a folder"),
     (["{runs}/rnn"], "give two sides"),
     (["{runs}/rnn", "{runs}/counts", "TOKENS=-3"], "TOKENS must be a positive integer"),
-    (["{runs}/rnn", "{runs}/counts", "SEED=1"], "the keys are"),
+    (["{runs}/rnn", "{runs}/counts", "SEED=1"], "is not one of TOKENS"),
 ])
 def test_bad_input_is_one_line(runs, args, message):
     proc = compare(*(a.format(runs=runs) for a in args), check=False)

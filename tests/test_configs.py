@@ -7,9 +7,13 @@ import pytest
 from configs import (
     SHARED_CONFIG,
     ConfigError,
+    given_settings,
     help_text,
     key_comments,
+    key_value,
+    parse_options,
     parse_overrides,
+    split_arguments,
 )
 from reservoir import device as dev
 from tests.conftest import ROOT
@@ -95,9 +99,49 @@ def test_every_error_a_script_reports_in_one_line_shares_one_base():
     from reservoir.messages import OneLineError
 
     names = [m.name for m in pkgutil.iter_modules(reservoir.__path__) if not m.ispkg]
-    modules = [configs] + [importlib.import_module(f"reservoir.{name}") for name in names]
+    modules = [configs] + [importlib.import_module(f"reservoir.{name}") for name in [*names, "models"]]
     errors = {cls for module in modules for _, cls in inspect.getmembers(module, inspect.isclass)
               if cls.__module__ == module.__name__ and issubclass(cls, Exception) and cls.__name__.endswith("Error")}
     assert {"ConfigError", "DataError", "ResultsError", "CheckpointError", "StorageError", "DeviceError",
-            "TrackingError", "BudgetError", "SweepError", "StudyError"} <= {e.__name__ for e in errors}
+            "TrackingError", "BudgetError", "SweepError", "StudyError", "ModelSettingsError"} <= {
+        e.__name__ for e in errors}
     assert [e.__name__ for e in errors if not issubclass(e, OneLineError)] == []
+
+
+def test_one_key_value_parser_reads_settings_script_options_and_a_scripts_own_keys():
+    assert key_value(" esn.Spectral_Radius = 0.9") == ("ESN", "spectral_radius", " 0.9")
+    assert key_value("seq_len=64") == ("SEQ_LEN", None, "64") and key_value("results/run") is None
+    own, rest = split_arguments(["model=esn", "TRIALS=3", "ESN.units=10", "results/x", "model.x=1"],
+                                ("MODEL", "TRIALS"))
+    assert own == {"MODEL": "esn", "TRIALS": "3"} and rest == ["ESN.units=10", "results/x", "model.x=1"]
+    options = parse_options(["tokens=5", "out=a b.json", "diagnostics=yes"], ("TOKENS", "OUT", "DIAGNOSTICS"),
+                            text_keys=("OUT",))
+    assert options == {"TOKENS": 5, "OUT": "a b.json", "DIAGNOSTICS": True}
+    for bad in (["TOKENS"], ["SEED=1"], ["TOKENS.x=1"]):
+        with pytest.raises(ConfigError, match="is not one of TOKENS, OUT as KEY=VALUE"):
+            parse_options(bad, ("TOKENS", "OUT"))
+    assert given_settings(["esn.UNITS=1", "SEQ_LEN=2", "ESN.units=3"]) == ["ESN.units", "SEQ_LEN"]
+    assert parse_overrides(["esn.units=100"])["ESN"]["units"] == 100
+
+
+def test_root_scripts_import_no_other_script_and_read_key_value_through_configs():
+    import ast
+
+    scripts = {p.stem for p in ROOT.glob("*.py")}
+    for script in scripts - {"configs"}:
+        tree = ast.parse((ROOT / f"{script}.py").read_text())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and node.module}
+        assert imported & scripts <= {"configs"}, f"{script}.py imports {imported & scripts - {'configs'}}"
+        assert "argparse" not in imported and ".partition(\"=\")" not in (ROOT / f"{script}.py").read_text(), script
+
+
+@pytest.mark.parametrize("script, args", [("sample.py", ["results/x", "COLOUR=red"]),
+                                          ("compare.py", ["a", "b", "COLOUR=red"]),
+                                          ("plot_results.py", ["a", "COLOUR=red"])])
+def test_a_scripts_unknown_key_is_one_line_that_lists_its_keys(script, args):
+    r = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.startswith("error: 'COLOUR=red' is not one of ")
+    assert len(r.stderr.strip().splitlines()) == 1

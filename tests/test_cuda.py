@@ -9,7 +9,7 @@ import torch
 
 from reservoir import device as dev
 from reservoir.models import MODEL_NAMES
-from tests.test_runner import run_cli
+from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -27,8 +27,8 @@ def test_every_model_trains_on_the_gpu_with_the_precision_its_hardware_has(tmp_p
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_cached_generation_on_the_gpu_writes_the_recomputed_story(name):
-    from reservoir.data import CharTokenizer
     from reservoir.synthetic import synthetic_stories
+    from reservoir.tokenizers import CharTokenizer
     from tests.test_models import _fitted
 
     stories = synthetic_stories(150, 0)

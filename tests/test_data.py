@@ -6,22 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from configs import parse_overrides
-from reservoir import data
-from reservoir.data import (
-    EOT,
-    BPETokenizer,
-    CharTokenizer,
-    DataError,
-    TrainWindows,
-    cached_tokens,
-    eval_windows,
-    load_corpus,
-    prepare_data,
-    read_stories,
-)
+from reservoir import corpus as sources
+from reservoir.corpus import EOT, DataError, load_corpus, read_stories
+from reservoir.data import TrainWindows, cached_tokens, eval_windows, prepare_data
 from reservoir.device import DeviceInfo, build_loader
 from reservoir.synthetic import synthetic_stories
+from reservoir.tokenizers import BPETokenizer, CharTokenizer
+from tests.conftest import make_config
 
 # Real TinyStories text, where a folder of it is named by RESERVOIR_TINYSTORIES (.ci/run sets it when it has one)
 SHARED = Path(os.environ.get("RESERVOIR_TINYSTORIES", "/nonexistent"))
@@ -29,8 +20,6 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="real TinyStories 
                                   "RESERVOIR_TINYSTORIES to a folder of TinyStories-*.txt files")
 
 
-def cfg(tmp_path, *args):
-    return parse_overrides([f"CACHE_DIR={tmp_path / 'cache'}", f"DATA_DIR={tmp_path / 'nodata'}", *args])
 
 
 def test_synthetic_corpus_is_deterministic_and_varied():
@@ -72,7 +61,7 @@ def test_bad_jsonl_and_missing_path(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         read_stories(tmp_path / "missing.txt")
     with pytest.raises(DataError, match="no .txt or .jsonl data"):
-        load_corpus(cfg(tmp_path, f"DATASET={tmp_path / 'nothing-here'}"))
+        load_corpus(make_config(tmp_path, f"DATASET={tmp_path / 'nothing-here'}"))
 
 
 def test_folder_splits_train_and_valid_files_else_holds_out_a_tail(tmp_path):
@@ -80,33 +69,33 @@ def test_folder_splits_train_and_valid_files_else_holds_out_a_tail(tmp_path):
     folder.mkdir()
     (folder / "TinyStories-train.txt").write_text(EOT.join(f"train story {i}" for i in range(10)))
     (folder / "TinyStories-valid.txt").write_text(EOT.join(f"valid story {i}" for i in range(3)))
-    corpus = load_corpus(cfg(tmp_path, f"DATASET={folder}"))
+    corpus = load_corpus(make_config(tmp_path, f"DATASET={folder}"))
     assert len(list(corpus.train)) == 10 and len(list(corpus.val)) == 3 and corpus.source == "files"
-    only = load_corpus(cfg(tmp_path, f"TRAIN_PATH={folder / 'TinyStories-train.txt'}", "VAL_FRACTION=0.2"))
+    only = load_corpus(make_config(tmp_path, f"TRAIN_PATH={folder / 'TinyStories-train.txt'}", "VAL_FRACTION=0.2"))
     assert list(only.train) == [f"train story {i}" for i in range(8)]
     assert list(only.val) == ["train story 8", "train story 9"]
 
 
 def test_caps_limit_training_text(tmp_path):
-    corpus = load_corpus(cfg(tmp_path, "DATASET=synthetic", "SYNTHETIC_STORIES=200",
+    corpus = load_corpus(make_config(tmp_path, "DATASET=synthetic", "SYNTHETIC_STORIES=200",
                              "MAX_TRAIN_STORIES=50", "MAX_TRAIN_CHARS=2000"))
     assert len(list(corpus.train)) <= 50 and sum(map(len, corpus.train)) == 2000
 
 
 def test_hub_unreachable_names_the_alternatives(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "_hub_reachable", lambda timeout=3.0: False)  # the network is the system edge
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: False)  # the network is the system edge
     with pytest.raises(DataError, match="DATASET=synthetic"):
-        load_corpus(cfg(tmp_path, "DATASET=tinystories"))
+        load_corpus(make_config(tmp_path, "DATASET=tinystories"))
 
 
 def test_auto_prefers_local_files_then_warns_loudly_for_synthetic(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(data, "_hub_reachable", lambda timeout=3.0: False)
-    corpus = load_corpus(cfg(tmp_path, "SYNTHETIC_STORIES=50"))
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: False)
+    corpus = load_corpus(make_config(tmp_path, "SYNTHETIC_STORIES=50"))
     assert corpus.source == "synthetic" and "SYNTHETIC CORPUS" in capsys.readouterr().err
     local = tmp_path / "nodata"
     local.mkdir()
     (local / "TinyStories-train.txt").write_text(EOT.join(f"story {i}" for i in range(20)))
-    assert load_corpus(cfg(tmp_path)).source == "files"
+    assert load_corpus(make_config(tmp_path)).source == "files"
 
 
 def test_char_tokenizer_round_trip_and_unknowns():
@@ -154,11 +143,11 @@ def test_token_cache_is_reused_and_rebuilt_when_corrupt(tmp_path, capsys, monkey
 
 
 def test_prepare_data_and_seq_len_too_long(tmp_path):
-    d = prepare_data(cfg(tmp_path, "DATASET=synthetic", "SYNTHETIC_STORIES=60", "SEQ_LEN=32"))
+    d = prepare_data(make_config(tmp_path, "DATASET=synthetic", "SYNTHETIC_STORIES=60", "SEQ_LEN=32"))
     assert d.train.size > 1000 and d.chars_per_token == pytest.approx(1.0)
     assert d.describe()["data_source"] == "synthetic"
     with pytest.raises(DataError, match="SEQ_LEN=100000 is longer than the training data"):
-        prepare_data(cfg(tmp_path, "DATASET=synthetic", "SYNTHETIC_STORIES=60", "SEQ_LEN=100000"))
+        prepare_data(make_config(tmp_path, "DATASET=synthetic", "SYNTHETIC_STORIES=60", "SEQ_LEN=100000"))
 
 
 def test_train_windows_are_fixed_shape_shifted_and_seeded():
@@ -183,5 +172,5 @@ def test_sharded_loaders_read_disjoint_windows():
 
 @needs_shared
 def test_real_tinystories_slices_tokenize(tmp_path):
-    d = prepare_data(cfg(tmp_path, f"DATASET={SHARED}", "TOKENIZER=bpe", "VOCAB_SIZE=4096"))
+    d = prepare_data(make_config(tmp_path, f"DATASET={SHARED}", "TOKENIZER=bpe", "VOCAB_SIZE=4096"))
     assert d.source == "files" and 3.0 < d.chars_per_token < 5.0

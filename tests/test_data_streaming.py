@@ -7,21 +7,22 @@ import json
 import numpy as np
 import pytest
 
-from configs import parse_overrides
+from reservoir import corpus as sources
 from reservoir import data
-from reservoir.data import EOT, CharTokenizer, DataError, Stories, cached_tokens, iter_stories, prepare_data
+from reservoir.corpus import EOT, DataError, Stories, iter_stories
+from reservoir.data import cached_tokens, prepare_data
+from reservoir.tokenizers import CharTokenizer
+from tests.conftest import make_config
 
 STORIES = [f"Story {i}: Lily saw a bird \u00e9\u00e8 \U0001f426 and said \"hi\" {'x' * (i % 7)}." for i in range(60)]
 
 
-def cfg(tmp_path, *args):
-    return parse_overrides([f"CACHE_DIR={tmp_path / 'cache'}", f"DATA_DIR={tmp_path / 'nodata'}", *args])
 
 
 @pytest.fixture
 def tiny_reads(monkeypatch):
     """Reads of a few bytes: every story, line and multi-byte character gets cut between two reads."""
-    monkeypatch.setattr(data, "READ_BYTES", 7)
+    monkeypatch.setattr(sources, "READ_BYTES", 7)
 
 
 @pytest.mark.parametrize("layout", ["raw", "plain", "jsonl"])
@@ -33,7 +34,7 @@ def test_streamed_reading_gives_the_same_stories_whatever_the_read_size(tmp_path
     path.write_text(text, encoding="utf-8")
     whole = list(iter_stories(path))
     assert whole == STORIES
-    monkeypatch.setattr(data, "READ_BYTES", 7)
+    monkeypatch.setattr(sources, "READ_BYTES", 7)
     assert list(iter_stories(path)) == STORIES
 
 
@@ -61,7 +62,7 @@ def test_a_bad_file_later_in_a_folder_fails_preparation_and_leaves_no_cache(tmp_
     (folder / "b-train.txt").write_bytes(b"ok story\n" + EOT.encode() + b"\nbad \xff")
     (folder / "valid.txt").write_text(EOT.join(STORIES[:5]))
     with pytest.raises(DataError, match="b-train.txt is not UTF-8 text"):
-        prepare_data(cfg(tmp_path, f"DATASET={folder}"))
+        prepare_data(make_config(tmp_path, f"DATASET={folder}"))
     assert not list((tmp_path / "cache").rglob("*.bin"))
 
 
@@ -93,10 +94,10 @@ def test_streamed_preparation_matches_encoding_everything_at_once(tmp_path, monk
     path = tmp_path / "TinyStories-train.txt"
     path.write_text("".join(f"{s}\n{EOT}\n" for s in STORIES * 20))
     (tmp_path / "TinyStories-valid.txt").write_text("".join(f"{s}\n{EOT}\n" for s in STORIES[:10]))
-    monkeypatch.setattr(data, "READ_BYTES", 333)
+    monkeypatch.setattr(sources, "READ_BYTES", 333)
     monkeypatch.setattr(data, "ENCODE_CHARS", 2000)
     for kind in ("char", "bpe"):
-        prepared = prepare_data(cfg(tmp_path, f"DATASET={tmp_path}", f"TOKENIZER={kind}", "VOCAB_SIZE=300",
+        prepared = prepare_data(make_config(tmp_path, f"DATASET={tmp_path}", f"TOKENIZER={kind}", "VOCAB_SIZE=300",
                                     "SEQ_LEN=16", f"CACHE_DIR={tmp_path / kind}"))
         expected = prepared.tokenizer.encode_stories(STORIES * 20)
         assert np.array_equal(prepared.train, expected), kind
@@ -106,7 +107,7 @@ def test_streamed_preparation_matches_encoding_everything_at_once(tmp_path, monk
 def test_bpe_trains_on_a_bounded_sample_and_says_so(tmp_path):
     (tmp_path / "TinyStories-train.txt").write_text("".join(f"{s}\n{EOT}\n" for s in STORIES * 20))
     (tmp_path / "TinyStories-valid.txt").write_text("".join(f"{s}\n{EOT}\n" for s in STORIES[:10]))
-    prepared = prepare_data(cfg(tmp_path, f"DATASET={tmp_path}", "TOKENIZER=bpe", "VOCAB_SIZE=300",
+    prepared = prepare_data(make_config(tmp_path, f"DATASET={tmp_path}", "TOKENIZER=bpe", "VOCAB_SIZE=300",
                                 "TOKENIZER_TRAIN_CHARS=3000", "SEQ_LEN=16"))
     assert prepared.describe()["tokenizer_trained_on_chars"] == 3000
     assert prepared.describe()["train_chars"] > 3000 * 10
@@ -131,12 +132,13 @@ def _hub_layout(root, shards: int = 3, per_shard: int = 40):
 
 @pytest.fixture
 def online(monkeypatch):
-    monkeypatch.setattr(data, "_hub_reachable", lambda timeout=3.0: True)  # the network is the system edge
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: True)  # the network is the system edge
 
 
 def test_the_hub_layout_loads_whole_without_a_cap(tmp_path, online):
     hub = _hub_layout(tmp_path / "hub")
-    corpus = data.load_corpus(cfg(tmp_path, "DATASET=tinystories", f"HF_DATASET={hub}", "MAX_TRAIN_CHARS=None"))
+    config = make_config(tmp_path, "DATASET=tinystories", f"HF_DATASET={hub}", "MAX_TRAIN_CHARS=None")
+    corpus = sources.load_corpus(config)
     train = list(corpus.train)
     assert len(train) == 120 and train[0].startswith("train 0-0") and train[-1].startswith("train 2-39")
     assert len(list(corpus.val)) == 20 and corpus.source == "tinystories"
@@ -147,7 +149,7 @@ def test_a_capped_hub_load_streams_only_the_shards_it_needs(tmp_path, online):
     hub = _hub_layout(tmp_path / "hub")
     for k in (1, 2):  # shards past the cap are unreadable: reading them would fail the load
         (hub / "data" / f"train-{k:05d}-of-00003.parquet").write_bytes(b"not parquet at all")
-    config = cfg(tmp_path, "DATASET=tinystories", f"HF_DATASET={hub}", "MAX_TRAIN_STORIES=25", "SEQ_LEN=16")
+    config = make_config(tmp_path, "DATASET=tinystories", f"HF_DATASET={hub}", "MAX_TRAIN_STORIES=25", "SEQ_LEN=16")
     prepared = prepare_data(config)
     assert prepared.describe()["train_stories"] == 25
     assert "MAX_TRAIN_STORIES=25" in prepared.description
@@ -157,8 +159,8 @@ def test_a_capped_hub_load_streams_only_the_shards_it_needs(tmp_path, online):
 
 def test_the_hub_cache_is_used_offline_and_a_cut_off_fetch_is_not(tmp_path, monkeypatch, online):
     hub = _hub_layout(tmp_path / "hub")
-    config = cfg(tmp_path, "DATASET=tinystories", f"HF_DATASET={hub}", "MAX_TRAIN_STORIES=10")
-    real_write = data.atomic_write
+    config = make_config(tmp_path, "DATASET=tinystories", f"HF_DATASET={hub}", "MAX_TRAIN_STORIES=10")
+    real_write = sources.atomic_write
 
     def cut_off(path, write):
         def partial(tmp):
@@ -166,12 +168,12 @@ def test_the_hub_cache_is_used_offline_and_a_cut_off_fetch_is_not(tmp_path, monk
             raise OSError(28, "No space left on device")
         return real_write(path, partial)
 
-    monkeypatch.setattr(data, "atomic_write", cut_off)
+    monkeypatch.setattr(sources, "atomic_write", cut_off)
     with pytest.raises(DataError, match="cannot load"):
-        data.load_corpus(config)
+        sources.load_corpus(config)
     assert not list((tmp_path / "cache" / "hub").rglob("*.txt")), "a cut-off fetch must leave nothing"
-    monkeypatch.setattr(data, "atomic_write", real_write)
-    fetched = list(data.load_corpus(config).train)
-    monkeypatch.setattr(data, "_hub_reachable", lambda timeout=3.0: False)
-    offline = data.load_corpus(config)
+    monkeypatch.setattr(sources, "atomic_write", real_write)
+    fetched = list(sources.load_corpus(config).train)
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: False)
+    offline = sources.load_corpus(config)
     assert list(offline.train) == fetched and "(cached)" in offline.description

@@ -5,14 +5,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from reservoir.device import DeviceInfo, build_loader
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048", "TIME_BUDGET_S=None",
           "MAX_STEPS=3", "SAMPLE_TOKENS=5", "ESN.units=64", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32",
           "MODELS=['esn','transformer']", "WARMUP_STEPS=0", "PLOTS=False", "CHECKPOINT_EVERY=2"]

@@ -9,10 +9,11 @@ import torch
 from torch.nn import functional as F
 
 from configs import parse_overrides
-from reservoir.data import CharTokenizer, TokenData
+from reservoir.data import TokenData
 from reservoir.device import DeviceInfo
 from reservoir.evaluation import Evaluator
 from reservoir.models import build_model
+from reservoir.tokenizers import CharTokenizer
 
 CPU = DeviceInfo("cpu", torch.device("cpu"), "test", "fp32")
 TEXT = ("Once upon a time there was a cat. The cat sat on a mat and sang. " * 40).split(". ")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from reservoir.messages import PlainProgress
-from tests.test_runner import ROOT, TINY, run_cli, run_script, summary_of
+from tests.conftest import ROOT, TINY, run_cli, run_script, summary_of
 
 
 def _unshare_works() -> bool:
@@ -124,7 +124,8 @@ def _stories_file(path, stories, separator, newline):
 
 @pytest.mark.parametrize("separator", ["\n<|endoftext|>\n", "\n\n"], ids=["tinystories-format", "plain"])
 def test_crlf_text_reads_exactly_as_lf_text(tmp_path, separator, capsys):
-    from reservoir.data import iter_stories, prepare_data
+    from reservoir.corpus import iter_stories
+    from reservoir.data import prepare_data
 
     stories = [f"Story {i}.\nThe cat sat on the mat, line two of {i}." for i in range(40)]
     runs = {}

@@ -15,7 +15,7 @@ import torch
 from configs import ConfigError, parse_overrides
 from reservoir import files
 from reservoir.results import ResultsError, Run, claim_run_folder, read_metrics
-from tests.test_runner import ROOT, TINY, run_cli, summary_of
+from tests.conftest import ROOT, TINY, run_cli, summary_of
 
 # --------------------------------------------------------------------- 1. the NaN guard
 
@@ -384,7 +384,9 @@ def test_validation_text_the_tokenizer_never_saw_is_counted_and_warned(tmp_path)
 def test_reordered_tokens_and_an_edited_tokenizer_are_caught(tmp_path, capsys):
     import numpy as np
 
-    from reservoir.data import CharTokenizer, Corpus, Stories, cached_tokens, load_or_train_tokenizer
+    from reservoir.corpus import Corpus, Stories
+    from reservoir.data import cached_tokens
+    from reservoir.tokenizers import CharTokenizer, load_or_train_tokenizer
 
     tok = CharTokenizer.train(["abcdef"])
     stories = ["abc", "fed"] * 50

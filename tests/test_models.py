@@ -4,11 +4,11 @@ import torch
 from torch.nn import functional as F
 
 from configs import parse_overrides
-from reservoir.data import CharTokenizer
 from reservoir.models import ESN, MODEL_NAMES, LinearReservoir, build_model
 from reservoir.models.reservoirs import Reservoir
 from reservoir.models.ridge import RidgeAccumulator, fit_probability_floor, floor_logits
 from reservoir.synthetic import synthetic_stories
+from reservoir.tokenizers import CharTokenizer
 
 SMALL = ["SEQ_LEN=32", "ESN.units=120", "DEEP_ESN.units=60", "LINEAR_RESERVOIR.units=32",
          "LINEAR_RESERVOIR.readout_hidden=64", "TRANSFORMER.n_layer=2", "TRANSFORMER.n_embd=32",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.test_runner import ROOT, TINY
+from tests.conftest import ROOT, TINY
 
 nbformat = pytest.importorskip("nbformat")
 
@@ -17,6 +17,7 @@ def with_parameters(nb, **values):
     return nb
 
 
+@pytest.mark.slow  # CI runs it apart (pytest -m slow); the README's command leaves it out
 def test_notebook_runs_top_to_bottom(tmp_path):
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
@@ -31,9 +32,9 @@ def test_notebook_runs_top_to_bottom(tmp_path):
     images = [out for cell in nb.cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
     assert "0 failed" in text  # test_tpu_support.py's closing line
     assert "validation bits/char" in text  # the run's closing table
-    import plot_results
+    from reservoir.plots import PLOTS
 
-    assert len(images) == len(plot_results.PLOTS)  # every plot of the run, shown inline
+    assert len(images) == len(PLOTS)  # every plot of the run, shown inline
     runs = list((tmp_path / "results").iterdir())
     assert len(runs) == 1 and (runs[0] / "summary.json").exists()
     assert text.count("Once upon a time") >= 2  # sample.py's two stories

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.test_runner import ROOT
+from tests.conftest import ROOT
 
 SOURCES = ["pyproject.toml", "README.md", "configs.py", "plot_results.py", "reservoir"]
 

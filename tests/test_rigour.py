@@ -17,7 +17,7 @@ from reservoir import flops
 from reservoir.evaluation import EvalPoints
 from reservoir.models import build_model
 from reservoir.results import format_table, read_metrics
-from tests.test_runner import ROOT, run_cli, run_then_sigkill
+from tests.conftest import ROOT, run_cli, run_then_sigkill
 
 PLOT = str(ROOT / "plot_results.py")
 
@@ -67,6 +67,7 @@ def test_bad_seeds_are_refused():
     assert parse_overrides(["SEEDS=1337"])["SEEDS"] == [1337]  # one seed, as one would type it
 
 
+@pytest.mark.slow  # CI runs it apart (pytest -m slow); the README's command leaves it out
 def test_a_killed_multi_seed_run_resumes_to_the_same_results(tmp_path):
     args = ["MODELS=['ngram','lstm']", "MAX_STEPS=60", "SEEDS=1,2", "CHECKPOINT_EVERY=10", "LOG_EVERY=5",
             "SAMPLE_TOKENS=5", "PLOTS=False"]
@@ -137,6 +138,7 @@ def test_flop_budget_stops_every_kind_of_fit_at_the_same_compute(tmp_path):
 # --------------------------------------------------------------------- load, epochs
 
 
+@pytest.mark.slow  # CI runs it apart (pytest -m slow); the README's command leaves it out
 def test_an_oversubscribed_machine_is_recorded_and_flagged(tmp_path):
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * os.cpu_count() + 2)]
     try:
@@ -264,10 +266,10 @@ def test_table_shows_the_interval_of_one_seed_and_the_sd_of_several():
 
 
 def test_plot_help_lists_every_plot_and_each_model_keeps_its_colour(tmp_path):
-    import plot_results
+    from reservoir import plots as plot_results
 
     help_text = subprocess.run([sys.executable, PLOT, "--help"], capture_output=True, text=True).stdout
-    assert all(name in help_text for name in plot_results.PLOTS) and "--out" in help_text
+    assert all(name in help_text for name in plot_results.PLOTS) and "OUT=DIR" in help_text
     assert plot_results.model_colour("esn") == plot_results.model_colour("esn")
     colours = {plot_results.model_colour(m) for m in ("ngram", "esn", "deep_esn", "linear_reservoir", "nvar",
                                                        "transformer", "lstm")}
@@ -280,7 +282,7 @@ def test_plot_help_lists_every_plot_and_each_model_keeps_its_colour(tmp_path):
 
 
 def test_comparison_plots_give_each_data_source_its_panel_and_label_runs_by_name(tmp_path):
-    import plot_results
+    from reservoir import plots as plot_results
 
     run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "RUN_NAME=small", "PLOTS=False")
     run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "RUN_NAME=large", "SYNTHETIC_STORIES=400",
@@ -290,7 +292,7 @@ def test_comparison_plots_give_each_data_source_its_panel_and_label_runs_by_name
     assert len(groups) == 2 and [run_label for run_label in map(plot_results.run_label, runs)] == ["small", "large"]
     out = tmp_path / "cmp"
     proc = subprocess.run([sys.executable, PLOT, *(str(tmp_path / "results" / n) for n in ("small", "large")),
-                           "--out", str(out)], capture_output=True, text=True)
+                           f"OUT={out}"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert {p.name for p in out.iterdir()} == set(plot_results.PLOTS)
     import matplotlib.image

@@ -3,11 +3,8 @@
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,50 +13,7 @@ from configs import given_settings, parse_overrides
 from reservoir.checkpoint import CheckpointError, load_checkpoint
 from reservoir.results import SUMMARY_FIELDS, ResultsError, find_run_dir, read_metrics, resumed_config
 from reservoir.train import Budget, learning_rate
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ["DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "BATCH_SIZE=8", "EVAL_TOKENS=2048",
-        "TIME_BUDGET_S=None", "FLOP_BUDGET=None", "SAMPLE_TOKENS=30", "ESN.units=64", "DEEP_ESN.units=32",
-        "NVAR.input_dim=4", "LINEAR_RESERVOIR.units=32", "LINEAR_RESERVOIR.readout_hidden=64", "LSTM.hidden=64",
-        "DEEP_LINEAR_RESERVOIR.layers=2", "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=32",
-        "DEEP_LINEAR_RESERVOIR.mix_hidden=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32", "WARMUP_STEPS=5"]
-
-
-def run_cli(tmp_path, *args, env=None, check=True, replace_env=False):
-    cmd = [sys.executable, str(ROOT / "TinyStories.py"), *TINY, f"RESULTS_DIR={tmp_path / 'results'}",
-           f"CACHE_DIR={tmp_path / 'cache'}", *args]
-    environment = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=environment, timeout=600)
-    if check:
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-def run_script(script: str, *args, check=True):
-    """Run a root script (sample.py, compare.py, ...) on ``args``; assert it succeeded unless not ``check``."""
-    proc = subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
-def run_then_sigkill(tmp_path, args, run_name, ready) -> Path:
-    """Start a run named ``run_name`` and SIGKILL it as soon as ``ready(run_dir)`` holds; its folder."""
-    cmd = [sys.executable, str(ROOT / "TinyStories.py"), *TINY, *args, f"RESULTS_DIR={tmp_path / 'results'}",
-           f"CACHE_DIR={tmp_path / 'cache'}", f"RUN_NAME={run_name}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    run_dir = tmp_path / "results" / run_name
-    deadline = time.time() + 300
-    while time.time() < deadline and not ready(run_dir):
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    return run_dir
-
-
-def summary_of(run_dir):
-    return {r["model"]: r for r in json.loads((run_dir / "summary.json").read_text())}
+from tests.conftest import ROOT, run_cli, run_then_sigkill, summary_of
 
 
 def test_every_model_runs_and_writes_the_results_contract(tmp_path):
@@ -222,7 +176,7 @@ def test_plot_script_compares_runs_and_reports_empty_ones(tmp_path):
     run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=10", "RUN_NAME=b", "PLOTS=False", "NGRAM.order=3")
     out = tmp_path / "cmp"
     proc = subprocess.run([sys.executable, str(ROOT / "plot_results.py"), str(tmp_path / "results" / "a"),
-                           str(tmp_path / "results" / "b"), "--out", str(out)], capture_output=True, text=True)
+                           str(tmp_path / "results" / "b"), f"OUT={out}"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["bpc_vs_flops.png", "bpc_vs_params.png", "bpc_vs_seconds.png",
                                                       "bpc_vs_tokens.png", "bpc_vs_train_flops.png", "final_bpc.png",
@@ -230,3 +184,25 @@ def test_plot_script_compares_runs_and_reports_empty_ones(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "plot_results.py"), str(tmp_path)], capture_output=True,
                           text=True)
     assert proc.returncode != 0 and "config.json is missing" in proc.stderr
+
+
+def test_the_training_clock_leaves_out_pauses_and_a_warm_up_holds_it(monkeypatch):
+    from reservoir import train
+
+    now = [100.0]
+    monkeypatch.setattr(train.time, "perf_counter", lambda: now[0])  # the wall clock is the system edge
+    clock = train.Clock(seconds=5.0)  # a resumed fit: 5 s trained before
+    now[0] += 2
+    assert clock.seconds() == 7.0
+    with clock.paused():  # an evaluation
+        now[0] += 30
+    assert clock.seconds() == 7.0
+    with pytest.raises(RuntimeError), clock.paused():  # a checkpoint that fails is still not training time
+        now[0] += 4
+        raise RuntimeError
+    now[0] += 1
+    assert clock.seconds() == 8.0
+    clock.set(8.0)  # the end of a warm-up step: its compile time is not charged
+    now[0] += 50
+    clock.set(8.0)
+    assert clock.seconds() == 8.0

@@ -6,9 +6,10 @@ import shutil
 import pytest
 import torch
 
-from reservoir.data import CharTokenizer
-from reservoir.sampling import SampleSettings, decode_story, load_trained, write_stories
-from tests.test_runner import run_cli, run_script
+from reservoir.results import load_trained
+from reservoir.sampling import SampleSettings, decode_story, write_stories
+from reservoir.tokenizers import CharTokenizer
+from tests.conftest import run_cli, run_script
 
 MODELS = ["ngram", "esn", "deep_esn", "nvar", "linear_reservoir", "deep_linear_reservoir", "lstm", "transformer"]
 SEPARATOR = "\n" + "-" * 40 + "\n"

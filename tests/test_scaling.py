@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from configs import ConfigError, parse_overrides
-from reservoir.data import DataError, load_corpus
+from configs import ConfigError, parse_overrides, split_arguments
+from reservoir.corpus import DataError, load_corpus
 from reservoir.scaling import (
+    STUDY_KEYS,
     Study,
     StudyError,
     build_report,
@@ -24,7 +25,7 @@ from reservoir.scaling import (
     parse_budgets,
     point_name,
 )
-from tests.test_runner import ROOT, TINY
+from tests.conftest import ROOT, TINY, run_script
 
 SHAKESPEARE = Path(os.environ.get("RESERVOIR_SHAKESPEARE", "/nonexistent"))  # .ci/run sets it where it has the file
 needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="Tiny Shakespeare's input.txt not found: set "
@@ -61,10 +62,11 @@ def test_a_ladder_reads_as_typed():
 def test_a_study_refuses_what_it_sets_itself_and_checks_settings_before_running(tmp_path):
     for arg in ("FLOP_BUDGET=1e9", "run_name=x", "RESUME=latest"):
         with pytest.raises(StudyError, match="set by the study"):
-            Study.from_args([arg], parse_overrides)
+            Study.from_args(*split_arguments([arg], STUDY_KEYS), parse_overrides)
     with pytest.raises(ConfigError, match="unknown model"):
-        Study.from_args(["MODELS=esn,transfromer"], parse_overrides)
-    study = Study.from_args([f"RESULTS_DIR={tmp_path}", "STUDY=s", "BUDGETS=1e9,2e9"], parse_overrides)
+        Study.from_args(*split_arguments(["MODELS=esn,transfromer"], STUDY_KEYS), parse_overrides)
+    study = Study.from_args(*split_arguments([f"RESULTS_DIR={tmp_path}", "STUDY=s", "BUDGETS=1e9,2e9"], STUDY_KEYS),
+                             parse_overrides)
     assert study.path == tmp_path / "s" and study.config["SEEDS"] == [1337, 1338]
     assert study.config["TIME_BUDGET_S"] is None and "ngram" in study.config["MODELS"]
     assert f"RUN_NAME={point_name(1e9)}" in study.point_args(1e9)
@@ -136,10 +138,7 @@ def study_command(tmp_path, *args) -> list[str]:
 
 
 def run_study(tmp_path, *args, check=True):
-    proc = subprocess.run(study_command(tmp_path, *args), cwd=ROOT, capture_output=True, text=True, timeout=600)
-    if check:
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+    return run_script(*study_command(tmp_path, *args)[1:], check=check, timeout=600)
 
 
 def test_a_study_trains_the_ladder_fits_it_and_continues_where_it_stopped(tmp_path):
@@ -171,6 +170,7 @@ def test_a_budget_below_one_step_stops_the_study_in_one_line(tmp_path):
     assert "does not cover one training step of lstm" in proc.stderr and "study stopped" in proc.stderr
 
 
+@pytest.mark.slow  # CI runs it apart (pytest -m slow); the README's command leaves it out
 def test_sigterm_to_a_study_checkpoints_the_point_and_the_same_command_resumes_it(tmp_path):
     play(tmp_path / "input.txt", speeches=1500)
     args = ["MODELS=lstm", "SEEDS=1", "BUDGETS=1e10,2e10", "CHECKPOINT_EVERY=5"]

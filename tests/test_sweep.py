@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_runner import ROOT, TINY, summary_of
+from tests.conftest import ROOT, TINY, summary_of
 
 optuna = pytest.importorskip("optuna")
 FIXED = [*TINY, "TIME_BUDGET_S=None", "TOKEN_BUDGET=20000", "SAMPLE_TOKENS=5"]
@@ -77,6 +77,7 @@ def test_periodic_evaluations_feed_the_pruner(tmp_path):
         assert sorted(trial.intermediate_values) == [4, 8]  # periodic evaluations; the final one is the objective
 
 
+@pytest.mark.slow  # CI runs it apart (pytest -m slow); the README's command leaves it out
 def test_two_workers_at_once_share_one_study(tmp_path):
     workers = [sweep(tmp_path, "MODEL=esn", "TRIALS=6", "SWEEP_NAME=pair", f"SWEEP_WORKER={i}", background=True)
                for i in (0, 1)]
@@ -90,6 +91,7 @@ def test_two_workers_at_once_share_one_study(tmp_path):
     assert len({t.user_attrs["worker"] for t in trials}) == 2  # both workers ran trials
 
 
+@pytest.mark.slow  # CI runs it apart (pytest -m slow); the README's command leaves it out
 def test_a_worker_killed_mid_trial_leaves_the_others_going(tmp_path):
     args = ["MODEL=lstm", "SWEEP_NAME=killed", "TOKEN_BUDGET=None", "TIME_BUDGET_S=3", "EVAL_EVERY=100000"]
     doomed = sweep(tmp_path, *args, "TRIALS=3", background=True)
@@ -105,6 +107,14 @@ def test_a_worker_killed_mid_trial_leaves_the_others_going(tmp_path):
     assert sorted(n for n, state in states.items() if state == "COMPLETE") == [1, 2]
 
 
+@pytest.fixture(scope="module")
+def kept_study(tmp_path_factory):
+    """One finished study that bad commands must leave as it is (one sweep, shared by the cases below)."""
+    where = tmp_path_factory.mktemp("kept")
+    sweep(where, "MODEL=esn", "TRIALS=1", "SWEEP_NAME=kept")
+    return where
+
+
 @pytest.mark.parametrize("args, message", [
     (["MODEL=gpt"], "not a model to sweep"),
     (["MODEL=esn", "TRIALS=0"], "TRIALS must be a whole number >= 1"),
@@ -113,13 +123,25 @@ def test_a_worker_killed_mid_trial_leaves_the_others_going(tmp_path):
     (["MODEL=esn", "SWEEP_STORAGE=postgresql+psycopg2://nobody@127.0.0.1:1/none"], "cannot open the sweep storage"),
     (["MODEL=esn", "BATCH_SZE=3"], "did you mean BATCH_SIZE"),
 ])
-def test_bad_input_is_one_line_and_leaves_the_study_alone(tmp_path, args, message):
-    sweep(tmp_path, "MODEL=esn", "TRIALS=1", "SWEEP_NAME=kept")
-    journal = tmp_path / "results" / "sweeps" / "kept" / "journal.log"
+def test_bad_input_is_one_line_and_leaves_the_study_alone(kept_study, args, message):
+    """In this process (sweep.main), as the command line would call it; the subprocess below shows the same
+    ends reach a user as one line without a traceback."""
+    import importlib
+
+    script = importlib.import_module("sweep")
+    journal = kept_study / "results" / "sweeps" / "kept" / "journal.log"
     before = journal.read_bytes()
-    proc = sweep(tmp_path, *args, "SWEEP_NAME=kept", check=False)
-    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    with pytest.raises(SystemExit) as stopped:
+        script.main([*FIXED, f"RESULTS_DIR={kept_study / 'results'}", f"CACHE_DIR={kept_study / 'cache'}", *args,
+                     "SWEEP_NAME=kept"])
+    text = str(stopped.value.code)
+    assert text.startswith("error: ") and message in text and "\n" not in text
     assert journal.read_bytes() == before
+
+
+def test_a_bad_sweep_command_is_one_line_on_stderr(kept_study):
+    proc = sweep(kept_study, "MODEL=esn", "TRIALS=0", "SWEEP_NAME=kept", check=False)
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: TRIALS must be a whole number >= 1, got '0'"
 
 
 def test_a_search_override_replaces_the_declared_space(tmp_path):
@@ -215,6 +237,7 @@ def postgres():
         shutil.rmtree(data, ignore_errors=True)
 
 
+@pytest.mark.slow  # CI runs it apart (pytest -m slow); the README's command leaves it out
 def test_two_workers_on_a_real_postgresql_server(tmp_path, postgres):
     workers = [sweep(tmp_path, "MODEL=esn", "TRIALS=6", "SWEEP_NAME=pg", f"SWEEP_STORAGE={postgres}",
                      f"SWEEP_WORKER={i}", background=True) for i in (0, 1)]
@@ -243,6 +266,7 @@ def _counted_trials(study):
             or (t.state.name == "FAIL" and not t.user_attrs.get("interrupted") and t.number not in reruns)]
 
 
+@pytest.mark.slow  # CI runs it apart (pytest -m slow); the README's command leaves it out
 def test_sigterm_mid_trial_is_one_line_and_the_interrupted_starting_settings_are_run_again(tmp_path):
     import signal
 
@@ -284,6 +308,7 @@ def test_a_trial_whose_settings_this_data_refuses_fails_alone(tmp_path):
     assert "FAIL" in states and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # CI runs it apart (pytest -m slow); the README's command leaves it out
 def test_postgresql_lost_mid_sweep_is_one_line_and_the_study_continues_after_a_restart(tmp_path, postgres):
     args = ["MODEL=lstm", "SWEEP_NAME=lost", f"SWEEP_STORAGE={postgres}", "TOKEN_BUDGET=None", "TIME_BUDGET_S=6",
             "EVAL_EVERY=5", "TRIALS=2"]

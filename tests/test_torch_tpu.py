@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.test_runner import ROOT
+from tests.conftest import ROOT
 
 STAND_INS = {
     "registers nothing": "",  # what the real 0.2.0 does with libtpu on a machine without a TPU
@@ -42,6 +42,7 @@ def test_not_installed(tmp_path):
     assert "not installed" in info_line(report(tmp_path, None))
 
 
+@pytest.mark.slow  # CI runs it apart (pytest -m slow); the README's command leaves it out
 @pytest.mark.parametrize("case, expected", [
     ("registers nothing", "0.2.0 installed and imports; no 'tpu' device registered"),
     ("registers 'tpu'", "0.2.0 installed and imports; 'tpu' device registered (0 devices)"),

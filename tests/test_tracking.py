@@ -10,7 +10,7 @@ import pytest
 
 from configs import ConfigError, parse_overrides
 from reservoir.results import read_metrics
-from tests.test_runner import run_cli
+from tests.conftest import run_cli
 
 TRACKED = ["MODELS=['ngram','transformer']", "MAX_STEPS=20", "EVAL_EVERY=10", "LOG_EVERY=5", "PLOTS=False",
            "RUN_NAME=tracked"]

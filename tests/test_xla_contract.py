@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.conftest import ROOT
+
 pytestmark = pytest.mark.xla
-ROOT = Path(__file__).resolve().parents[1]
+
 TINY = ["DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=4", "EVAL_TOKENS=256",
         "TIME_BUDGET_S=None", "SAMPLE_TOKENS=8", "ESN.units=32", "LSTM.hidden=32", "TRANSFORMER.n_layer=1",
         "TRANSFORMER.n_embd=32", "WARMUP_STEPS=2"]

@@ -5,13 +5,16 @@
 
 from __future__ import annotations
 
+import math
+
+from ..messages import OneLineError
 from .base import LanguageModel
 from .baselines import LSTM, NGram, Transformer
 from .reservoirs import ESN, NVAR, DeepESN, DeepLinearReservoir, LinearReservoir, ReservoirLM
 
 __all__ = ["LanguageModel", "ReservoirLM", "ESN", "DeepESN", "LinearReservoir", "DeepLinearReservoir",
-           "NVAR", "Transformer", "LSTM",
-           "NGram", "build_model", "MODEL_NAMES"]
+           "NVAR", "FrozenRetention", "Transformer", "LSTM",
+           "NGram", "build_model", "MODEL_NAMES", "check_vocabulary", "ModelSettingsError"]
 
 _BUILDERS = {
     "esn": lambda v, cfg, c: ESN(v, cfg, c["SEED"]),
@@ -24,6 +27,24 @@ _BUILDERS = {
     "ngram": lambda v, cfg, c: NGram(v, cfg),
 }
 MODEL_NAMES = tuple(_BUILDERS)
+
+
+class ModelSettingsError(OneLineError, ValueError):
+    """Model settings that the data refuses, known once its vocabulary is: reported as one line."""
+
+
+NGRAM_KEY_BITS = 63  # the n-gram stores an n-gram as one int64: vocab ** order must stay below 2 ** 63
+
+
+def check_vocabulary(config: dict, vocab_size: int) -> None:
+    """Settings that only fail with the data's vocabulary: refused before any run folder exists."""
+    if "ngram" in config["MODELS"]:
+        order = config["NGRAM"]["order"]
+        if vocab_size ** order >= 2 ** NGRAM_KEY_BITS:
+            highest = max(k for k in range(1, order) if vocab_size ** k < 2 ** NGRAM_KEY_BITS)
+            raise ModelSettingsError(f"NGRAM.order={order} with a vocabulary of {vocab_size} tokens needs keys of "
+                                     f"{math.ceil(order * math.log2(vocab_size))} bits (the n-gram's are 63): use "
+                                     f"NGRAM.order<={highest}, or a smaller VOCAB_SIZE")
 
 
 def build_model(name: str, vocab_size: int, config: dict) -> LanguageModel:

@@ -412,10 +412,11 @@ class FrozenRecurrenceBlock(nn.Module):
     variance does not depend on its memory.
     """
 
-    def __init__(self, width: int, units: int, hidden: int, dropout: float, tau_min: float, tau_max: float,
-                 max_phase: float, generator: torch.Generator):
+    def __init__(self, width: int, hidden: int, dropout: float, eigenvalues: tuple[torch.Tensor, torch.Tensor]):
+        """``eigenvalues``: λ's (radius, phase) per unit, as ``multi_timescale_eigenvalues`` draws them."""
         super().__init__()
-        radius, phase = multi_timescale_eigenvalues(units, tau_min, tau_max, max_phase, generator)
+        radius, phase = eigenvalues
+        units = len(radius)
         self.register_buffer("lam_re", radius * torch.cos(phase))
         self.register_buffer("lam_im", radius * torch.sin(phase))
         self.norm = nn.LayerNorm(width)
@@ -476,8 +477,8 @@ class DeepLinearReservoir(LanguageModel):
         self.project_taps = nn.Linear(taps * cfg["embed_dim"], width)
         self.drop = nn.Dropout(cfg["dropout"])
         self.blocks = nn.ModuleList(
-            FrozenRecurrenceBlock(width, cfg["units"], cfg["mix_hidden"], cfg["dropout"], cfg["tau_min"],
-                                  cfg["tau_max"], cfg["max_phase"], g) for _ in range(cfg["layers"]))
+            FrozenRecurrenceBlock(width, cfg["mix_hidden"], cfg["dropout"], multi_timescale_eigenvalues(
+                cfg["units"], cfg["tau_min"], cfg["tau_max"], cfg["max_phase"], g)) for _ in range(cfg["layers"]))
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, vocab_size))
 
     def _run(self, ids: torch.Tensor, state: DeepLinearState | None):
