@@ -91,6 +91,9 @@ SHARED_CONFIG = {
                               "dropout": 0.25},  # frozen linear recurrences + trained mixing (deep SSM)
     "NVAR": {"delays": 4, "input_dim": 12, "readout": "ridge", "ridge": 1.0, "readout_hidden": 256,
              "include_input": True, "washout": 0},  # delayed inputs + quadratic monomials
+    "FROZEN_RETENTION": {"layers": 4, "heads": 4, "width": 128, "ffn_hidden": 512, "tau_min": 2.0,
+                         "tau_max": 1000.0, "rotation_base": 10000.0, "dropout": 0.0,
+                         "train_recurrence": False},  # RetNet retention, decays and rotations frozen
     "TRANSFORMER": {"n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0},  # GPT-style baseline
     "LSTM": {"embed_dim": 64, "hidden": 256, "layers": 1, "dropout": 0.0},  # LSTM baseline
     "NGRAM": {"order": 5, "discount": 0.75},  # interpolated absolute-discounting n-gram (discount tuned)
@@ -267,10 +270,15 @@ def _check_model_blocks(config: dict) -> None:
     if ring["r_min"] > ring["r_max"] or ring["r_max"] >= 1:
         raise ConfigError(f"LINEAR_RESERVOIR needs r_min <= r_max < 1 (a stable recurrence), got "
                           f"r_min={ring['r_min']}, r_max={ring['r_max']}")
-    deep = config["DEEP_LINEAR_RESERVOIR"]
-    if deep["tau_min"] > deep["tau_max"]:
-        raise ConfigError(f"DEEP_LINEAR_RESERVOIR needs tau_min <= tau_max (time constants in characters), got "
-                          f"tau_min={deep['tau_min']}, tau_max={deep['tau_max']}")
+    for block in ("DEEP_LINEAR_RESERVOIR", "FROZEN_RETENTION"):
+        deep = config[block]
+        if deep["tau_min"] > deep["tau_max"]:
+            raise ConfigError(f"{block} needs tau_min <= tau_max (time constants in characters), got "
+                              f"tau_min={deep['tau_min']}, tau_max={deep['tau_max']}")
+    retention = config["FROZEN_RETENTION"]
+    if retention["width"] % retention["heads"] or (retention["width"] // retention["heads"]) % 2:
+        raise ConfigError(f"FROZEN_RETENTION.width={retention['width']} must split into "
+                          f"FROZEN_RETENTION.heads={retention['heads']} heads of an even size")
 
 
 def validate(config: dict) -> dict:

@@ -40,9 +40,9 @@ from .models import build_model
 from .tokenizers import TOKENIZERS, tokenizer_hash
 from .tracking import Trackers
 
-SUMMARY_FIELDS = ("model", "params_total", "params_trainable", "train_seconds", "train_tokens", "tokens_per_second",
-                  "val_loss", "val_ppl", "val_bpc", "device", "precision", "data_source", "tokenizer", "vocab_size",
-                  "seed")
+SUMMARY_FIELDS = ("model", "trained", "params_total", "params_trainable", "train_seconds", "train_tokens",
+                  "tokens_per_second", "val_loss", "val_ppl", "val_bpc", "device", "precision", "data_source",
+                  "tokenizer", "vocab_size", "seed")
 
 
 class ResultsError(OneLineError, ValueError):
@@ -566,7 +566,7 @@ def aggregate(group: list[dict]) -> dict:
     more scored seeds), the interval of a single seed, and whether any seed ran oversubscribed."""
     scored = [r for r in group if r.get("val_bpc") is not None]
     first = group[0]
-    out = {"model": first["model"], "seeds": len(group), "scored_seeds": len(scored),
+    out = {"model": first["model"], "trained": first.get("trained"), "seeds": len(group), "scored_seeds": len(scored),
            "params_total": first["params_total"], "params_trainable": first["params_trainable"],
            "oversubscribed": any((r.get("machine_load") or {}).get("oversubscribed") for r in group),
            "compile_over_budget": any(r.get("compile_over_budget") for r in group),
@@ -595,7 +595,7 @@ def format_table(records: list[dict]) -> str:
     across seeds when there are several (the seeds column says how many). On XLA a column shows
     each model's warm-up compilation (not charged to the budget). '*' marks a warm-up longer than
     the whole budget, '!' a model trained while the machine was oversubscribed. 'bound by' names the
-    limit that ended each fit."""
+    limit that ended each fit; 'trained' what training changes (LanguageModel.trained)."""
     rows = [aggregate(group) for _, group in seed_groups(records)]
     compile_column = any(r.get("device_kind") == "tpu" or r.get("compile_over_budget") for r in records)
     seeds_column = any(r["seeds"] > 1 for r in rows)
@@ -610,7 +610,8 @@ def format_table(records: list[dict]) -> str:
         params = f"{r['params_total']:,} ({r['params_trainable']:,})"
         seeds = f"{r['seeds']:>6}" if seeds_column else ""
         if r["val_bpc"] is None:  # diverged: no number to rank
-            lines.append(f"{r['model']:<18}{seeds}{'DIVERGED':>21}{'':>9}{params:>22}{r['train_seconds']:>9.1f}"
+            lines.append(f"{r['model']:<18}{seeds}{'DIVERGED':>21}{'':>9}{params:>22}{r['trained'] or '':>20}"
+                         f"{r['train_seconds']:>9.1f}"
                          f"{r['train_tokens']:>12,.0f}{'':>10}  at step {r.get('diverged_at_step')}: {r.get('reason')}")
             continue
         spread = r.get("val_bpc_sd") if r.get("val_bpc_sd") is not None else r.get("val_bpc_ci95")
@@ -619,7 +620,8 @@ def format_table(records: list[dict]) -> str:
         epochs = "" if r["epochs"] is None else f"{r['epochs']:.2f}"
         load = "" if r["runnable_mean"] is None else f"{r['runnable_mean']:.1f}/{r['cores']}"
         load += "!" if r["oversubscribed"] else ""
-        line = (f"{r['model']:<18}{seeds}{score:>21}{r['val_ppl']:>9.2f}{params:>22}{r['train_seconds']:>9.1f}"
+        line = (f"{r['model']:<18}{seeds}{score:>21}{r['val_ppl']:>9.2f}{params:>22}{r['trained'] or '':>20}"
+                f"{r['train_seconds']:>9.1f}"
                 f"{r['train_tokens']:>12,.0f}{r['tokens_per_second']:>10,.0f}{flops:>10}{epochs:>8}{load:>9}"
                 f"{r['bound_by'] or '':>10}")
         if compile_column:

@@ -45,6 +45,8 @@ SEARCH_SPACES = {
                          "LINEAR_RESERVOIR.input_scaling": (LOG, 1e-2, 10.0), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
     "deep_linear_reservoir": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "DEEP_LINEAR_RESERVOIR.dropout": (FLOAT, 0.0, 0.3),
                               "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
+    "frozen_retention": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "FROZEN_RETENTION.dropout": (FLOAT, 0.0, 0.3),
+                         "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},  # the transformer's keys: an equal search
     "transformer": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "TRANSFORMER.dropout": (FLOAT, 0.0, 0.3),
                     "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
     "lstm": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "LSTM.dropout": (FLOAT, 0.0, 0.3),

@@ -590,7 +590,8 @@ def diverged_record(name: str, model, error: Diverged, config: dict, info: dev.D
 def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.DeviceInfo, data: TokenData) -> dict:
     """One line of the comparison (results.SUMMARY_FIELDS and the fit's own facts)."""
     progress = outcome.progress
-    return {"model": name, "status": "finished", **model.param_counts(), "train_seconds": round(progress.seconds, 3),
+    return {"model": name, "status": "finished", "trained": model.trained, **model.param_counts(),
+            "train_seconds": round(progress.seconds, 3),
             "train_tokens": progress.tokens, "train_steps": progress.step,
             "tokens_per_second": progress.tokens / max(progress.seconds, 1e-9), **outcome.final,
             "device": info.name, "device_kind": info.kind, "precision": info.precision,

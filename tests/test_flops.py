@@ -51,6 +51,16 @@ def test_transformer_attention_is_counted_with_dropout_too():
     assert with_dropout == pytest.approx(without, rel=0.01)
 
 
+def test_frozen_retention_counts_its_projections_and_the_decayed_square():
+    counted, _, cfg = per_token_sgd("frozen_retention", "FROZEN_RETENTION.layers=2", "FROZEN_RETENTION.width=64",
+                                    "FROZEN_RETENTION.heads=4", "FROZEN_RETENTION.ffn_hidden=96")
+    layers, width, hidden = cfg["layers"], cfg["width"], cfg["ffn_hidden"]
+    weights = layers * (3 * width * width + 2 * width * width + 2 * width * hidden) + width * VOCAB  # qkv, gate, out
+    retention = layers * 4 * SEQ * width  # q·k over the full T x T square and the decayed sum of v, as attention
+    assert counted == pytest.approx(6 * weights + 3 * retention, rel=0.05)
+    assert counted > 6 * weights * 1.02  # the square is in
+
+
 def test_lstm_counts_its_gates_and_head():
     counted, _, cfg = per_token_sgd("lstm", "LSTM.hidden=48", "LSTM.embed_dim=16", "LSTM.layers=2")
     hidden, embed = cfg["hidden"], cfg["embed_dim"]
@@ -125,7 +135,8 @@ def test_sparse_products_are_counted_by_non_zeros():
     assert count.get_total_flops() == 2 * 20 * 3 + 2 * 20 * 20 * 3
 
 
-@pytest.mark.parametrize("name", ["transformer", "lstm", "linear_reservoir", "deep_linear_reservoir"])
+@pytest.mark.parametrize("name", ["transformer", "lstm", "linear_reservoir", "deep_linear_reservoir",
+                                  "frozen_retention"])
 def test_a_step_counted_on_two_sequences_and_scaled_equals_the_whole_batch(name):
     """The count runs on COUNT_BATCH sequences, not on a GPU-sized batch: the same number either way."""
     config = parse_overrides([f"SEQ_LEN={SEQ}"])

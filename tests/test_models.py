@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from configs import parse_overrides
+from configs import ConfigError, parse_overrides
 from reservoir.models import ESN, MODEL_NAMES, LinearReservoir, build_model
 from reservoir.models.reservoirs import Reservoir
 from reservoir.models.ridge import RidgeAccumulator, fit_probability_floor, floor_logits
@@ -14,7 +14,8 @@ SMALL = ["SEQ_LEN=32", "ESN.units=120", "DEEP_ESN.units=60", "LINEAR_RESERVOIR.u
          "LINEAR_RESERVOIR.readout_hidden=64", "TRANSFORMER.n_layer=2", "TRANSFORMER.n_embd=32",
          "LSTM.hidden=48", "NVAR.input_dim=4", "NGRAM.order=3",
          "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=24", "DEEP_LINEAR_RESERVOIR.mix_hidden=32",
-         "DEEP_LINEAR_RESERVOIR.layers=2", "DEEP_LINEAR_RESERVOIR.embed_dim=8"]
+         "DEEP_LINEAR_RESERVOIR.layers=2", "DEEP_LINEAR_RESERVOIR.embed_dim=8",
+         "FROZEN_RETENTION.layers=2", "FROZEN_RETENTION.width=32", "FROZEN_RETENTION.ffn_hidden=64"]
 
 
 @pytest.fixture(scope="module")
@@ -195,10 +196,11 @@ def test_causality_future_tokens_never_change_earlier_logits(name, corpus_ids):
     assert not torch.allclose(a[0, 20:], b[0, 20:])
 
 
-@pytest.mark.parametrize("name", ["esn", "deep_esn", "linear_reservoir", "deep_linear_reservoir", "nvar"])
+@pytest.mark.parametrize("name", ["esn", "deep_esn", "linear_reservoir", "deep_linear_reservoir", "nvar",
+                                  "frozen_retention"])
 def test_fixed_weights_are_buffers_and_bit_identical_after_training(name, corpus_ids):
     ids, vocab = corpus_ids
-    config = small_config(f"{name.upper()}.readout=softmax") if "linear" not in name else small_config()
+    config = small_config(f"{name.upper()}.readout=softmax") if name in ("esn", "deep_esn", "nvar") else small_config()
     model = build_model(name, vocab, config)
     fixed = {k: v.clone() for k, v in model.named_buffers()}
     assert fixed and not set(fixed) & {k for k, _ in model.named_parameters()}
@@ -273,7 +275,8 @@ def test_esn_readout_ridge_is_calibrated_to_a_real_cross_entropy(corpus_ids):
     assert 0 < after < np.log(vocab) and float(model.prob_floor) != 1e-3
 
 
-@pytest.mark.parametrize("name", ["transformer", "lstm", "linear_reservoir", "deep_linear_reservoir"])
+@pytest.mark.parametrize("name", ["transformer", "lstm", "linear_reservoir", "deep_linear_reservoir",
+                                  "frozen_retention"])
 def test_gradient_checkpointing_gives_the_same_gradients(name):
     import copy
 
@@ -281,7 +284,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(name):
 
     config = parse_overrides(["TRANSFORMER.n_layer=2", "TRANSFORMER.n_embd=32", "SEQ_LEN=16", "LSTM.hidden=32",
                               "LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.units=16",
-                              "DEEP_LINEAR_RESERVOIR.width=24", "DEEP_LINEAR_RESERVOIR.dropout=0.0"])
+                              "DEEP_LINEAR_RESERVOIR.width=24", "DEEP_LINEAR_RESERVOIR.dropout=0.0",
+                              "FROZEN_RETENTION.layers=2", "FROZEN_RETENTION.width=32"])
     plain = build_model(name, 30, config)
     checked = copy.deepcopy(plain)
     real, calls = dev.checkpoint_function(dev.select_device({"DEVICE": "cpu"})), []
@@ -410,3 +414,43 @@ def test_a_checkpoint_from_another_model_version_is_one_line(tmp_path):
     state = {**model.state_dict(), "head.extra": torch.zeros(3)}
     with pytest.raises(CheckpointError, match="another version|this version of the code cannot load"):
         restore_model(model, {"model_state": state}, tmp_path / "lstm.pt")
+
+
+@pytest.mark.parametrize("chunks", [(1, 4, 30, 31, 40), (16, 32, 40)])  # single tokens, and whole windows
+def test_frozen_retention_parallel_and_recurrent_forms_agree(chunks):
+    model = build_model("frozen_retention", 30, small_config("FROZEN_RETENTION.tau_max=50")).eval()
+    ids = torch.randint(0, 30, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole = model(ids)  # the parallel form: a masked 40 x 40 product per head
+        state, parts, start = model.initial_state(2, "cpu"), [], 0
+        for end in chunks:
+            logits, state = model.forward_stream(ids[:, start:end], state)
+            parts.append(logits)
+            start = end
+    torch.testing.assert_close(torch.cat(parts, dim=1), whole, atol=1e-5, rtol=1e-4)
+    assert [s.shape for s in state.layers] == [(2, 4, 8, 8)] * 2  # per layer: each head's key x value state
+    assert model.stream_kind == "window" and model.context_size == 32  # evaluated and sampled like the transformer
+
+
+def test_frozen_retention_freezes_its_decays_and_rotations_unless_trained_on_purpose():
+    frozen = build_model("frozen_retention", 30, small_config())
+    block = frozen.blocks[0]
+    taus = -1 / block.log_decay.double()
+    assert taus[0] == pytest.approx(2.0) and taus[-1] == pytest.approx(1000.0)  # log-spaced over [2, 1000]
+    assert taus[1] / taus[0] == pytest.approx(taus[2] / taus[1])
+    assert block.angles.tolist() == pytest.approx([10000 ** (-2 * j / 8) for j in range(4)])
+    trained_names = {name for name, _ in frozen.named_parameters()}
+    assert not any("log_decay" in n or "angles" in n for n in trained_names)  # buffers: no optimizer sees them
+    unfrozen = build_model("frozen_retention", 30, small_config("FROZEN_RETENTION.train_recurrence=True"))
+    ids = torch.randint(0, 30, (2, 17), generator=torch.Generator().manual_seed(0))
+    F.cross_entropy(unfrozen(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+    grads = [b.log_decay.grad for b in unfrozen.blocks] + [b.angles.grad for b in unfrozen.blocks]
+    assert all(g is not None and g.abs().sum() > 0 for g in grads)  # the control trains what was frozen
+    extra = sum(b.log_decay.numel() + b.angles.numel() for b in unfrozen.blocks)
+    assert unfrozen.param_counts()["params_trainable"] == frozen.param_counts()["params_trainable"] + extra
+    assert frozen.param_counts()["params_total"] == unfrozen.param_counts()["params_total"]
+
+
+def test_frozen_retention_refuses_heads_that_do_not_split_its_width():
+    with pytest.raises(ConfigError, match="heads of an even size"):
+        parse_overrides(["FROZEN_RETENTION.width=36", "FROZEN_RETENTION.heads=4"])  # 9 per head: no pairs

@@ -255,8 +255,9 @@ def _record(model, seed, bpc, **extra):
 
 
 def test_table_shows_the_interval_of_one_seed_and_the_sd_of_several():
-    one = format_table([_record("esn", 1, 2.0, val_bpc_ci95=0.05)])
+    one = format_table([_record("esn", 1, 2.0, val_bpc_ci95=0.05, trained="readout")])
     assert "2.000 ± 0.050" in one and "seeds" not in one.splitlines()[0]
+    assert "trained" in one.splitlines()[0] and " readout " in one.splitlines()[2]  # what training changes
     several = format_table([_record("esn", s, b) for s, b in ((1, 2.0), (2, 2.2), (3, 2.4))]
                            + [_record("lstm", 1, 1.5, val_bpc_ci95=0.01)])
     assert "2.200 ± 0.200" in several and "1.500 ± 0.010" in several

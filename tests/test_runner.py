@@ -13,12 +13,11 @@ from configs import given_settings, parse_overrides
 from reservoir.checkpoint import CheckpointError, load_checkpoint
 from reservoir.results import SUMMARY_FIELDS, ResultsError, find_run_dir, read_metrics, resumed_config
 from reservoir.train import Budget, learning_rate
-from tests.conftest import ROOT, run_cli, run_then_sigkill, summary_of
+from tests.conftest import ALL_MODELS, ROOT, run_cli, run_then_sigkill, summary_of
 
 
 def test_every_model_runs_and_writes_the_results_contract(tmp_path):
-    models = ("MODELS=['ngram','esn','deep_esn','nvar','linear_reservoir','deep_linear_reservoir','lstm',"
-              "'transformer']")
+    models = f"MODELS={ALL_MODELS}"
     run_cli(tmp_path, models, "MAX_STEPS=20", "EVAL_EVERY=10", "RUN_NAME=all")
     run_dir = tmp_path / "results" / "all"
     config = json.loads((run_dir / "config.json").read_text())
@@ -27,8 +26,7 @@ def test_every_model_runs_and_writes_the_results_contract(tmp_path):
     assert config["device"]["kind"] == "cpu" and config["device"]["world_size"] == 1
     assert config["device"]["global_batch"] == 8 and config["data"]["data_source"] == "synthetic"
     summary = summary_of(run_dir)
-    assert set(summary) == {"ngram", "esn", "deep_esn", "nvar", "linear_reservoir", "deep_linear_reservoir", "lstm",
-                            "transformer"}
+    assert set(summary) == set(ALL_MODELS)
     vocab = summary["esn"]["vocab_size"]
     for name, record in summary.items():
         assert set(SUMMARY_FIELDS) <= set(record), name
@@ -37,13 +35,17 @@ def test_every_model_runs_and_writes_the_results_contract(tmp_path):
         assert record["val_ppl"] == pytest.approx(math.exp(record["val_loss"]))
         assert record["params_total"] >= record["params_trainable"] > 0 or name == "ngram"
         assert record["train_tokens"] > 0 and record["tokens_per_second"] > 0
-    for name in ("lstm", "transformer", "linear_reservoir", "deep_linear_reservoir"):  # exactly the step budget
+    assert {name: record["trained"] for name, record in summary.items()} == {
+        "ngram": "counts", "esn": "readout", "deep_esn": "readout", "nvar": "readout",
+        "linear_reservoir": "input+readout", "deep_linear_reservoir": "all but recurrence",
+        "frozen_retention": "all but recurrence", "lstm": "everything", "transformer": "everything"}
+    for name in ("lstm", "transformer", "linear_reservoir", "deep_linear_reservoir", "frozen_retention"):  # step budget
         assert summary[name]["train_steps"] == 20 and summary[name]["train_tokens"] == 20 * 8 * 32
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics if m["model"] == "transformer"] == [10, 20]
     assert all(m["train_loss"] > 0 for m in metrics if m["model"] == "lstm")
     samples = (run_dir / "samples.txt").read_text()
-    assert samples.count("--- prompt: 'Once upon a time'") == 8
+    assert samples.count("--- prompt: 'Once upon a time'") == len(ALL_MODELS)
     for png in ("bpc_vs_tokens.png", "bpc_vs_seconds.png", "final_bpc.png", "throughput.png"):
         assert (run_dir / png).stat().st_size > 10_000
     assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {f"{m}.pt" for m in summary}

@@ -9,9 +9,9 @@ import torch
 from reservoir.results import load_trained
 from reservoir.sampling import SampleSettings, decode_story, write_stories
 from reservoir.tokenizers import CharTokenizer
-from tests.conftest import run_cli, run_script
+from tests.conftest import ALL_MODELS, run_cli, run_script
 
-MODELS = ["ngram", "esn", "deep_esn", "nvar", "linear_reservoir", "deep_linear_reservoir", "lstm", "transformer"]
+MODELS = ALL_MODELS
 SEPARATOR = "\n" + "-" * 40 + "\n"
 
 

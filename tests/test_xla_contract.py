@@ -22,7 +22,7 @@ TINY = ["DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=
 # Device executions per training step after warm-up (tests/xla_probe.py): 1 for gradient-trained
 # models (the step marker), 2 for ridge fits (the chunk's features and state, then XᵀX/XᵀY off the
 # device), 0 for the host-side n-gram. README_TPU.md has the table with the warm-up graph counts.
-EXPECTED = {"transformer": 1, "lstm": 1, "linear_reservoir": 1, "deep_linear_reservoir": 1,
+EXPECTED = {"transformer": 1, "lstm": 1, "linear_reservoir": 1, "deep_linear_reservoir": 1, "frozen_retention": 1,
             "esn": 2, "deep_esn": 2, "nvar": 2, "ngram": 0}
 
 
@@ -192,12 +192,13 @@ from reservoir.models import build_model
 config = parse_overrides(['USE_TPU=True', 'TRANSFORMER.n_layer=2', 'TRANSFORMER.n_embd=32', 'SEQ_LEN=16',
                           'LINEAR_RESERVOIR.units=16', 'LSTM.hidden=32',
                           'DEEP_LINEAR_RESERVOIR.units=16', 'DEEP_LINEAR_RESERVOIR.width=24',
-                          'DEEP_LINEAR_RESERVOIR.dropout=0.0'])
+                          'DEEP_LINEAR_RESERVOIR.dropout=0.0', 'FROZEN_RETENTION.layers=2',
+                          'FROZEN_RETENTION.width=32'])
 info = dev.select_device(config)
 assert info.is_xla and info.precision == 'bf16'
 ids = torch.randint(0, 40, (4, 16)).to(info.device)
 out = {}
-for name in ('transformer', 'lstm', 'linear_reservoir', 'deep_linear_reservoir'):
+for name in ('transformer', 'lstm', 'linear_reservoir', 'deep_linear_reservoir', 'frozen_retention'):
     plain = build_model(name, 40, config).to(info.device)
     ckpt = copy.deepcopy(plain)
     ckpt.use_gradient_checkpointing(dev.checkpoint_function(info))
@@ -220,7 +221,7 @@ out['fp32_loss'], out['bf16_loss'] = float(full), float(half)
 print(json.dumps(out))
 """
     out = json.loads(python(["-c", script]).stdout.strip().splitlines()[-1])
-    for name in ("transformer", "lstm", "linear_reservoir", "deep_linear_reservoir"):
+    for name in ("transformer", "lstm", "linear_reservoir", "deep_linear_reservoir", "frozen_retention"):
         assert out[name + "_grad_norm"] > 0
         assert out[name + "_ckpt_max_diff"] <= 1e-5 * max(1.0, out[name + "_grad_norm"]), out
     assert out["bf16_dtype"] == "torch.bfloat16"

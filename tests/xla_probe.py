@@ -46,7 +46,8 @@ TINY = ["ESN.units=32", "DEEP_ESN.units=16", "NVAR.input_dim=4", "LINEAR_RESERVO
         "LINEAR_RESERVOIR.readout_hidden=32", "LSTM.hidden=32",
         "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=24", "DEEP_LINEAR_RESERVOIR.mix_hidden=32",
         "DEEP_LINEAR_RESERVOIR.layers=2", "DEEP_LINEAR_RESERVOIR.embed_dim=8",
-        "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32"]
+        "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32", "FROZEN_RETENTION.layers=1", "FROZEN_RETENTION.width=32",
+        "FROZEN_RETENTION.ffn_hidden=64"]
 
 
 _CALLS = [0]  # across fits, so an injected dynamic shape keeps producing new lengths

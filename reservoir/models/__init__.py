@@ -11,6 +11,7 @@ from ..messages import OneLineError
 from .base import LanguageModel
 from .baselines import LSTM, NGram, Transformer
 from .reservoirs import ESN, NVAR, DeepESN, DeepLinearReservoir, LinearReservoir, ReservoirLM
+from .retention import FrozenRetention
 
 __all__ = ["LanguageModel", "ReservoirLM", "ESN", "DeepESN", "LinearReservoir", "DeepLinearReservoir",
            "NVAR", "FrozenRetention", "Transformer", "LSTM",
@@ -22,6 +23,7 @@ _BUILDERS = {
     "linear_reservoir": lambda v, cfg, c: LinearReservoir(v, cfg, c["SEED"]),
     "deep_linear_reservoir": lambda v, cfg, c: DeepLinearReservoir(v, cfg, c["SEED"], c["SEQ_LEN"]),
     "nvar": lambda v, cfg, c: NVAR(v, cfg, c["SEED"]),
+    "frozen_retention": lambda v, cfg, c: FrozenRetention(v, cfg, c["SEQ_LEN"]),
     "transformer": lambda v, cfg, c: Transformer(v, cfg, c["SEQ_LEN"]),
     "lstm": lambda v, cfg, c: LSTM(v, cfg),
     "ngram": lambda v, cfg, c: NGram(v, cfg),

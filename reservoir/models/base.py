@@ -20,6 +20,9 @@ class LanguageModel(nn.Module):
     # 'recurrent': state carried through a stream (forward_stream); 'window': a finite context,
     # scored on overlapping windows (see reservoir/evaluation.py)
     stream_kind = "window"
+    # what training changes, in the results' "trained" column: 'readout' (recurrence and input frozen:
+    # a pure reservoir), 'input+readout', 'all but recurrence', 'everything', or 'counts' (an n-gram)
+    trained = "everything"
 
     def initial_state(self, batch: int, device) -> object:
         """The state a stream starts from (recurrent models)."""

@@ -184,6 +184,7 @@ class NGram(LanguageModel):
     """
 
     trainer = "counts"
+    trained = "counts"
     host_only = True  # numpy on the host: runners keep it (and its inputs) on the CPU
 
     def __init__(self, vocab_size: int, cfg: dict):

@@ -163,6 +163,7 @@ class Reservoir(nn.Module):
 
 
 class ReservoirLM(LanguageModel):
+    trained = "readout"  # reservoir and input weights frozen: ridge, softmax or MLP readout alone
     """Fixed features (from ``features``) + a readout: 'ridge' (closed form),
     'softmax' (linear, cross-entropy) or 'mlp' (small nonlinear, cross-entropy).
 
@@ -328,6 +329,7 @@ class DeepESN(ReservoirLM):
 
 
 class LinearReservoir(LanguageModel):
+    trained = "input+readout"  # λ and B frozen; the token embedding and the MLP readout trained
     """A fixed diagonal complex linear recurrence h_t = λ ⊙ h_{t-1} + B u_t with
     |λ| on a ring [r_min, r_max] and random phases, computed for the whole window
     by a parallel (Hillis-Steele) scan: log2(T) elementwise steps, no loop over
@@ -448,6 +450,7 @@ class DeepLinearState(NamedTuple):
 
 
 class DeepLinearReservoir(LanguageModel):
+    trained = "all but recurrence"
     """A stack of frozen diagonal linear recurrences with trained nonlinear mixing between them
     (a frozen-recurrence deep state-space model: LRU, Orvieto et al. 2023, with its eigenvalues
     drawn and never trained, as Guan et al. 2025 test; the LMU, Voelker et al. 2019, keeps its
