@@ -454,3 +454,10 @@ def test_frozen_retention_freezes_its_decays_and_rotations_unless_trained_on_pur
 def test_frozen_retention_refuses_heads_that_do_not_split_its_width():
     with pytest.raises(ConfigError, match="heads of an even size"):
         parse_overrides(["FROZEN_RETENTION.width=36", "FROZEN_RETENTION.heads=4"])  # 9 per head: no pairs
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_every_model_class_has_its_own_docstring_saying_what_it_is(name):
+    """README's model table points to each class's docstring for what is frozen and what is trained."""
+    cls = type(build_model(name, 30, small_config()))
+    assert vars(cls).get("__doc__") and len(cls.__doc__.split()) > 8, cls.__name__

@@ -163,7 +163,6 @@ class Reservoir(nn.Module):
 
 
 class ReservoirLM(LanguageModel):
-    trained = "readout"  # reservoir and input weights frozen: ridge, softmax or MLP readout alone
     """Fixed features (from ``features``) + a readout: 'ridge' (closed form),
     'softmax' (linear, cross-entropy) or 'mlp' (small nonlinear, cross-entropy).
 
@@ -171,6 +170,7 @@ class ReservoirLM(LanguageModel):
     (all states are still computed): a leaky reservoir's neighbouring states are nearly
     collinear, and XᵀX, the fit's main cost, shrinks by that factor."""
 
+    trained = "readout"  # reservoir and input weights frozen: ridge, softmax or MLP readout alone
     fit_stride = 1
 
     def __init__(self, n_features: int, vocab_size: int, readout: str, ridge: float,
@@ -329,7 +329,6 @@ class DeepESN(ReservoirLM):
 
 
 class LinearReservoir(LanguageModel):
-    trained = "input+readout"  # λ and B frozen; the token embedding and the MLP readout trained
     """A fixed diagonal complex linear recurrence h_t = λ ⊙ h_{t-1} + B u_t with
     |λ| on a ring [r_min, r_max] and random phases, computed for the whole window
     by a parallel (Hillis-Steele) scan: log2(T) elementwise steps, no loop over
@@ -341,6 +340,7 @@ class LinearReservoir(LanguageModel):
     state. Evaluated as a stream, the state h carried from chunk to chunk.
     """
 
+    trained = "input+readout"  # λ and B frozen; the token embedding and the MLP readout trained
     stream_kind = "recurrent"
 
     def __init__(self, vocab_size: int, cfg: dict, seed: int):
@@ -450,7 +450,6 @@ class DeepLinearState(NamedTuple):
 
 
 class DeepLinearReservoir(LanguageModel):
-    trained = "all but recurrence"
     """A stack of frozen diagonal linear recurrences with trained nonlinear mixing between them
     (a frozen-recurrence deep state-space model: LRU, Orvieto et al. 2023, with its eigenvalues
     drawn and never trained, as Guan et al. 2025 test; the LMU, Voelker et al. 2019, keeps its
@@ -469,6 +468,8 @@ class DeepLinearReservoir(LanguageModel):
     ``forward_stream`` still carries every layer's state (and the last taps - 1 embeddings),
     exactly: a model trained on carried state could be evaluated that way.
     """
+
+    trained = "all but recurrence"
 
     def __init__(self, vocab_size: int, cfg: dict, seed: int, seq_len: int):
         super().__init__()
