@@ -94,6 +94,9 @@ SHARED_CONFIG = {
     "FROZEN_RETENTION": {"layers": 4, "heads": 4, "width": 128, "ffn_hidden": 512, "tau_min": 2.0,
                          "tau_max": 1000.0, "rotation_base": 10000.0, "dropout": 0.0,
                          "train_recurrence": False},  # RetNet retention, decays and rotations frozen
+    "RESERVOIR_ATTENTION": {"units": 256, "tau_min": 1.0, "tau_max": 1000.0, "max_phase": 3.1416,
+                            "input_scaling": 1.0, "width": 128, "layers": 2, "heads": 4, "dropout": 0.0,
+                            "reservoir": True},  # frozen reservoir states + a trained attention readout
     "TRANSFORMER": {"n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0},  # GPT-style baseline
     "LSTM": {"embed_dim": 64, "hidden": 256, "layers": 1, "dropout": 0.0},  # LSTM baseline
     "NGRAM": {"order": 5, "discount": 0.75},  # interpolated absolute-discounting n-gram (discount tuned)
@@ -270,11 +273,15 @@ def _check_model_blocks(config: dict) -> None:
     if ring["r_min"] > ring["r_max"] or ring["r_max"] >= 1:
         raise ConfigError(f"LINEAR_RESERVOIR needs r_min <= r_max < 1 (a stable recurrence), got "
                           f"r_min={ring['r_min']}, r_max={ring['r_max']}")
-    for block in ("DEEP_LINEAR_RESERVOIR", "FROZEN_RETENTION"):
+    for block in ("DEEP_LINEAR_RESERVOIR", "FROZEN_RETENTION", "RESERVOIR_ATTENTION"):
         deep = config[block]
         if deep["tau_min"] > deep["tau_max"]:
             raise ConfigError(f"{block} needs tau_min <= tau_max (time constants in characters), got "
                               f"tau_min={deep['tau_min']}, tau_max={deep['tau_max']}")
+    readout = config["RESERVOIR_ATTENTION"]
+    if readout["width"] % readout["heads"]:
+        raise ConfigError(f"RESERVOIR_ATTENTION.width={readout['width']} must be divisible by "
+                          f"RESERVOIR_ATTENTION.heads={readout['heads']}")
     retention = config["FROZEN_RETENTION"]
     if retention["width"] % retention["heads"] or (retention["width"] // retention["heads"]) % 2:
         raise ConfigError(f"FROZEN_RETENTION.width={retention['width']} must split into "

@@ -47,6 +47,8 @@ SEARCH_SPACES = {
                               "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
     "frozen_retention": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "FROZEN_RETENTION.dropout": (FLOAT, 0.0, 0.3),
                          "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},  # the transformer's keys: an equal search
+    "reservoir_attention": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "RESERVOIR_ATTENTION.dropout": (FLOAT, 0.0, 0.3),
+                            "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},  # the transformer's keys: an equal search
     "transformer": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "TRANSFORMER.dropout": (FLOAT, 0.0, 0.3),
                     "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
     "lstm": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "LSTM.dropout": (FLOAT, 0.0, 0.3),

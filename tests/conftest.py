@@ -32,7 +32,8 @@ TINY_MODELS = ["ESN.units=64", "DEEP_ESN.units=32", "NVAR.input_dim=4", "LINEAR_
                "LINEAR_RESERVOIR.readout_hidden=64", "LSTM.hidden=64", "DEEP_LINEAR_RESERVOIR.layers=2",
                "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=32",
                "DEEP_LINEAR_RESERVOIR.mix_hidden=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32",
-               "FROZEN_RETENTION.layers=1", "FROZEN_RETENTION.width=32", "FROZEN_RETENTION.ffn_hidden=64"]
+               "FROZEN_RETENTION.layers=1", "FROZEN_RETENTION.width=32", "FROZEN_RETENTION.ffn_hidden=64",
+               "RESERVOIR_ATTENTION.units=16", "RESERVOIR_ATTENTION.width=32", "RESERVOIR_ATTENTION.layers=1"]
 TINY = [*TINY_DATA, *TINY_MODELS, "WARMUP_STEPS=5"]  # every model in seconds, on the synthetic corpus
 ALL_MODELS = list(MODEL_NAMES)  # every model the runner builds
 

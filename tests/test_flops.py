@@ -61,6 +61,15 @@ def test_frozen_retention_counts_its_projections_and_the_decayed_square():
     assert counted > 6 * weights * 1.02  # the square is in
 
 
+def test_reservoir_attention_counts_its_readout_not_its_frozen_scan():
+    counted, _, cfg = per_token_sgd("reservoir_attention", "RESERVOIR_ATTENTION.units=32",
+                                    "RESERVOIR_ATTENTION.width=64", "RESERVOIR_ATTENTION.layers=2")
+    layers, width = cfg["layers"], cfg["width"]
+    weights = 2 * cfg["units"] * width + layers * 12 * width * width + width * VOCAB  # projection, blocks, head
+    attention = layers * 4 * SEQ * width
+    assert counted == pytest.approx(6 * weights + 3 * attention, rel=0.05)
+
+
 def test_lstm_counts_its_gates_and_head():
     counted, _, cfg = per_token_sgd("lstm", "LSTM.hidden=48", "LSTM.embed_dim=16", "LSTM.layers=2")
     hidden, embed = cfg["hidden"], cfg["embed_dim"]

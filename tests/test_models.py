@@ -15,7 +15,8 @@ SMALL = ["SEQ_LEN=32", "ESN.units=120", "DEEP_ESN.units=60", "LINEAR_RESERVOIR.u
          "LSTM.hidden=48", "NVAR.input_dim=4", "NGRAM.order=3",
          "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=24", "DEEP_LINEAR_RESERVOIR.mix_hidden=32",
          "DEEP_LINEAR_RESERVOIR.layers=2", "DEEP_LINEAR_RESERVOIR.embed_dim=8",
-         "FROZEN_RETENTION.layers=2", "FROZEN_RETENTION.width=32", "FROZEN_RETENTION.ffn_hidden=64"]
+         "FROZEN_RETENTION.layers=2", "FROZEN_RETENTION.width=32", "FROZEN_RETENTION.ffn_hidden=64",
+         "RESERVOIR_ATTENTION.units=32", "RESERVOIR_ATTENTION.width=32", "RESERVOIR_ATTENTION.layers=1"]
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +198,7 @@ def test_causality_future_tokens_never_change_earlier_logits(name, corpus_ids):
 
 
 @pytest.mark.parametrize("name", ["esn", "deep_esn", "linear_reservoir", "deep_linear_reservoir", "nvar",
-                                  "frozen_retention"])
+                                  "frozen_retention", "reservoir_attention"])
 def test_fixed_weights_are_buffers_and_bit_identical_after_training(name, corpus_ids):
     ids, vocab = corpus_ids
     config = small_config(f"{name.upper()}.readout=softmax") if name in ("esn", "deep_esn", "nvar") else small_config()
@@ -276,7 +277,7 @@ def test_esn_readout_ridge_is_calibrated_to_a_real_cross_entropy(corpus_ids):
 
 
 @pytest.mark.parametrize("name", ["transformer", "lstm", "linear_reservoir", "deep_linear_reservoir",
-                                  "frozen_retention"])
+                                  "frozen_retention", "reservoir_attention"])
 def test_gradient_checkpointing_gives_the_same_gradients(name):
     import copy
 
@@ -285,7 +286,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(name):
     config = parse_overrides(["TRANSFORMER.n_layer=2", "TRANSFORMER.n_embd=32", "SEQ_LEN=16", "LSTM.hidden=32",
                               "LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.units=16",
                               "DEEP_LINEAR_RESERVOIR.width=24", "DEEP_LINEAR_RESERVOIR.dropout=0.0",
-                              "FROZEN_RETENTION.layers=2", "FROZEN_RETENTION.width=32"])
+                              "FROZEN_RETENTION.layers=2", "FROZEN_RETENTION.width=32",
+                              "RESERVOIR_ATTENTION.units=16", "RESERVOIR_ATTENTION.width=32"])
     plain = build_model(name, 30, config)
     checked = copy.deepcopy(plain)
     real, calls = dev.checkpoint_function(dev.select_device({"DEVICE": "cpu"})), []
@@ -461,3 +463,22 @@ def test_every_model_class_has_its_own_docstring_saying_what_it_is(name):
     """README's model table points to each class's docstring for what is frozen and what is trained."""
     cls = type(build_model(name, 30, small_config()))
     assert vars(cls).get("__doc__") and len(cls.__doc__.split()) > 8, cls.__name__
+
+
+@pytest.mark.parametrize("recurrent", [True, False])
+def test_reservoir_attention_reads_frozen_states_and_its_control_the_same_input_without_recurrence(recurrent):
+    model = build_model("reservoir_attention", 30, small_config(f"RESERVOIR_ATTENTION.reservoir={recurrent}"))
+    ids = torch.randint(0, 30, (2, 20), generator=torch.Generator().manual_seed(0))
+    features = model.features(ids)
+    h_re, h_im = torch.zeros(2, 32), torch.zeros(2, 32)
+    for t in range(20):  # the reservoir as a loop: h_t = λ h_{t-1} + B u_t; the control: B u_t alone
+        drive_re, drive_im = model.b_re[ids[:, t]], model.b_im[ids[:, t]]
+        if recurrent:
+            drive_re, drive_im = (model.lam_re * h_re - model.lam_im * h_im + drive_re,
+                                  model.lam_re * h_im + model.lam_im * h_re + drive_im)
+        h_re, h_im = drive_re, drive_im
+        torch.testing.assert_close(features[:, t], torch.cat([h_re, h_im], dim=-1), atol=1e-5, rtol=1e-4)
+    assert model.trained == "readout" and not features.requires_grad  # a pure readout: nothing before it trains
+    assert {"lam_re", "lam_im", "b_re", "b_im"} <= {name for name, _ in model.named_buffers()}
+    F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+    assert all(p.grad is not None for p in model.parameters())  # every parameter is the readout's

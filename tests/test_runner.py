@@ -38,7 +38,8 @@ def test_every_model_runs_and_writes_the_results_contract(tmp_path):
     assert {name: record["trained"] for name, record in summary.items()} == {
         "ngram": "counts", "esn": "readout", "deep_esn": "readout", "nvar": "readout",
         "linear_reservoir": "input+readout", "deep_linear_reservoir": "all but recurrence",
-        "frozen_retention": "all but recurrence", "lstm": "everything", "transformer": "everything"}
+        "frozen_retention": "all but recurrence", "reservoir_attention": "readout", "lstm": "everything",
+        "transformer": "everything"}
     for name in ("lstm", "transformer", "linear_reservoir", "deep_linear_reservoir", "frozen_retention"):  # step budget
         assert summary[name]["train_steps"] == 20 and summary[name]["train_tokens"] == 20 * 8 * 32
     metrics = read_metrics(run_dir)

@@ -23,6 +23,7 @@ TINY = ["DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=
 # models (the step marker), 2 for ridge fits (the chunk's features and state, then XᵀX/XᵀY off the
 # device), 0 for the host-side n-gram. README_TPU.md has the table with the warm-up graph counts.
 EXPECTED = {"transformer": 1, "lstm": 1, "linear_reservoir": 1, "deep_linear_reservoir": 1, "frozen_retention": 1,
+            "reservoir_attention": 1,
             "esn": 2, "deep_esn": 2, "nvar": 2, "ngram": 0}
 
 

@@ -47,7 +47,8 @@ TINY = ["ESN.units=32", "DEEP_ESN.units=16", "NVAR.input_dim=4", "LINEAR_RESERVO
         "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=24", "DEEP_LINEAR_RESERVOIR.mix_hidden=32",
         "DEEP_LINEAR_RESERVOIR.layers=2", "DEEP_LINEAR_RESERVOIR.embed_dim=8",
         "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32", "FROZEN_RETENTION.layers=1", "FROZEN_RETENTION.width=32",
-        "FROZEN_RETENTION.ffn_hidden=64"]
+        "FROZEN_RETENTION.ffn_hidden=64", "RESERVOIR_ATTENTION.units=16", "RESERVOIR_ATTENTION.width=32",
+        "RESERVOIR_ATTENTION.layers=1"]
 
 
 _CALLS = [0]  # across fits, so an injected dynamic shape keeps producing new lengths

@@ -8,13 +8,14 @@ from __future__ import annotations
 import math
 
 from ..messages import OneLineError
+from .attention_readout import ReservoirAttention
 from .base import LanguageModel
 from .baselines import LSTM, NGram, Transformer
 from .reservoirs import ESN, NVAR, DeepESN, DeepLinearReservoir, LinearReservoir, ReservoirLM
 from .retention import FrozenRetention
 
 __all__ = ["LanguageModel", "ReservoirLM", "ESN", "DeepESN", "LinearReservoir", "DeepLinearReservoir",
-           "NVAR", "FrozenRetention", "Transformer", "LSTM",
+           "NVAR", "FrozenRetention", "ReservoirAttention", "Transformer", "LSTM",
            "NGram", "build_model", "MODEL_NAMES", "check_vocabulary", "ModelSettingsError"]
 
 _BUILDERS = {
@@ -24,6 +25,7 @@ _BUILDERS = {
     "deep_linear_reservoir": lambda v, cfg, c: DeepLinearReservoir(v, cfg, c["SEED"], c["SEQ_LEN"]),
     "nvar": lambda v, cfg, c: NVAR(v, cfg, c["SEED"]),
     "frozen_retention": lambda v, cfg, c: FrozenRetention(v, cfg, c["SEQ_LEN"]),
+    "reservoir_attention": lambda v, cfg, c: ReservoirAttention(v, cfg, c["SEED"], c["SEQ_LEN"]),
     "transformer": lambda v, cfg, c: Transformer(v, cfg, c["SEQ_LEN"]),
     "lstm": lambda v, cfg, c: LSTM(v, cfg),
     "ngram": lambda v, cfg, c: NGram(v, cfg),

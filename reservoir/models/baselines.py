@@ -13,7 +13,9 @@ from torch.nn import functional as F
 from .base import LanguageModel
 
 
-class _Block(nn.Module):
+class TransformerBlock(nn.Module):
+    """Pre-LayerNorm causal self-attention and MLP, with an optional key/value cache for generation."""
+
     def __init__(self, width: int, heads: int, dropout: float):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
@@ -49,7 +51,8 @@ class Transformer(LanguageModel):
         self.context_size = seq_len
         self.tok = nn.Embedding(vocab_size, width)
         self.pos = nn.Embedding(seq_len, width)
-        self.blocks = nn.ModuleList(_Block(width, cfg["n_head"], cfg["dropout"]) for _ in range(cfg["n_layer"]))
+        self.blocks = nn.ModuleList(TransformerBlock(width, cfg["n_head"], cfg["dropout"])
+                                    for _ in range(cfg["n_layer"]))
         self.ln_f = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab_size, bias=False)
         self.head.weight = self.tok.weight  # weight tying

@@ -1,0 +1,74 @@
+"""A reservoir read by attention: frozen recurrent states, and a trained causal attention readout
+over the states of the last SEQ_LEN characters (Köster & Uchida 2025, arXiv 2507.15779, read
+reservoir states with attention on Shakespeare; Zoology, Arora et al. 2023, finds that a little
+attention closes most of what fixed recurrences lack: recall).
+
+    features_t = (Re h_t, Im h_t),   h_t = λ ⊙ h_{t-1} + B u_t      (frozen: λ, B; u_t one-hot)
+    logits_t   = head(attention layers(project(features_≤t) + positions))
+
+Frozen: λ (time constants log-uniform over [tau_min, tau_max] characters, random phases) and the
+input weights B, so only a readout is trained: the projection of the states, the attention
+layers and the output layer. ``reservoir=False`` is the control: the same readout over the same
+frozen input B u_t with no recurrence (a transformer whose token embedding is frozen and random),
+so what the recurrence adds is measured on its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import LanguageModel
+from .baselines import TransformerBlock
+from .reservoirs import diagonal_scan, multi_timescale_eigenvalues
+
+
+class ReservoirAttention(LanguageModel):
+    """Frozen multi-timescale linear reservoir states, read by causal attention; see the module
+    docstring. Trained and evaluated on SEQ_LEN windows from a zero state, like the transformer."""
+
+    trained = "readout"
+
+    def __init__(self, vocab_size: int, cfg: dict, seed: int, seq_len: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        units, width = cfg["units"], cfg["width"]
+        if width % cfg["heads"]:
+            raise ValueError(f"reservoir_attention width={width} must be divisible by heads={cfg['heads']}")
+        self.context_size, self.recurrent = seq_len, cfg["reservoir"]
+        radius, phase = multi_timescale_eigenvalues(units, cfg["tau_min"], cfg["tau_max"], cfg["max_phase"], g)
+        self.register_buffer("lam_re", radius * torch.cos(phase))
+        self.register_buffer("lam_im", radius * torch.sin(phase))
+        # sqrt(1 - r²): every unit's stationary variance the same whatever its memory (without the
+        # recurrence, the control, each unit sees its input once: no such scaling)
+        norm = cfg["input_scaling"] / math.sqrt(2) * (torch.sqrt(1 - radius**2) if self.recurrent else 1.0)
+        self.register_buffer("b_re", torch.randn(vocab_size, units, generator=g) * norm)
+        self.register_buffer("b_im", torch.randn(vocab_size, units, generator=g) * norm)
+        self.project = nn.Sequential(nn.LayerNorm(2 * units), nn.Linear(2 * units, width))
+        self.pos = nn.Embedding(seq_len, width)
+        self.drop = nn.Dropout(cfg["dropout"])
+        self.blocks = nn.ModuleList(TransformerBlock(width, cfg["heads"], cfg["dropout"])
+                                    for _ in range(cfg["layers"]))
+        self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, vocab_size))
+        for module in self.modules():  # the transformer's (GPT-2's) initialisation, for an equal readout
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, 0.0, 0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def features(self, ids: torch.Tensor) -> torch.Tensor:
+        """The frozen part: (Re h, Im h) for every position of the window (B, T, 2 units), from a zero state."""
+        with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
+            drive_re, drive_im = self.b_re[ids], self.b_im[ids]
+            if self.recurrent:
+                drive_re, drive_im = diagonal_scan(drive_re, drive_im, self.lam_re, self.lam_im)
+            return torch.cat([drive_re, drive_im], dim=-1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.project(self.features(ids)) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        x = self.drop(x)
+        for block in self.blocks:
+            x = self._checkpointed(block, x)
+        return self.head(x)
