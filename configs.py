@@ -93,7 +93,8 @@ SHARED_CONFIG = {
              "include_input": True, "washout": 0},  # delayed inputs + quadratic monomials
     "FROZEN_RETENTION": {"layers": 4, "heads": 4, "width": 128, "ffn_hidden": 512, "tau_min": 2.0,
                          "tau_max": 1000.0, "rotation_base": 10000.0, "dropout": 0.0,
-                         "train_recurrence": False},  # RetNet retention, decays and rotations frozen
+                         "train_recurrence": False, "conv_width": 0,
+                         "write_gate": False},  # RetNet retention, decays and rotations frozen
     "RESERVOIR_ATTENTION": {"units": 256, "tau_min": 1.0, "tau_max": 1000.0, "max_phase": 3.1416,
                             "input_scaling": 1.0, "width": 128, "layers": 2, "heads": 4, "dropout": 0.0,
                             "reservoir": True},  # frozen reservoir states + a trained attention readout
@@ -132,7 +133,7 @@ _UNIT_INTERVAL = {"MIN_LR_FRACTION"}  # 0 to 1 inclusive
 _BLOCK_CHOICES = {"readout": ("ridge", "softmax", "mlp")}
 _BLOCK_UNIT_INTERVAL = {"leak_rate", "rc_connectivity", "input_connectivity", "inter_connectivity", "dropout",
                         "r_min", "r_max", "discount"}
-_BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling", "max_phase"}
+_BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling", "max_phase", "conv_width"}
 # Keys whose value may be None, with the type they take otherwise.
 _OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int,
              "MAX_STEPS": int, "TOKEN_BUDGET": int, "TIME_BUDGET_S": float, "RESUME": str, "SAMPLE_TOP_K": int,

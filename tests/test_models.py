@@ -418,11 +418,15 @@ def test_a_checkpoint_from_another_model_version_is_one_line(tmp_path):
         restore_model(model, {"model_state": state}, tmp_path / "lstm.pt")
 
 
-@pytest.mark.parametrize("chunks", [(1, 4, 30, 31, 40), (16, 32, 40)])  # single tokens, and whole windows
-def test_frozen_retention_parallel_and_recurrent_forms_agree(chunks):
-    model = build_model("frozen_retention", 30, small_config("FROZEN_RETENTION.tau_max=50")).eval()
+@pytest.mark.parametrize("chunks", [(1, 2, 4, 30, 31, 40), (16, 32, 40)])  # single tokens, and whole windows
+@pytest.mark.parametrize("options", [(), ("FROZEN_RETENTION.conv_width=4", "FROZEN_RETENTION.write_gate=True")])
+def test_frozen_retention_parallel_and_recurrent_forms_agree(chunks, options):
+    model = build_model("frozen_retention", 30, small_config("FROZEN_RETENTION.tau_max=50", *options)).eval()
     ids = torch.randint(0, 30, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
+        for block in model.blocks:
+            if block.taps:  # past its identity start: every tap counts, across chunk boundaries too
+                block.conv.normal_(generator=torch.Generator().manual_seed(1))
         whole = model(ids)  # the parallel form: a masked 40 x 40 product per head
         state, parts, start = model.initial_state(2, "cpu"), [], 0
         for end in chunks:
@@ -431,6 +435,7 @@ def test_frozen_retention_parallel_and_recurrent_forms_agree(chunks):
             start = end
     torch.testing.assert_close(torch.cat(parts, dim=1), whole, atol=1e-5, rtol=1e-4)
     assert [s.shape for s in state.layers] == [(2, 4, 8, 8)] * 2  # per layer: each head's key x value state
+    assert [r.shape[1] for r in state.recent] == [3 if options else 0] * 2  # what the convolution reaches back to
     assert model.stream_kind == "window" and model.context_size == 32  # evaluated and sampled like the transformer
 
 

@@ -51,26 +51,40 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class RetentionState(NamedTuple):
-    """A frozen retention model's stream state: each layer's S, (B, heads, head_dim, head_dim)."""
+    """A frozen retention model's stream state: each layer's S, (B, heads, head_dim, head_dim), and each
+    layer's last conv_width - 1 normalised inputs, (B, conv_width - 1, width), that its short
+    convolution reaches back to (none without one)."""
 
     layers: tuple[torch.Tensor, ...]
+    recent: tuple[torch.Tensor, ...]
 
 
 class RetentionBlock(nn.Module):
-    """x + W_o(swish(W_g x') ⊙ GroupNorm(MSR(x'))), x' = LN(x); then x + FFN(LN(x))."""
+    """x + W_o(swish(W_g x') ⊙ GroupNorm(MSR(x'))), x' = LN(x); then x + FFN(LN(x)).
 
-    def __init__(self, width: int, heads: int, ffn_hidden: int, dropout: float, log_decay: torch.Tensor,
-                 angles: torch.Tensor, train_recurrence: bool):
+    Two options act before the frozen recurrence, each off by default (H3, Fu et al. 2023, and Mamba,
+    Gu & Dao 2023, find both help fixed or structured recurrences): ``conv_width`` > 0, a trained
+    causal depthwise convolution over the last conv_width inputs feeding q, k and v (a shift, as
+    H3's); ``write_gate``, a trained per-head gate σ(W x') on what each token writes (k_t)."""
+
+    def __init__(self, width: int, cfg: dict, log_decay: torch.Tensor, angles: torch.Tensor):
         super().__init__()
+        heads = cfg["heads"]
         self.heads, self.head_dim = heads, width // heads
         self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.qkv = nn.Linear(width, 3 * width, bias=False)
         self.gate = nn.Linear(width, width, bias=False)
         self.out = nn.Linear(width, width, bias=False)
         self.norm = nn.GroupNorm(heads, width)  # per head: the state's scale grows with its time constant
-        self.ffn = nn.Sequential(nn.Linear(width, ffn_hidden), nn.GELU(), nn.Linear(ffn_hidden, width),
-                                 nn.Dropout(dropout))
-        if train_recurrence:  # the unfrozen control: the same recurrence, trained
+        self.ffn = nn.Sequential(nn.Linear(width, cfg["ffn_hidden"]), nn.GELU(), nn.Linear(cfg["ffn_hidden"], width),
+                                 nn.Dropout(cfg["dropout"]))
+        self.taps = cfg["conv_width"]
+        if self.taps:  # starts as the identity: the current input alone
+            identity = torch.zeros(width, 1, self.taps)
+            identity[:, :, -1] = 1.0
+            self.conv = nn.Parameter(identity)
+        self.write_gate = nn.Linear(width, heads) if cfg["write_gate"] else None
+        if cfg["train_recurrence"]:  # the unfrozen control: the same recurrence, trained
             self.log_decay, self.angles = nn.Parameter(log_decay.clone()), nn.Parameter(angles.clone())
         else:
             self.register_buffer("log_decay", log_decay.clone())
@@ -105,14 +119,26 @@ class RetentionBlock(nn.Module):
                          * torch.exp(log_decay * t)[None, :, :, None]).transpose(-1, -2)
         return o, new_state
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """(x after the block, (S, recent inputs) after it); ``state`` None: a window from a zero state,
+        and no state after (training, evaluation windows)."""
         b, t, width = x.shape
         h = self.ln1(x)
-        q, k, v = self.qkv(h).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        o, new_state = self._retention(q, k / math.sqrt(self.head_dim), v, state)
+        written, recent = h, None
+        if self.taps:
+            before = h.new_zeros(b, self.taps - 1, width) if state is None else state[1].to(h.dtype)
+            padded = torch.cat([before, h], dim=1)
+            written = F.conv1d(padded.transpose(1, 2), self.conv.to(h.dtype), groups=width).transpose(1, 2)
+            recent = padded[:, padded.shape[1] - (self.taps - 1):]
+        q, k, v = self.qkv(written).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.write_gate is not None:
+            k = k * torch.sigmoid(self.write_gate(written)).transpose(1, 2)[..., None]
+        o, new_state = self._retention(q, k / math.sqrt(self.head_dim), v, None if state is None else state[0])
         o = self.norm(o.transpose(1, 2).reshape(b * t, width)).view(b, t, width).to(x.dtype)
         x = x + self.out(F.silu(self.gate(h)) * o)
-        return x + self.ffn(self.ln2(x)), new_state
+        if state is not None and recent is None:
+            recent = h[:, :0]  # no convolution: nothing to carry
+        return x + self.ffn(self.ln2(x)), None if state is None else (new_state, recent)
 
 
 class FrozenRetention(LanguageModel):
@@ -132,9 +158,7 @@ class FrozenRetention(LanguageModel):
         angles = rotation_angles(width // heads, cfg["rotation_base"])
         self.embed = nn.Embedding(vocab_size, width)
         self.drop = nn.Dropout(cfg["dropout"])
-        self.blocks = nn.ModuleList(
-            RetentionBlock(width, heads, cfg["ffn_hidden"], cfg["dropout"], log_decay, angles,
-                           cfg["train_recurrence"]) for _ in range(cfg["layers"]))
+        self.blocks = nn.ModuleList(RetentionBlock(width, cfg, log_decay, angles) for _ in range(cfg["layers"]))
         self.ln_f = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied, as the transformer's
@@ -160,17 +184,20 @@ class FrozenRetention(LanguageModel):
             if state is None:
                 x, _ = self._checkpointed(block, x)
             else:
-                x, final = block(x, state.layers[layer])
+                x, final = block(x, (state.layers[layer], state.recent[layer]))
                 finals.append(final)
-        return self.head(self.ln_f(x)), None if state is None else RetentionState(tuple(finals))
+        if state is None:
+            return self.head(self.ln_f(x)), None
+        return self.head(self.ln_f(x)), RetentionState(tuple(f[0] for f in finals), tuple(f[1] for f in finals))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self._run(ids, None)[0]
 
     def initial_state(self, batch, device) -> RetentionState:
-        block = self.blocks[0]
+        block, width = self.blocks[0], self.embed.embedding_dim
         shape = (batch, block.heads, block.head_dim, block.head_dim)
-        return RetentionState(tuple(torch.zeros(shape, device=device) for _ in self.blocks))
+        return RetentionState(tuple(torch.zeros(shape, device=device) for _ in self.blocks),
+                              tuple(torch.zeros(batch, max(0, b.taps - 1), width, device=device) for b in self.blocks))
 
     def forward_stream(self, ids, state):
         return self._run(ids, state)
