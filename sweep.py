@@ -74,15 +74,14 @@ def parse_args(argv: list[str]) -> Sweep:
     space = parse_search(own["SEARCH"], known_keys()) if own.get("SEARCH") else SEARCH_SPACES[model]
     base = parse_overrides([*fixed, f"MODELS={[model]}"])  # fixed settings checked before a trial
     return Sweep(model, trials, name, own.get("SWEEP_STORAGE") or None, space, worker, fixed,
-                 Path(base["RESULTS_DIR"]) / "sweeps" / name)
+                 Path(base["RESULTS_DIR"]) / "sweeps" / name, base["SEED"])
 
 
 def main(argv: list[str]) -> int:
     sweep = None
     try:
         sweep = parse_args(argv)
-        seed = parse_overrides(sweep.fixed)["SEED"]
-        study = open_study(sweep.name, sweep.storage, sweep.folder, seed, sweep.worker)
+        study = open_study(sweep.name, sweep.storage, sweep.folder, sweep.seed, sweep.worker)
         run_trials(study, sweep, lambda config, hook: run_experiment(config, on_evaluation=hook), parse_overrides,
                    refused=(ConfigError, ModelSettingsError))
         best = write_outputs(study, sweep.model, sweep.folder, sweep.fixed)

@@ -1,6 +1,6 @@
 """Hyper-parameter sweeps on Optuna: every model family tuned the same way, on one machine or many.
 
-    study = open_study(sweep.name, sweep.storage, sweep.folder, seed, sweep.worker)  # storage coordinates workers
+    study = open_study(sweep.name, sweep.storage, sweep.folder, sweep.seed, sweep.worker)  # storage: the workers' hub
     run_trials(study, sweep, run_experiment, parse_overrides)    # sweep: a Sweep (model, trials, space, ...)
     best = write_outputs(study, sweep.model, sweep.folder, sweep.fixed)   # best.json + Optuna's plots
 
@@ -265,6 +265,7 @@ class Sweep:
     worker: int  # this worker's index (its sampler's seed differs)
     fixed: list[str]  # TinyStories.py KEY=VALUE held for every trial
     folder: Path  # results/sweeps/<name>
+    seed: int  # the fixed settings' SEED: seeds the sampler (with the worker's index)
 
 
 def run_trials(study, sweep: Sweep, run_one, parse, refused: tuple[type[Exception], ...] = ()) -> None:
