@@ -58,3 +58,19 @@ def test_every_dependency_is_capped_below_a_major_version_ci_has_not_run():
             if requirement.startswith("-r"):
                 continue
             assert "<" in requirement or "==" in requirement, f"{name}: {requirement} has no upper bound"
+
+
+def test_at_most_two_functions_in_the_package_take_eight_or_more_parameters():
+    """#25: what trainers share travels in a Fit, a sweep's settings in a Sweep; the two left are the
+    reservoir's literature hyper-parameters and generate's sampling options."""
+    import ast
+
+    many = []
+    for path in sorted((ROOT / "reservoir").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg not in ("self", "cls")]
+                if len(names) >= 8:
+                    many.append(f"{path.relative_to(ROOT)}:{node.name}")
+    assert many == ["reservoir/models/base.py:generate", "reservoir/models/reservoirs.py:__init__"], many
