@@ -82,12 +82,6 @@ def summary_of(run_dir) -> dict:
     return {r["model"]: r for r in json.loads((Path(run_dir) / "summary.json").read_text())}
 
 
-@pytest.fixture
-def config_in(tmp_path):
-    """``config_in(*args)``: ``make_config`` in this test's folder."""
-    return lambda *args: make_config(tmp_path, *args)
-
-
 def pytest_collection_modifyitems(config, items):
     """Skip XLA tests where torch_xla cannot run; in CI's XLA environment, refuse to skip them."""
     if xla_usable():

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .base import LanguageModel
-from .baselines import TransformerBlock
+from .baselines import TransformerBlock, gpt2_init
 from .reservoirs import diagonal_scan, multi_timescale_eigenvalues
 
 
@@ -53,10 +53,7 @@ class ReservoirAttention(LanguageModel):
                                     for _ in range(cfg["layers"]))
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, vocab_size))
         for module in self.modules():  # the transformer's (GPT-2's) initialisation, for an equal readout
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, 0.0, 0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
+            gpt2_init(module)
 
     def features(self, ids: torch.Tensor) -> torch.Tensor:
         """The frozen part: (Re h, Im h) for every position of the window (B, T, 2 units), from a zero state."""

@@ -13,6 +13,14 @@ from torch.nn import functional as F
 from .base import LanguageModel
 
 
+def gpt2_init(module: nn.Module) -> None:
+    """GPT-2's initialisation of one module: N(0, 0.02) linear and embedding weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, 0.0, 0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
 class TransformerBlock(nn.Module):
     """Pre-LayerNorm causal self-attention and MLP, with an optional key/value cache for generation."""
 
@@ -56,7 +64,7 @@ class Transformer(LanguageModel):
         self.ln_f = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab_size, bias=False)
         self.head.weight = self.tok.weight  # weight tying
-        self.apply(self._init)
+        self.apply(gpt2_init)
         for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg["n_layer"]))
@@ -67,13 +75,6 @@ class Transformer(LanguageModel):
         module = super()._apply(fn, *args, **kwargs)
         self.head.weight = self.tok.weight
         return module
-
-    @staticmethod
-    def _init(module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, 0.0, 0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
 
     def forward(self, ids):
         x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))

@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .base import LanguageModel
+from .baselines import gpt2_init
 
 
 def head_decays(heads: int, tau_min: float, tau_max: float) -> torch.Tensor:
@@ -124,7 +125,7 @@ class RetentionBlock(nn.Module):
         and no state after (training, evaluation windows)."""
         b, t, width = x.shape
         h = self.ln1(x)
-        written, recent = h, None
+        written, recent = h, None if state is None else state[1]  # without a convolution: nothing to carry
         if self.taps:
             before = h.new_zeros(b, self.taps - 1, width) if state is None else state[1].to(h.dtype)
             padded = torch.cat([before, h], dim=1)
@@ -136,8 +137,6 @@ class RetentionBlock(nn.Module):
         o, new_state = self._retention(q, k / math.sqrt(self.head_dim), v, None if state is None else state[0])
         o = self.norm(o.transpose(1, 2).reshape(b * t, width)).view(b, t, width).to(x.dtype)
         x = x + self.out(F.silu(self.gate(h)) * o)
-        if state is not None and recent is None:
-            recent = h[:, :0]  # no convolution: nothing to carry
         return x + self.ffn(self.ln2(x)), None if state is None else (new_state, recent)
 
 
@@ -162,11 +161,8 @@ class FrozenRetention(LanguageModel):
         self.ln_f = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied, as the transformer's
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, 0.0, 0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
+        for module in self.modules():  # the transformer's (GPT-2's) initialisation
+            gpt2_init(module)
         for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
             if name.endswith("out.weight") or name.endswith("ffn.2.weight"):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * max(1, cfg["layers"])))
