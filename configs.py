@@ -85,10 +85,12 @@ SHARED_CONFIG = {
                  "inter_scaling": 0.5, "inter_connectivity": 0.1, "washout": 0, "readout": "ridge", "ridge": 1.0,
                  "readout_hidden": 256, "include_input": True},  # stacked reservoirs, readout over all layers
     "LINEAR_RESERVOIR": {"units": 256, "r_min": 0.8, "r_max": 0.999, "max_phase": 6.283, "input_scaling": 1.0,
-                         "embed_dim": 64, "readout_hidden": 512},  # fixed diagonal complex recurrence + MLP readout
+                         "embed_dim": 64, "readout_hidden": 512,
+                         "train_recurrence": False},  # fixed diagonal complex recurrence + MLP readout
     "DEEP_LINEAR_RESERVOIR": {"layers": 4, "units": 128, "width": 128, "mix_hidden": 256, "embed_dim": 64,
                               "taps": 4, "tau_min": 2.0, "tau_max": 1000.0, "max_phase": 3.1416,
-                              "dropout": 0.25},  # frozen linear recurrences + trained mixing (deep SSM)
+                              "dropout": 0.25,
+                              "train_recurrence": False},  # frozen linear recurrences + trained mixing (deep SSM)
     "NVAR": {"delays": 4, "input_dim": 12, "readout": "ridge", "ridge": 1.0, "readout_hidden": 256,
              "include_input": True, "washout": 0},  # delayed inputs + quadratic monomials
     "FROZEN_RETENTION": {"layers": 4, "heads": 4, "width": 128, "ffn_hidden": 512, "tau_min": 2.0,
@@ -97,7 +99,8 @@ SHARED_CONFIG = {
                          "write_gate": False},  # RetNet retention, decays and rotations frozen
     "RESERVOIR_ATTENTION": {"units": 256, "tau_min": 1.0, "tau_max": 1000.0, "max_phase": 3.1416,
                             "input_scaling": 1.0, "width": 128, "layers": 2, "heads": 4, "dropout": 0.0,
-                            "reservoir": True},  # frozen reservoir states + a trained attention readout
+                            "reservoir": True,
+                            "train_recurrence": False},  # frozen reservoir states + a trained attention readout
     "TRANSFORMER": {"n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0},  # GPT-style baseline
     "LSTM": {"embed_dim": 64, "hidden": 256, "layers": 1, "dropout": 0.0},  # LSTM baseline
     "NGRAM": {"order": 5, "discount": 0.75},  # interpolated absolute-discounting n-gram (discount tuned)

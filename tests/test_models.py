@@ -5,7 +5,7 @@ from torch.nn import functional as F
 
 from configs import ConfigError, parse_overrides
 from reservoir.models import ESN, MODEL_NAMES, LinearReservoir, build_model
-from reservoir.models.reservoirs import Reservoir
+from reservoir.models.reservoirs import Reservoir, eigenvalues
 from reservoir.models.ridge import RidgeAccumulator, fit_probability_floor, floor_logits
 from reservoir.synthetic import synthetic_stories
 from reservoir.tokenizers import CharTokenizer
@@ -456,6 +456,37 @@ def test_frozen_retention_freezes_its_decays_and_rotations_unless_trained_on_pur
     extra = sum(b.log_decay.numel() + b.angles.numel() for b in unfrozen.blocks)
     assert unfrozen.param_counts()["params_trainable"] == frozen.param_counts()["params_trainable"] + extra
     assert frozen.param_counts()["params_total"] == unfrozen.param_counts()["params_total"]
+
+
+@pytest.mark.parametrize("name, block, frozen_trained, recurrence", [
+    ("deep_linear_reservoir", "DEEP_LINEAR_RESERVOIR", "all but recurrence", {"log_rate", "phase"}),
+    ("linear_reservoir", "LINEAR_RESERVOIR", "input+readout", {"log_rate", "phase", "b_re", "b_im"}),
+    ("reservoir_attention", "RESERVOIR_ATTENTION", "readout", {"log_rate", "phase", "b_re", "b_im"}),
+])
+def test_the_unfrozen_control_trains_what_the_reservoir_freezes_from_the_same_start(name, block, frozen_trained,
+                                                                                    recurrence):
+    frozen = build_model(name, 30, small_config())
+    unfrozen = build_model(name, 30, small_config(f"{block}.train_recurrence=True"))
+    assert (frozen.trained, unfrozen.trained) == (frozen_trained, "everything")
+    frozen_names = {n.rsplit(".", 1)[-1] for n, p in frozen.named_parameters()}
+    unfrozen_names = {n.rsplit(".", 1)[-1] for n, p in unfrozen.named_parameters()}
+    assert not frozen_names & recurrence and recurrence <= unfrozen_names
+    ids = torch.randint(0, 30, (2, 17), generator=torch.Generator().manual_seed(0))
+    frozen.eval(), unfrozen.eval()
+    with torch.no_grad():  # the same seed draws the same λ and B: the control starts where the reservoir does
+        torch.testing.assert_close(unfrozen(ids), frozen(ids), atol=1e-5, rtol=1e-4)
+    unfrozen.train()
+    F.cross_entropy(unfrozen(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+    grads = {n.rsplit(".", 1)[-1]: p.grad for n, p in unfrozen.named_parameters() if n.rsplit(".", 1)[-1] in recurrence}
+    assert all(g is not None and g.abs().sum() > 0 for g in grads.values()), grads.keys()
+    assert frozen.param_counts()["params_total"] == unfrozen.param_counts()["params_total"]
+    assert unfrozen.param_counts()["params_trainable"] == unfrozen.param_counts()["params_total"]
+    with torch.no_grad():  # however far the optimiser pushes the rates, |λ| stays below 1: a stable recurrence
+        for module in unfrozen.modules():
+            if "log_rate" in module._parameters:
+                module.log_rate.fill_(-30.0)
+                lam_re, lam_im = eigenvalues(module)
+                assert bool(((lam_re**2 + lam_im**2) < 1).all()) and torch.isfinite(unfrozen(ids)).all()
 
 
 def test_frozen_retention_refuses_heads_that_do_not_split_its_width():

@@ -113,6 +113,19 @@ def test_no_recompilation_after_warmup_and_one_execution_per_step(model):
     assert result["executions_per_step"] == EXPECTED[model], result
 
 
+@pytest.mark.parametrize("model, options", [
+    ("frozen_retention", ["FROZEN_RETENTION.train_recurrence=True", "FROZEN_RETENTION.conv_width=4",
+                          "FROZEN_RETENTION.write_gate=True"]),
+    ("deep_linear_reservoir", ["DEEP_LINEAR_RESERVOIR.train_recurrence=True"]),
+    ("reservoir_attention", ["RESERVOIR_ATTENTION.train_recurrence=True"]),
+])
+def test_the_reservoir_push_options_compile_once_too(model, options):
+    """The unfrozen control, the short convolution and the write gate: their graphs settle in warm-up."""
+    result = json.loads(python(["tests/xla_probe.py", model, *options]).stdout.strip().splitlines()[-1])
+    assert result["options"] == options and result["compiles_after_warmup"] == 0, result
+    assert result["executions_per_step"] == EXPECTED[model], result
+
+
 def test_tracking_adds_no_device_execution_to_the_step():
     """Loss read every step: with TensorBoard tracking the step executes exactly as often as without."""
     runs = {track: json.loads(python(["tests/xla_probe.py", "transformer", "--track", track]).stdout.splitlines()[-1])

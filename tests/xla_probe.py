@@ -1,6 +1,7 @@
 """Measure one model's XLA graphs through the real training loop, in a fresh process.
 
     PJRT_DEVICE=CPU python tests/xla_probe.py transformer [--inject item|dynamic] [--seq-len 512] [--full-size]
+    PJRT_DEVICE=CPU python tests/xla_probe.py frozen_retention FROZEN_RETENTION.conv_width=4   # a model's options
 
 Prints one JSON line:
 - warmup_compiles: graphs compiled by a first short fit (training, evaluation, checkpoint);
@@ -97,10 +98,11 @@ def compile_seconds() -> float:
 
 
 def probe(name: str, injected: str | None = None, k: int = 4, track: list[str] | None = None,
-          seq_len: int = 16, full_size: bool = False) -> dict:
+          seq_len: int = 16, full_size: bool = False, options: list[str] = ()) -> dict:
+    """``options``: KEY=VALUE overrides of the model's block (e.g. its train_recurrence switch)."""
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     BASE[BASE.index("SEQ_LEN=16")] = f"SEQ_LEN={seq_len}"
-    SIZES[:] = [] if full_size else TINY
+    SIZES[:] = ([] if full_size else TINY) + list(options)
     config = parse_overrides(BASE + SIZES + [f"CACHE_DIR={tempfile.mkdtemp()}"])
     info = dev.select_device(config)
     data = prepare_data(config)
@@ -117,7 +119,8 @@ def probe(name: str, injected: str | None = None, k: int = 4, track: list[str] |
     _, e1 = counters()
     fit_once(name, [f"MAX_STEPS={2 * k}", *quiet], data, info, injected, track or ())
     _, e2 = counters()
-    return {"model": name, "seq_len": seq_len, "warmup_compiles": warm, "compiles_after_warmup": after - warm,
+    return {"model": name, "options": list(options), "seq_len": seq_len, "warmup_compiles": warm,
+            "compiles_after_warmup": after - warm,
             "executions_per_step": ((e2 - e1) - (e1 - e0)) / k, "compile_seconds": round(compiling, 2)}
 
 
@@ -126,11 +129,12 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
+    parser.add_argument("options", nargs="*", help="KEY=VALUE overrides of the model's settings")
     parser.add_argument("--inject", choices=("item", "dynamic"))
     parser.add_argument("--track", choices=("none", "tensorboard"), help="read the loss every step, for trackers")
     parser.add_argument("--seq-len", type=int, default=16)
     parser.add_argument("--full-size", action="store_true", help="the default model sizes, not tiny ones")
     args = parser.parse_args()
     track = None if args.track is None else ([] if args.track == "none" else [args.track])
-    print(json.dumps(probe(args.model, args.inject, track=track, seq_len=args.seq_len, full_size=args.full_size)),
-          flush=True)
+    print(json.dumps(probe(args.model, args.inject, track=track, seq_len=args.seq_len, full_size=args.full_size,
+                           options=args.options)), flush=True)

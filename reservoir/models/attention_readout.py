@@ -10,7 +10,8 @@ Frozen: λ (time constants log-uniform over [tau_min, tau_max] characters, rando
 input weights B, so only a readout is trained: the projection of the states, the attention
 layers and the output layer. ``reservoir=False`` is the control: the same readout over the same
 frozen input B u_t with no recurrence (a transformer whose token embedding is frozen and random),
-so what the recurrence adds is measured on its own.
+so what the recurrence adds is measured on its own. ``train_recurrence=True`` trains λ and B too
+(the unfrozen control): what freezing them costs.
 """
 
 from __future__ import annotations
@@ -22,14 +23,12 @@ from torch import nn
 
 from .base import LanguageModel
 from .baselines import TransformerBlock, gpt2_init
-from .reservoirs import diagonal_scan, multi_timescale_eigenvalues
+from .reservoirs import diagonal_scan, eigenvalues, hold_eigenvalues, hold_input_weights, multi_timescale_eigenvalues
 
 
 class ReservoirAttention(LanguageModel):
     """Frozen multi-timescale linear reservoir states, read by causal attention; see the module
     docstring. Trained and evaluated on SEQ_LEN windows from a zero state, like the transformer."""
-
-    trained = "readout"
 
     def __init__(self, vocab_size: int, cfg: dict, seed: int, seq_len: int):
         super().__init__()
@@ -38,14 +37,15 @@ class ReservoirAttention(LanguageModel):
         if width % cfg["heads"]:
             raise ValueError(f"reservoir_attention width={width} must be divisible by heads={cfg['heads']}")
         self.context_size, self.recurrent = seq_len, cfg["reservoir"]
+        self.train_recurrence = cfg["train_recurrence"]
+        self.trained = "everything" if self.train_recurrence else "readout"
         radius, phase = multi_timescale_eigenvalues(units, cfg["tau_min"], cfg["tau_max"], cfg["max_phase"], g)
-        self.register_buffer("lam_re", radius * torch.cos(phase))
-        self.register_buffer("lam_im", radius * torch.sin(phase))
+        hold_eigenvalues(self, radius, phase, self.train_recurrence and self.recurrent)
         # sqrt(1 - r²): every unit's stationary variance the same whatever its memory (without the
         # recurrence, the control, each unit sees its input once: no such scaling)
         norm = cfg["input_scaling"] / math.sqrt(2) * (torch.sqrt(1 - radius**2) if self.recurrent else 1.0)
-        self.register_buffer("b_re", torch.randn(vocab_size, units, generator=g) * norm)
-        self.register_buffer("b_im", torch.randn(vocab_size, units, generator=g) * norm)
+        hold_input_weights(self, torch.randn(vocab_size, units, generator=g) * norm,
+                           torch.randn(vocab_size, units, generator=g) * norm, self.train_recurrence)
         self.project = nn.Sequential(nn.LayerNorm(2 * units), nn.Linear(2 * units, width))
         self.pos = nn.Embedding(seq_len, width)
         self.drop = nn.Dropout(cfg["dropout"])
@@ -56,11 +56,13 @@ class ReservoirAttention(LanguageModel):
             gpt2_init(module)
 
     def features(self, ids: torch.Tensor) -> torch.Tensor:
-        """The frozen part: (Re h, Im h) for every position of the window (B, T, 2 units), from a zero state."""
-        with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
+        """The reservoir (frozen unless ``train_recurrence``): (Re h, Im h) for every position of the
+        window (B, T, 2 units), from a zero state."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.train_recurrence), \
+                torch.autocast(ids.device.type, enabled=False):
             drive_re, drive_im = self.b_re[ids], self.b_im[ids]
             if self.recurrent:
-                drive_re, drive_im = diagonal_scan(drive_re, drive_im, self.lam_re, self.lam_im)
+                drive_re, drive_im = diagonal_scan(drive_re, drive_im, *eigenvalues(self))
             return torch.cat([drive_re, drive_im], dim=-1)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

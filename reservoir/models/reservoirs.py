@@ -44,7 +44,7 @@ def diagonal_scan(x_re: torch.Tensor, x_im: torch.Tensor, lam_re: torch.Tensor, 
                   state=None) -> tuple[torch.Tensor, torch.Tensor]:
     """h_t = λ ⊙ h_{t-1} + x_t over a window (B, T, units), complex numbers as real pairs, by a
     parallel (Hillis-Steele) scan: log2(T) elementwise steps, no loop over time, so it maps onto
-    TPUs and differentiates with respect to x (λ is fixed). ``state`` = (Re h, Im h) before the
+    TPUs and differentiates with respect to x and λ. ``state`` = (Re h, Im h) before the
     window (B, units), else zero."""
     h_re, h_im = x_re, x_im
     p_re, p_im = lam_re, lam_im  # λ^d for the current stride d
@@ -83,6 +83,40 @@ def multi_timescale_eigenvalues(units: int, tau_min: float, tau_max: float, max_
     with phases uniform in [0, max_phase]."""
     log_tau = math.log(tau_min) + (math.log(tau_max) - math.log(tau_min)) * torch.rand(units, generator=generator)
     return torch.exp(-1 / torch.exp(log_tau)), max_phase * torch.rand(units, generator=generator)
+
+
+def hold_eigenvalues(module: nn.Module, radius: torch.Tensor, phase: torch.Tensor, trained: bool) -> None:
+    """Give ``module`` its recurrence's eigenvalues λ = radius·e^(i·phase): frozen buffers ``lam_re``,
+    ``lam_im`` (what every reservoir keeps), or, for the unfrozen control (``train_recurrence``),
+    trained parameters ``log_rate`` = log(-ln|λ|) = -log τ and ``phase``, which keep |λ| < 1 whatever
+    the optimiser does (the LRU's exponential parametrisation, Orvieto et al. 2023; τ capped at a
+    million steps so fp32 cannot round |λ| to 1). Read them with
+    ``eigenvalues(module)``."""
+    if trained:
+        module.log_rate = nn.Parameter(torch.log(-torch.log(radius)))
+        module.phase = nn.Parameter(phase.clone())
+    else:
+        module.register_buffer("lam_re", radius * torch.cos(phase))
+        module.register_buffer("lam_im", radius * torch.sin(phase))
+
+
+def hold_input_weights(module: nn.Module, b_re: torch.Tensor, b_im: torch.Tensor, trained: bool) -> None:
+    """Give ``module`` the input weights ``b_re``, ``b_im`` (vocab, units) of a one-hot input: frozen
+    buffers, or trained parameters for the unfrozen control."""
+    for name, weights in (("b_re", b_re), ("b_im", b_im)):
+        if trained:
+            setattr(module, name, nn.Parameter(weights))
+        else:
+            module.register_buffer(name, weights)
+
+
+def eigenvalues(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Re λ, Im λ) that ``hold_eigenvalues`` gave ``module``."""
+    if "log_rate" not in module._parameters:
+        return module.lam_re, module.lam_im
+    # τ at most 1e6 steps: a longer one rounds |λ| to 1 in fp32, and the recurrence stops decaying
+    radius = torch.exp(-torch.exp(module.log_rate).clamp(min=1e-6))
+    return radius * torch.cos(module.phase), radius * torch.sin(module.phase)
 
 
 class Reservoir(nn.Module):
@@ -337,24 +371,25 @@ class LinearReservoir(LanguageModel):
     Complex numbers are kept as real pairs so every backend runs it.
 
     Frozen: λ and B. Trained: the embedding and the readout, on independent windows from a zero
-    state. Evaluated as a stream, the state h carried from chunk to chunk.
+    state. Evaluated as a stream, the state h carried from chunk to chunk. ``train_recurrence=True``
+    trains λ and B too (the unfrozen control).
     """
 
-    trained = "input+readout"  # λ and B frozen; the token embedding and the MLP readout trained
     stream_kind = "recurrent"
 
     def __init__(self, vocab_size: int, cfg: dict, seed: int):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         units = cfg["units"]
+        self.train_recurrence = cfg["train_recurrence"]
+        self.trained = "everything" if self.train_recurrence else "input+readout"
         radius = cfg["r_min"] + (cfg["r_max"] - cfg["r_min"]) * torch.rand(units, generator=g)
         phase = cfg["max_phase"] * torch.rand(units, generator=g)
-        self.register_buffer("lam_re", radius * torch.cos(phase))
-        self.register_buffer("lam_im", radius * torch.sin(phase))
+        hold_eigenvalues(self, radius, phase, self.train_recurrence)
         # sqrt(1 - r²) keeps every unit's stationary variance the same whatever its memory
         norm = torch.sqrt(1 - radius**2) * cfg["input_scaling"] / math.sqrt(2)
-        self.register_buffer("b_re", torch.randn(vocab_size, units, generator=g) * norm)
-        self.register_buffer("b_im", torch.randn(vocab_size, units, generator=g) * norm)
+        hold_input_weights(self, torch.randn(vocab_size, units, generator=g) * norm,
+                           torch.randn(vocab_size, units, generator=g) * norm, self.train_recurrence)
         self.embed = nn.Embedding(vocab_size, cfg["embed_dim"])
         width = 2 * units + cfg["embed_dim"]
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, cfg["readout_hidden"]), nn.GELU(),
@@ -362,10 +397,10 @@ class LinearReservoir(LanguageModel):
 
     def scan(self, ids: torch.Tensor, state=None) -> tuple[torch.Tensor, torch.Tensor]:
         """h for every position; from ``state`` = (Re h, Im h) before the window, else from zero."""
-        return diagonal_scan(self.b_re[ids], self.b_im[ids], self.lam_re, self.lam_im, state)
+        return diagonal_scan(self.b_re[ids], self.b_im[ids], *eigenvalues(self), state)
 
     def initial_state(self, batch, device):
-        zeros = torch.zeros(batch, self.lam_re.shape[0], device=device)
+        zeros = torch.zeros(batch, self.b_re.shape[1], device=device)
         return zeros, zeros.clone()
 
     def forward_stream(self, ids, state):
@@ -375,9 +410,11 @@ class LinearReservoir(LanguageModel):
         return logits, (h_re[:, -1], h_im[:, -1])
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.train_recurrence), \
+                torch.autocast(ids.device.type, enabled=False):
             h_re, h_im = self.scan(ids)
-        # the readout is the only trained (and checkpointable) part; its input carries the embedding's grad
+        # the readout is the only checkpointed part; its input carries the embedding's grad (and the
+        # recurrence's, when it is trained)
         return self._checkpointed(self.head, torch.cat([h_re, h_im, self.embed(ids)], dim=-1))
 
 
@@ -414,13 +451,14 @@ class FrozenRecurrenceBlock(nn.Module):
     variance does not depend on its memory.
     """
 
-    def __init__(self, width: int, hidden: int, dropout: float, eigenvalues: tuple[torch.Tensor, torch.Tensor]):
-        """``eigenvalues``: λ's (radius, phase) per unit, as ``multi_timescale_eigenvalues`` draws them."""
+    def __init__(self, width: int, hidden: int, dropout: float, drawn: tuple[torch.Tensor, torch.Tensor],
+                 train_recurrence: bool = False):
+        """``drawn``: λ's (radius, phase) per unit, as ``multi_timescale_eigenvalues`` draws them;
+        ``train_recurrence``: train them too (the unfrozen control)."""
         super().__init__()
-        radius, phase = eigenvalues
-        units = len(radius)
-        self.register_buffer("lam_re", radius * torch.cos(phase))
-        self.register_buffer("lam_im", radius * torch.sin(phase))
+        radius, phase = drawn
+        self.units = units = len(radius)
+        hold_eigenvalues(self, radius, phase, train_recurrence)
         self.norm = nn.LayerNorm(width)
         self.project_in = nn.Linear(width, 2 * units, bias=False)
         self.mix = nn.Sequential(nn.Linear(2 * units, hidden), nn.GELU(), nn.Linear(hidden, width),
@@ -431,11 +469,12 @@ class FrozenRecurrenceBlock(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor, state=None):
-        in_norm = torch.sqrt(1 - self.lam_re**2 - self.lam_im**2).repeat(2)  # from λ: no second frozen tensor
+        lam_re, lam_im = eigenvalues(self)
+        in_norm = torch.sqrt(1 - lam_re**2 - lam_im**2).repeat(2)  # from λ: no second frozen tensor
         drive = self.project_in(self.norm(x)) * in_norm
         with torch.autocast(x.device.type, enabled=False):  # the recurrence sums ~1000 steps: fp32
             drive_re, drive_im = drive.float().chunk(2, dim=-1)
-            h_re, h_im = diagonal_scan(drive_re, drive_im, self.lam_re, self.lam_im, state)
+            h_re, h_im = diagonal_scan(drive_re, drive_im, lam_re, lam_im, state)
         y = self.mix(torch.cat([h_re, h_im], dim=-1).to(x.dtype))
         return x + y, (h_re[:, -1], h_im[:, -1])
 
@@ -458,7 +497,8 @@ class DeepLinearReservoir(LanguageModel):
 
     Frozen: every layer's eigenvalues λ (time constants log-uniform over [tau_min, tau_max]
     characters). Trained: the token embedding, the taps' projection, each layer's input
-    projection and mixing MLP, the readout.
+    projection and mixing MLP, the readout. ``train_recurrence=True`` trains λ too (the unfrozen
+    control).
 
     Trained on independent ``SEQ_LEN`` windows from a zero state, it is evaluated like the
     transformer, on overlapping windows (and generates from the last ``SEQ_LEN`` tokens): its slow
@@ -469,11 +509,10 @@ class DeepLinearReservoir(LanguageModel):
     exactly: a model trained on carried state could be evaluated that way.
     """
 
-    trained = "all but recurrence"
-
     def __init__(self, vocab_size: int, cfg: dict, seed: int, seq_len: int):
         super().__init__()
         self.context_size = seq_len
+        self.trained = "everything" if cfg["train_recurrence"] else "all but recurrence"
         g = torch.Generator().manual_seed(seed)
         width, taps = cfg["width"], cfg["taps"]
         self.taps = taps
@@ -482,7 +521,8 @@ class DeepLinearReservoir(LanguageModel):
         self.drop = nn.Dropout(cfg["dropout"])
         self.blocks = nn.ModuleList(
             FrozenRecurrenceBlock(width, cfg["mix_hidden"], cfg["dropout"], multi_timescale_eigenvalues(
-                cfg["units"], cfg["tau_min"], cfg["tau_max"], cfg["max_phase"], g)) for _ in range(cfg["layers"]))
+                cfg["units"], cfg["tau_min"], cfg["tau_max"], cfg["max_phase"], g), cfg["train_recurrence"])
+            for _ in range(cfg["layers"]))
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, vocab_size))
 
     def _run(self, ids: torch.Tensor, state: DeepLinearState | None):
@@ -506,7 +546,7 @@ class DeepLinearReservoir(LanguageModel):
         return self._run(ids, None)[0]
 
     def initial_state(self, batch, device) -> DeepLinearState:
-        units = self.blocks[0].lam_re.shape[0]
+        units = self.blocks[0].units
         layers = tuple((torch.zeros(batch, units, device=device), torch.zeros(batch, units, device=device))
                        for _ in self.blocks)
         return DeepLinearState(layers, torch.zeros(batch, self.taps - 1, self.embed.embedding_dim, device=device))
