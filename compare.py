@@ -11,8 +11,8 @@ seeds. Every seed the runs finished is re-scored from its checkpoint, on the tar
 run's final evaluation scored (TOKENS to change that), each with its run's evaluation settings.
 Prints A's and B's bits/char (next to what the runs recorded) and A - B with a 95% paired
 bootstrap interval; writes the same to OUT (default:
-<first run of A>/comparisons/<model A>-vs-<first run of B>-<model B>.json). Run it from the folder the
-runs were started in, so their DATASET paths and cache resolve.
+<first run of A>/comparisons/<model A>[+<A's other runs>]-vs-<B's runs, joined by +>-<model B>.json).
+Run it from the folder the runs were started in, so their DATASET paths and cache resolve.
 """
 
 from __future__ import annotations
@@ -33,6 +33,14 @@ KEYS = {
     "OUT": "where the JSON report goes (default: <run A>/comparisons/...)",
     "DIAGNOSTICS": "True: also A and B by position in the story and on recall targets (table, JSON and a PNG)",
 }
+
+
+def default_report_name(side_a: Side, side_b: Side) -> str:
+    """<model A>-vs-<run of B>-<model B>.json, with every further pooled run named (+<run>) on both
+    sides: a comparison of pooled seeds never overwrites the one of a single run."""
+    more_a = "".join(f"+{d.name}" for d in side_a.run_dirs[1:])
+    runs_b = "+".join(d.name for d in side_b.run_dirs)
+    return f"{side_a.model}{more_a}-vs-{runs_b}-{side_b.model}.json"
 
 
 def parse_args(argv: list[str]) -> tuple[Side, Side, dict]:
@@ -62,8 +70,7 @@ def main(argv: list[str]) -> int:
                          options.get("DIAGNOSTICS", False))
     except OneLineError as e:
         raise SystemExit(f"error: {e}") from None
-    out = Path(options.get("OUT") or side_a.run_dirs[0] / "comparisons" /
-               f"{side_a.model}-vs-{side_b.run_dirs[0].name}-{side_b.model}.json")
+    out = Path(options.get("OUT") or side_a.run_dirs[0] / "comparisons" / default_report_name(side_a, side_b))
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(report, indent=2) + "\n")
     print(describe(report), flush=True)

@@ -68,6 +68,12 @@ def test_seeds_of_several_runs_are_pooled_and_a_shared_seed_is_refused(runs, tmp
     report = json.loads(out.read_text())
     assert report["a"]["seeds"] == [1337, 1338, 7] and len(report["a"]["bpc_per_seed"]) == 3
     assert report["a"]["bpc"] == pytest.approx(sum(report["a"]["bpc_per_seed"]) / 3, rel=1e-12)
+    single = runs / "rnn" / "comparisons" / "lstm-vs-counts-ngram.json"
+    compare(f"{runs / 'rnn'}:lstm", f"{runs / 'counts'}:ngram")
+    compare(f"{runs / 'rnn'}+{more}:lstm", f"{runs / 'counts'}:ngram")  # the default report: pooled runs named
+    pooled = runs / "rnn" / "comparisons" / "lstm+more-vs-counts-ngram.json"
+    assert json.loads(single.read_text())["a"]["seeds"] == [1337, 1338]  # not overwritten by the pooled one
+    assert json.loads(pooled.read_text())["a"]["seeds"] == [1337, 1338, 7]
     shared = compare(f"{runs / 'rnn'}+{runs / 'rnn'}:lstm", f"{runs / 'counts'}:ngram", check=False)
     assert shared.returncode != 0 and "share a training seed" in shared.stderr
     missing = compare(f"{runs / 'rnn'}+{runs / 'counts'}:lstm", f"{runs / 'counts'}:ngram", check=False)
