@@ -4,7 +4,7 @@ import torch
 from torch.nn import functional as F
 
 from configs import ConfigError, parse_overrides
-from reservoir.models import ESN, MODEL_NAMES, LinearReservoir, build_model
+from reservoir.models import ADDED_OPTIONS, ESN, MODEL_NAMES, LinearReservoir, build_model
 from reservoir.models.reservoirs import Reservoir, eigenvalues
 from reservoir.models.ridge import RidgeAccumulator, fit_probability_floor, floor_logits
 from reservoir.synthetic import synthetic_stories
@@ -487,6 +487,22 @@ def test_the_unfrozen_control_trains_what_the_reservoir_freezes_from_the_same_st
                 module.log_rate.fill_(-30.0)
                 lam_re, lam_im = eigenvalues(module)
                 assert bool(((lam_re**2 + lam_im**2) < 1).all()) and torch.isfinite(unfrozen(ids)).all()
+
+
+@pytest.mark.parametrize("block", sorted(ADDED_OPTIONS))
+def test_a_run_recorded_before_an_option_existed_builds_the_model_it_trained(block):
+    """compare.py on a run of reservoir_attention recorded before train_recurrence failed with KeyError."""
+    from configs import SHARED_CONFIG
+
+    name = block.lower()
+    current = small_config()
+    recorded = {**current, block: {k: v for k, v in current[block].items() if k not in ADDED_OPTIONS[block]}}
+    assert all(SHARED_CONFIG[block][k] == v for k, v in ADDED_OPTIONS[block].items())  # the defaults of today
+    ids = torch.randint(0, 30, (2, 17), generator=torch.Generator().manual_seed(0))
+    old, new = build_model(name, 30, recorded).eval(), build_model(name, 30, current).eval()
+    assert old.state_dict().keys() == new.state_dict().keys()
+    with torch.no_grad():
+        torch.testing.assert_close(old(ids), new(ids))
 
 
 def test_frozen_retention_refuses_heads_that_do_not_split_its_width():

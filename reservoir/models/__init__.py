@@ -51,9 +51,17 @@ def check_vocabulary(config: dict, vocab_size: int) -> None:
                                      f"NGRAM.order<={highest}, or a smaller VOCAB_SIZE")
 
 
+# Options added to a model after runs of it were recorded, with the value that builds the model as
+# it was: a run folder's config.json (read by RESUME, sample.py, compare.py) lacks them.
+ADDED_OPTIONS = {"LINEAR_RESERVOIR": {"train_recurrence": False},
+                 "DEEP_LINEAR_RESERVOIR": {"train_recurrence": False},
+                 "RESERVOIR_ATTENTION": {"train_recurrence": False}}
+
+
 def build_model(name: str, vocab_size: int, config: dict) -> LanguageModel:
     """The model ``name`` with hyper-parameters from ``config[name.upper()]``, seeded by SEED."""
     import torch
 
     torch.manual_seed(config["SEED"])  # trained weights start the same way in every run
-    return _BUILDERS[name](vocab_size, config[name.upper()], config)
+    block = name.upper()
+    return _BUILDERS[name](vocab_size, {**ADDED_OPTIONS.get(block, {}), **config[block]}, config)
