@@ -37,15 +37,15 @@ class ReservoirAttention(LanguageModel):
         if width % cfg["heads"]:
             raise ValueError(f"reservoir_attention width={width} must be divisible by heads={cfg['heads']}")
         self.context_size, self.recurrent = seq_len, cfg["reservoir"]
-        self.train_recurrence = cfg["train_recurrence"]
-        self.trained = "everything" if self.train_recurrence else "readout"
+        train_recurrence = cfg["train_recurrence"]
+        self.trained = "everything" if train_recurrence else "readout"
         radius, phase = multi_timescale_eigenvalues(units, cfg["tau_min"], cfg["tau_max"], cfg["max_phase"], g)
-        hold_eigenvalues(self, radius, phase, self.train_recurrence and self.recurrent)
+        hold_eigenvalues(self, radius, phase, train_recurrence and self.recurrent)
         # sqrt(1 - r²): every unit's stationary variance the same whatever its memory (without the
         # recurrence, the control, each unit sees its input once: no such scaling)
         norm = cfg["input_scaling"] / math.sqrt(2) * (torch.sqrt(1 - radius**2) if self.recurrent else 1.0)
         hold_input_weights(self, torch.randn(vocab_size, units, generator=g) * norm,
-                           torch.randn(vocab_size, units, generator=g) * norm, self.train_recurrence)
+                           torch.randn(vocab_size, units, generator=g) * norm, train_recurrence)
         self.project = nn.Sequential(nn.LayerNorm(2 * units), nn.Linear(2 * units, width))
         self.pos = nn.Embedding(seq_len, width)
         self.drop = nn.Dropout(cfg["dropout"])
@@ -58,8 +58,7 @@ class ReservoirAttention(LanguageModel):
     def features(self, ids: torch.Tensor) -> torch.Tensor:
         """The reservoir (frozen unless ``train_recurrence``): (Re h, Im h) for every position of the
         window (B, T, 2 units), from a zero state."""
-        with torch.set_grad_enabled(torch.is_grad_enabled() and self.train_recurrence), \
-                torch.autocast(ids.device.type, enabled=False):
+        with torch.autocast(ids.device.type, enabled=False):  # frozen λ and B are buffers: no graph
             drive_re, drive_im = self.b_re[ids], self.b_im[ids]
             if self.recurrent:
                 drive_re, drive_im = diagonal_scan(drive_re, drive_im, *eigenvalues(self))

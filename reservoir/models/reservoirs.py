@@ -90,8 +90,7 @@ def hold_eigenvalues(module: nn.Module, radius: torch.Tensor, phase: torch.Tenso
     ``lam_im`` (what every reservoir keeps), or, for the unfrozen control (``train_recurrence``),
     trained parameters ``log_rate`` = log(-ln|λ|) = -log τ and ``phase``, which keep |λ| < 1 whatever
     the optimiser does (the LRU's exponential parametrisation, Orvieto et al. 2023; τ capped at a
-    million steps so fp32 cannot round |λ| to 1). Read them with
-    ``eigenvalues(module)``."""
+    million steps so fp32 cannot round |λ| to 1). Read them with ``eigenvalues(module)``."""
     if trained:
         module.log_rate = nn.Parameter(torch.log(-torch.log(radius)))
         module.phase = nn.Parameter(phase.clone())
@@ -112,7 +111,7 @@ def hold_input_weights(module: nn.Module, b_re: torch.Tensor, b_im: torch.Tensor
 
 def eigenvalues(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """(Re λ, Im λ) that ``hold_eigenvalues`` gave ``module``."""
-    if "log_rate" not in module._parameters:
+    if not hasattr(module, "log_rate"):
         return module.lam_re, module.lam_im
     # τ at most 1e6 steps: a longer one rounds |λ| to 1 in fp32, and the recurrence stops decaying
     radius = torch.exp(-torch.exp(module.log_rate).clamp(min=1e-6))
@@ -381,15 +380,15 @@ class LinearReservoir(LanguageModel):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         units = cfg["units"]
-        self.train_recurrence = cfg["train_recurrence"]
-        self.trained = "everything" if self.train_recurrence else "input+readout"
+        train_recurrence = cfg["train_recurrence"]
+        self.trained = "everything" if train_recurrence else "input+readout"
         radius = cfg["r_min"] + (cfg["r_max"] - cfg["r_min"]) * torch.rand(units, generator=g)
         phase = cfg["max_phase"] * torch.rand(units, generator=g)
-        hold_eigenvalues(self, radius, phase, self.train_recurrence)
+        hold_eigenvalues(self, radius, phase, train_recurrence)
         # sqrt(1 - r²) keeps every unit's stationary variance the same whatever its memory
         norm = torch.sqrt(1 - radius**2) * cfg["input_scaling"] / math.sqrt(2)
         hold_input_weights(self, torch.randn(vocab_size, units, generator=g) * norm,
-                           torch.randn(vocab_size, units, generator=g) * norm, self.train_recurrence)
+                           torch.randn(vocab_size, units, generator=g) * norm, train_recurrence)
         self.embed = nn.Embedding(vocab_size, cfg["embed_dim"])
         width = 2 * units + cfg["embed_dim"]
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, cfg["readout_hidden"]), nn.GELU(),
@@ -410,8 +409,7 @@ class LinearReservoir(LanguageModel):
         return logits, (h_re[:, -1], h_im[:, -1])
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        with torch.set_grad_enabled(torch.is_grad_enabled() and self.train_recurrence), \
-                torch.autocast(ids.device.type, enabled=False):
+        with torch.autocast(ids.device.type, enabled=False):  # frozen λ and B are buffers: no graph
             h_re, h_im = self.scan(ids)
         # the readout is the only checkpointed part; its input carries the embedding's grad (and the
         # recurrence's, when it is trained)
