@@ -207,12 +207,14 @@ config = parse_overrides(['USE_TPU=True', 'TRANSFORMER.n_layer=2', 'TRANSFORMER.
                           'LINEAR_RESERVOIR.units=16', 'LSTM.hidden=32',
                           'DEEP_LINEAR_RESERVOIR.units=16', 'DEEP_LINEAR_RESERVOIR.width=24',
                           'DEEP_LINEAR_RESERVOIR.dropout=0.0', 'FROZEN_RETENTION.layers=2',
-                          'FROZEN_RETENTION.width=32'])
+                          'FROZEN_RETENTION.width=32', 'RESERVOIR_ATTENTION.units=16',
+                          'RESERVOIR_ATTENTION.width=32'])
 info = dev.select_device(config)
 assert info.is_xla and info.precision == 'bf16'
 ids = torch.randint(0, 40, (4, 16)).to(info.device)
 out = {}
-for name in ('transformer', 'lstm', 'linear_reservoir', 'deep_linear_reservoir', 'frozen_retention'):
+for name in ('transformer', 'lstm', 'linear_reservoir', 'deep_linear_reservoir', 'frozen_retention',
+             'reservoir_attention'):
     plain = build_model(name, 40, config).to(info.device)
     ckpt = copy.deepcopy(plain)
     ckpt.use_gradient_checkpointing(dev.checkpoint_function(info))
@@ -235,7 +237,8 @@ out['fp32_loss'], out['bf16_loss'] = float(full), float(half)
 print(json.dumps(out))
 """
     out = json.loads(python(["-c", script]).stdout.strip().splitlines()[-1])
-    for name in ("transformer", "lstm", "linear_reservoir", "deep_linear_reservoir", "frozen_retention"):
+    for name in ("transformer", "lstm", "linear_reservoir", "deep_linear_reservoir", "frozen_retention",
+                 "reservoir_attention"):
         assert out[name + "_grad_norm"] > 0
         assert out[name + "_ckpt_max_diff"] <= 1e-5 * max(1.0, out[name + "_grad_norm"]), out
     assert out["bf16_dtype"] == "torch.bfloat16"
