@@ -195,6 +195,10 @@ def test_persistent_compile_cache_is_written_and_looked_up_by_a_second_process(t
     assert failed2 == miss, "torch_xla now reads its cache back: say so in README_TPU.md and assert hits"
 
 
+CHECKPOINTED = ("transformer", "lstm", "linear_reservoir", "deep_linear_reservoir", "frozen_retention",
+                "reservoir_attention")  # every model whose heavy parts use_gradient_checkpointing reaches
+
+
 def test_bf16_and_gradient_checkpointing_on_xla():
     script = r"""
 import sys; sys.path.insert(0, '.')
@@ -213,8 +217,7 @@ info = dev.select_device(config)
 assert info.is_xla and info.precision == 'bf16'
 ids = torch.randint(0, 40, (4, 16)).to(info.device)
 out = {}
-for name in ('transformer', 'lstm', 'linear_reservoir', 'deep_linear_reservoir', 'frozen_retention',
-             'reservoir_attention'):
+for name in json.loads(sys.argv[1]):
     plain = build_model(name, 40, config).to(info.device)
     ckpt = copy.deepcopy(plain)
     ckpt.use_gradient_checkpointing(dev.checkpoint_function(info))
@@ -236,9 +239,8 @@ out['bf16_dtype'] = str(logits.dtype)
 out['fp32_loss'], out['bf16_loss'] = float(full), float(half)
 print(json.dumps(out))
 """
-    out = json.loads(python(["-c", script]).stdout.strip().splitlines()[-1])
-    for name in ("transformer", "lstm", "linear_reservoir", "deep_linear_reservoir", "frozen_retention",
-                 "reservoir_attention"):
+    out = json.loads(python(["-c", script, json.dumps(CHECKPOINTED)]).stdout.strip().splitlines()[-1])
+    for name in CHECKPOINTED:
         assert out[name + "_grad_norm"] > 0
         assert out[name + "_ckpt_max_diff"] <= 1e-5 * max(1.0, out[name + "_grad_norm"]), out
     assert out["bf16_dtype"] == "torch.bfloat16"
