@@ -37,8 +37,14 @@ SHARED_CONFIG = {
     "GRAD_ACCUM": 1,  # micro-batches per optimizer step (effective batch = BATCH_SIZE x GRAD_ACCUM x devices)
     "GRAD_CLIP": 1.0,  # clip the global gradient norm to this (0: no clipping)
     "WEIGHT_DECAY": 0.01,  # AdamW weight decay on matrices (never on biases, norms, embeddings)
-    "WARMUP_STEPS": 50,  # linear learning-rate warm-up (at most a tenth of the budget), then cosine decay
-    "MIN_LR_FRACTION": 0.1,  # the cosine decay ends at LEARNING_RATE x this
+    "WARMUP_STEPS": 50,  # linear learning-rate warm-up (cosine: at most a tenth of the budget; wsd: exactly)
+    "MIN_LR_FRACTION": 0.1,  # the decay (cosine or cooldown) ends at LEARNING_RATE x this
+    "LR_SCHEDULE": "cosine",  # 'cosine' (decay over the budget) | 'wsd' (warm-up, stable, cooldown: branchable)
+    "COOLDOWN_FRACTION": 0.2,  # wsd: the last this share of the budget decays the learning rate
+    "COOLDOWN_SHAPE": "1-sqrt",  # wsd: the cooldown's shape, '1-sqrt' (Hägele et al. 2024) | 'linear'
+    "STABLE_FROM": None,  # wsd: a run folder of a smaller budget whose stable phase each fit continues from
+    "ADAM_BETA2": 0.95,  # AdamW's second-moment decay (nanoGPT's Shakespeare-char run uses 0.99)
+    "ADAM_BETA2_REF_TOKENS": None,  # tokens per step at which ADAM_BETA2 holds; others: a fixed half-life in tokens
     "GRADIENT_CHECKPOINTING": False,  # recompute activations in backward (less memory, ~30% slower)
     # --- budget: training of each model stops at whichever comes first ----
     "MAX_STEPS": None,  # optimizer steps per model (None: no step limit)
@@ -120,17 +126,19 @@ _CHOICES = {
     "TOKENIZER": ("char", "bpe"),
     "TPU_PARALLEL": ("single", "spmd", "launch"),
     "EVAL_MODE": ("stream", "windows"),
+    "LR_SCHEDULE": ("cosine", "wsd"),
+    "COOLDOWN_SHAPE": ("1-sqrt", "linear"),
 }
 _POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "TPU_LR_MULTIPLIER",
              "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "TOKENIZER_TRAIN_CHARS", "VOCAB_SIZE",
              "EVAL_TOKENS", "FINAL_EVAL_TOKENS", "EVAL_STRIDE",
              "GRAD_ACCUM", "MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S", "EVAL_EVERY", "LOG_EVERY",
-             "FLOP_BUDGET", "EVAL_POINTS",
+             "FLOP_BUDGET", "EVAL_POINTS", "ADAM_BETA2_REF_TOKENS",
              "SAMPLE_TOP_K"}
 _NON_NEGATIVE = {"NUM_WORKERS", "SEED", "GRAD_CLIP", "WEIGHT_DECAY", "WARMUP_STEPS", "CHECKPOINT_EVERY",
                  "CHECKPOINT_EVERY_S", "SAMPLE_TOKENS", "SAMPLE_TEMPERATURE"}
 _LOGGERS = ("csv", "tensorboard", "wandb")
-_FRACTION = {"VAL_FRACTION"}  # strictly between 0 and 1
+_FRACTION = {"VAL_FRACTION", "COOLDOWN_FRACTION", "ADAM_BETA2"}  # strictly between 0 and 1
 _UNIT_INTERVAL = {"MIN_LR_FRACTION"}  # 0 to 1 inclusive
 # Rules inside the per-model blocks, by hyper-parameter name.
 _BLOCK_CHOICES = {"readout": ("ridge", "softmax", "mlp")}
@@ -141,7 +149,8 @@ _BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling", "
 _OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int,
              "MAX_STEPS": int, "TOKEN_BUDGET": int, "TIME_BUDGET_S": float, "RESUME": str, "SAMPLE_TOP_K": int,
              "XLA_CACHE_DIR": str, "FINAL_EVAL_TOKENS": int, "EVAL_STRIDE": int, "EVAL_EVERY": int,
-             "FLOP_BUDGET": float, "SEEDS": list, "TOKENIZER_TRAIN_CHARS": int}
+             "FLOP_BUDGET": float, "SEEDS": list, "TOKENIZER_TRAIN_CHARS": int, "STABLE_FROM": str,
+             "ADAM_BETA2_REF_TOKENS": int}
 
 
 class ConfigError(OneLineError, ValueError):
@@ -352,6 +361,12 @@ def validate(config: dict) -> dict:
     if not checked["RESUME"] and not any(checked[k] for k in budgets):  # a resumed run keeps its own budget
         raise ConfigError("no training budget: set at least one of MAX_STEPS, TOKEN_BUDGET, TIME_BUDGET_S, "
                           "FLOP_BUDGET")
+    if checked["LR_SCHEDULE"] == "wsd" and not any(checked[k] for k in ("MAX_STEPS", "TOKEN_BUDGET", "FLOP_BUDGET")) \
+            and not checked["RESUME"]:
+        raise ConfigError("LR_SCHEDULE='wsd' places its cooldown by steps, tokens or FLOPs, not seconds: set "
+                          "FLOP_BUDGET, MAX_STEPS or TOKEN_BUDGET")
+    if checked["STABLE_FROM"] and checked["LR_SCHEDULE"] != "wsd":
+        raise ConfigError("STABLE_FROM continues a wsd run's stable phase: set LR_SCHEDULE='wsd' too")
     if checked["USE_TPU"] and checked["DEVICE"] in ("cuda", "cpu"):
         raise ConfigError(f"USE_TPU=True contradicts DEVICE={checked['DEVICE']!r}; set one of them")
     return checked

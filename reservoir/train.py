@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from . import device as dev
 from . import flops, stopping
-from .checkpoint import checkpoint_identity, load_checkpoint, restore_model, save_checkpoint
+from .checkpoint import CheckpointError, checkpoint_identity, load_checkpoint, restore_model, save_checkpoint
 from .corpus import DataError
 from .data import TokenData, TrainWindows, eval_windows
 from .evaluation import EvalPoints, Evaluations
@@ -79,28 +79,81 @@ class Budget:
         name = max(shares, key=shares.get) if shares else None
         return name if name and shares[name] >= 0.95 else "data"
 
+    def compute_share(self, progress: Progress) -> float:
+        """``progress`` as a share of the step, token and FLOP limits alone: what a wsd schedule follows,
+        so its cooldown falls on the same step whatever the machine's speed."""
+        return self.progress(progress.step, progress.tokens, 0.0, progress.flops)
+
     def share(self, progress: Progress, seconds: float | None = None) -> float:
         """``progress`` of a fit as a share of the budget (``seconds``: a clock newer than its own)."""
         return self.progress(progress.step, progress.tokens, progress.seconds if seconds is None else seconds,
                              progress.flops)
 
 
-WARMUP_SHARE = 0.1  # the warm-up ends after WARMUP_STEPS or this share of the budget, whichever comes first
+WARMUP_SHARE = 0.1  # cosine: the warm-up ends after WARMUP_STEPS or this share of the budget, whichever comes first
 
 
 def learning_rate(config: dict, step: int, progress: float) -> float:
-    """Linear warm-up over WARMUP_STEPS (or the first WARMUP_SHARE of the budget, if that is shorter),
-    then cosine decay to MIN_LR_FRACTION over the budget.
+    """The learning rate of ``step``, ``progress`` (0..1) into the budget, by LR_SCHEDULE.
 
-    The decay follows the budget's progress, so a model trained for 60 seconds
-    and one trained for 10k steps both end their schedule as their budget ends; the warm-up's
-    cap does the same for small budgets (a ladder's smallest would otherwise never reach its peak).
+    'cosine': linear warm-up over WARMUP_STEPS (or the first WARMUP_SHARE of the budget, if that is
+    shorter), then cosine decay to MIN_LR_FRACTION over the budget. The decay follows the budget's
+    progress, so a model trained for 60 seconds and one trained for 10k steps both end their schedule
+    as their budget ends; the warm-up's cap does the same for small budgets.
+
+    'wsd' (warm-up, stable, decay; Hägele et al. 2024, arXiv 2405.18392): linear warm-up over exactly
+    WARMUP_STEPS, the peak until the last COOLDOWN_FRACTION of the budget, then a cooldown of
+    COOLDOWN_SHAPE to MIN_LR_FRACTION. Until its cooldown a run does not depend on its budget, so one
+    stable phase serves every budget: a smaller budget's point branches off it (STABLE_FROM).
     """
     peak, floor = config["LEARNING_RATE"], config["MIN_LR_FRACTION"]
+    if config["LR_SCHEDULE"] == "wsd":
+        warm = min(1.0, (step + 1) / config["WARMUP_STEPS"]) if config["WARMUP_STEPS"] else 1.0
+        cooled = min(1.0, max(0.0, progress - (1 - config["COOLDOWN_FRACTION"])) / config["COOLDOWN_FRACTION"])
+        remaining = 1 - math.sqrt(cooled) if config["COOLDOWN_SHAPE"] == "1-sqrt" else 1 - cooled
+        return peak * warm * (floor + (1 - floor) * remaining)
     warm = min(1.0, max((step + 1) / config["WARMUP_STEPS"], progress / WARMUP_SHARE)) if config["WARMUP_STEPS"] \
         else 1.0
     cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
     return peak * warm * (floor + (1 - floor) * cosine)
+
+
+def adam_beta2(config: dict, tokens_per_step: int) -> float:
+    """ADAM_BETA2, or, with ADAM_BETA2_REF_TOKENS, ADAM_BETA2 ** (tokens per step / reference): the second
+    moment then averages over the same number of tokens whatever the batch (a fixed half-life in tokens;
+    Marek et al. 2025, arXiv 2507.07101)."""
+    reference = config["ADAM_BETA2_REF_TOKENS"]
+    return config["ADAM_BETA2"] ** (tokens_per_step / reference) if reference else config["ADAM_BETA2"]
+
+
+# Settings that shape a gradient fit's trajectory besides the model's own (checkpoint identity): a
+# stable phase continued by another run (STABLE_FROM) must have been trained with the same ones.
+TRAJECTORY_KEYS = ("BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "GRAD_ACCUM", "GRAD_CLIP", "WEIGHT_DECAY",
+                   "WARMUP_STEPS", "MIN_LR_FRACTION", "LR_SCHEDULE", "COOLDOWN_FRACTION", "COOLDOWN_SHAPE",
+                   "ADAM_BETA2", "ADAM_BETA2_REF_TOKENS", "PRECISION", "DATASET", "TRAIN_PATH",
+                   "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "VAL_FRACTION")
+
+
+def trajectory(config: dict) -> dict:
+    return {key: config[key] for key in TRAJECTORY_KEYS}
+
+
+def cooldown_steps(config: dict, budget: Budget, cost: flops.FitCost, tokens_per_step: int) -> tuple[int, int]:
+    """(the step where a wsd fit's cooldown starts, its last step + 1) under ``budget``: found by the
+    same share the training loop computes, so the two agree to the step."""
+    def share(step: int) -> float:
+        return budget.compute_share(Progress(step=step, tokens=step * tokens_per_step, flops=cost.flops(step)))
+
+    def first(reaching: float) -> int:
+        low, high = 0, 1
+        while share(high) < reaching:
+            high *= 2
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (middle + 1, high) if share(middle) < reaching else (low, middle)
+        return low
+
+    return first(1 - config["COOLDOWN_FRACTION"]), first(1.0)
 
 
 @dataclass
@@ -174,6 +227,9 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
               checkpoint_identity(name, config, data.tokenizer, info.replicas), Budget.from_config(config))
     if job.checkpoint_path.exists():
         job.saved = load_checkpoint(job.checkpoint_path, job.identity)
+    elif config["STABLE_FROM"] and model.trainer == "sgd":
+        job.branched_from = Path(config["STABLE_FROM"])
+        job.saved = load_stable_phase(job)
     elif run.resumed:
         say(f"{name}: no checkpoint in {run.path} for seed {job.seed}; training it from step 0", job.main)
     if job.saved is not None and job.saved["finished"]:
@@ -197,6 +253,29 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
              f"threads wanted its {outcome.load['cores']} cores on average): its tok/s and any time-budgeted "
              "score understate it; FLOP_BUDGET or TOKEN_BUDGET compare models whatever the load")
     return outcome
+
+
+def stable_checkpoint(run_dir: Path, name: str, seed: int) -> Path:
+    """Where a wsd fit keeps its state at the start of its cooldown: what longer budgets branch from."""
+    return Path(run_dir) / "checkpoints" / f"{name}-seed{seed}-stable.pt"
+
+
+def load_stable_phase(job: Fit) -> dict:
+    """The stable-phase checkpoint of STABLE_FROM for this fit, checked to be this model, data, seed and
+    training settings (only the budget may differ)."""
+    path = stable_checkpoint(job.branched_from, job.name, job.seed)
+    if not path.exists():
+        raise CheckpointError(f"STABLE_FROM={job.branched_from} has no stable phase of {job.name} for seed "
+                              f"{job.seed} ({path}; a wsd run writes it when its cooldown starts): name a wsd run "
+                              "that reached its cooldown, or drop STABLE_FROM to train from step 0")
+    payload = load_checkpoint(path, job.identity)
+    differ = {k: (v, job.config[k]) for k, v in payload.get("trajectory", {}).items() if job.config.get(k) != v}
+    if "trajectory" not in payload or differ:
+        detail = ", ".join(f"{k} {old!r} there, {new!r} here" for k, (old, new) in differ.items()) or \
+            "it records no training settings"
+        raise CheckpointError(f"STABLE_FROM={job.branched_from} trained {job.name} otherwise ({detail}); "
+                              "branch only from a run with the same settings but its budget")
+    return payload
 
 
 def _tokens_per_step(config: dict, info: dev.DeviceInfo) -> int:
@@ -248,6 +327,7 @@ class Fit:
     identity: dict  # what a checkpoint must match (checkpoint.checkpoint_identity)
     budget: Budget
     saved: dict | None = None  # the checkpoint this fit resumes from
+    branched_from: Path | None = None  # the run whose stable phase ``saved`` is (STABLE_FROM)
 
     @property
     def seed(self) -> int:
@@ -271,13 +351,19 @@ class Fit:
                               "seconds": round(progress.seconds, 3), "flops": progress.flops,
                               "train_loss": progress.last_train_loss, **result, "final": final})
 
-    def save(self, progress: Progress, finished: bool, optimizer=None, scaler=None, extra: dict | None = None) -> None:
+    @property
+    def stable_path(self) -> Path:
+        return stable_checkpoint(self.run.path, self.name, self.seed)
+
+    def save(self, progress: Progress, finished: bool, optimizer=None, scaler=None, extra: dict | None = None,
+             path: Path | None = None) -> None:
         payload = {**self.identity, "finished": finished, "progress": asdict(progress),
-                   "model_state": self.model.state_dict(), "rng": dev.rng_state(self.info), "extra": extra or {}}
+                   "model_state": self.model.state_dict(), "rng": dev.rng_state(self.info), "extra": extra or {},
+                   "trajectory": trajectory(self.config)}
         if optimizer is not None:
             payload["optimizer"] = optimizer.state_dict()
             payload["scaler"] = scaler.state_dict()
-        save_checkpoint(self.checkpoint_path, payload, self.info)
+        save_checkpoint(path or self.checkpoint_path, payload, self.info)
 
     def finish(self, progress: Progress, device, extra: dict, optimizer=None, scaler=None,
                advice: str = "") -> Outcome:
@@ -300,7 +386,7 @@ class Fit:
 # --------------------------------------------------------------------- gradient training
 
 
-def _optimizer(model, config: dict, options: dict):
+def _optimizer(model, config: dict, beta2: float, options: dict):
     """AdamW, decaying matrices only (not biases, norms or embeddings: nanoGPT's choice)."""
     decay, no_decay, seen = [], [], set()
     for module in model.modules():
@@ -311,7 +397,7 @@ def _optimizer(model, config: dict, options: dict):
             is_matrix = p.dim() >= 2 and not isinstance(module, torch.nn.Embedding)
             (decay if is_matrix else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": config["WEIGHT_DECAY"]}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config["LEARNING_RATE"], betas=(0.9, 0.95),
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config["LEARNING_RATE"], betas=(0.9, beta2),
                              **options)
 
 
@@ -349,7 +435,8 @@ def _train_sgd(job: Fit) -> Outcome:
     if config["GRADIENT_CHECKPOINTING"]:
         model.use_gradient_checkpointing(dev.checkpoint_function(info))
     trained = dev.wrap_for_training(info, model)
-    optimizer = _optimizer(model, config, dev.optimizer_options(info))
+    beta2 = adam_beta2(config, _tokens_per_step(config, info))
+    optimizer = _optimizer(model, config, beta2, dev.optimizer_options(info))
     scaler = dev.make_grad_scaler(info)
     progress = Progress()
     if job.saved is not None:
@@ -358,12 +445,19 @@ def _train_sgd(job: Fit) -> Outcome:
         scaler.load_state_dict(job.saved["scaler"])
         dev.set_rng_state(info, job.saved["rng"])
         progress = Progress(**job.saved["progress"])
-        say(f"{job.name}: resuming at step {progress.step} ({progress.tokens:,} tokens, {progress.seconds:.0f}s)",
-            job.main)
+        where = f"the stable phase of {job.branched_from}" if job.branched_from else "its checkpoint"
+        say(f"{job.name}: continuing from {where} at step {progress.step} ({progress.tokens:,} tokens, "
+            f"{progress.seconds:.0f}s)", job.main)
     progress.flops = cost.flops(progress.step)
     if budget.max_flops and cost.per_step > budget.max_flops:
         raise BudgetError(f"FLOP_BUDGET={budget.max_flops:.3g} does not cover one training step of {job.name} "
                           f"({cost.per_step:.3g} FLOPs); raise FLOP_BUDGET")
+    schedule = {"lr_schedule": config["LR_SCHEDULE"], "adam_beta2": beta2}
+    stable_at = None  # wsd: the step where the cooldown starts, and the stable phase is saved for branches
+    if config["LR_SCHEDULE"] == "wsd":
+        stable_at, steps = cooldown_steps(config, budget, cost, _tokens_per_step(config, info))
+        _check_wsd(job, stable_at, steps, progress)
+        schedule.update(cooldown_start_step=stable_at, steps=steps)
     points = EvalPoints(config, budget.share(progress))
     accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
     saved_step = progress.step if job.saved is not None else None  # the last checkpoint: kept if training diverges
@@ -377,7 +471,11 @@ def _train_sgd(job: Fit) -> Outcome:
     warm = WarmUp(job.name, progress.step, WARMUP_STEPS, budget, job.main)
     try:
         while budget.share(progress) < 1:
-            lr = learning_rate(config, progress.step, budget.share(progress))
+            if progress.step == stable_at and not job.stable_path.exists():  # before the first cooldown step
+                with clock.paused():
+                    job.save(progress, False, optimizer, scaler, path=job.stable_path)
+            share = budget.compute_share(progress) if stable_at is not None else budget.share(progress)
+            lr = learning_rate(config, progress.step, share)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             for micro in range(accum):
@@ -448,8 +546,23 @@ def _train_sgd(job: Fit) -> Outcome:
                                   f"{job.name} saved at step {progress.step} ({job.checkpoint_path})")
     finally:
         bar.close()  # also when the model diverges or a signal stops it
-    return job.finish(progress, info.device, {**warm.report(progress.step, progress.seconds),
+    return job.finish(progress, info.device, {**warm.report(progress.step, progress.seconds), **schedule,
                                               "bound_by": budget.bound(progress)}, optimizer, scaler, advice=advice)
+
+
+def _check_wsd(job: Fit, stable_at: int, steps: int, progress: Progress) -> None:
+    """A wsd budget must hold its warm-up, a stable phase and one cooldown step; a stable phase taken from
+    another run (STABLE_FROM) must end before this budget's cooldown starts."""
+    config = job.config
+    if steps - stable_at < 1 or stable_at < config["WARMUP_STEPS"]:
+        raise BudgetError(f"LR_SCHEDULE='wsd': {job.name}'s budget holds {steps} steps, too few for "
+                          f"WARMUP_STEPS={config['WARMUP_STEPS']} and a cooldown of COOLDOWN_FRACTION="
+                          f"{config['COOLDOWN_FRACTION']:g} (it would start at step {stable_at}); raise the budget "
+                          "or lower WARMUP_STEPS")
+    if job.branched_from and progress.step > stable_at:
+        raise BudgetError(f"STABLE_FROM={job.branched_from}: its stable phase of {job.name} reached step "
+                          f"{progress.step}, past this budget's cooldown start (step {stable_at}); branch from a "
+                          "smaller budget's run")
 
 
 # --------------------------------------------------------------------- closed-form fits

@@ -44,7 +44,7 @@ def test_cuda_gets_the_fused_optimizer_and_ddp_leaves_frozen_buffers_alone(monke
     cpu = dev.DeviceInfo("cpu", torch.device("cpu"), "CPU", "fp32")
     assert dev.optimizer_options(cuda) == {"fused": True} and dev.optimizer_options(cpu) == {}
     model = build_model("linear_reservoir", 20, parse_overrides(["LINEAR_RESERVOIR.units=8"]))
-    assert _optimizer(model, parse_overrides([]), dev.optimizer_options(cuda)).defaults["fused"] is True
+    assert _optimizer(model, parse_overrides([]), 0.95, dev.optimizer_options(cuda)).defaults["fused"] is True
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
