@@ -107,7 +107,9 @@ SHARED_CONFIG = {
                             "input_scaling": 1.0, "width": 128, "layers": 2, "heads": 4, "dropout": 0.0,
                             "reservoir": True,
                             "train_recurrence": False},  # frozen reservoir states + a trained attention readout
-    "TRANSFORMER": {"n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0},  # GPT-style baseline
+    "TRANSFORMER": {"n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0, "recipe": "gpt2", "rotary": None,
+                    "swiglu": None, "rmsnorm": None,
+                    "qk_norm": False},  # recipe 'gpt2' | '++' (rotary, SwiGLU, RMSNorm); None parts: the recipe's
     "LSTM": {"embed_dim": 64, "hidden": 256, "layers": 1, "dropout": 0.0},  # LSTM baseline
     "NGRAM": {"order": 5, "discount": 0.75},  # interpolated absolute-discounting n-gram (discount tuned)
     # --- outputs ----------------------------------------------------------
@@ -141,7 +143,8 @@ _LOGGERS = ("csv", "tensorboard", "wandb")
 _FRACTION = {"VAL_FRACTION", "COOLDOWN_FRACTION", "ADAM_BETA2"}  # strictly between 0 and 1
 _UNIT_INTERVAL = {"MIN_LR_FRACTION"}  # 0 to 1 inclusive
 # Rules inside the per-model blocks, by hyper-parameter name.
-_BLOCK_CHOICES = {"readout": ("ridge", "softmax", "mlp")}
+_BLOCK_CHOICES = {"readout": ("ridge", "softmax", "mlp"), "recipe": ("gpt2", "++")}
+_BLOCK_SWITCHES = {"rotary", "swiglu", "rmsnorm"}  # True, False, or None: as the block's recipe says
 _BLOCK_UNIT_INTERVAL = {"leak_rate", "rc_connectivity", "input_connectivity", "inter_connectivity", "dropout",
                         "r_min", "r_max", "discount"}
 _BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling", "max_phase", "conv_width"}
@@ -265,6 +268,8 @@ def _validate_block(block: str, values: dict) -> dict:
             raise ConfigError(f"unknown hyper-parameter {block}.{name}{hint}")
         label = f"{block}.{name}"
         value = _coerce(label, value, defaults[name])
+        if name in _BLOCK_SWITCHES and value not in (None, True, False):
+            raise ConfigError(f"{label} must be True, False or None (None: as {block}.recipe says), got {value!r}")
         if name in _BLOCK_CHOICES and value not in _BLOCK_CHOICES[name]:
             raise ConfigError(f"{label} must be one of {' | '.join(map(repr, _BLOCK_CHOICES[name]))}, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -282,6 +287,10 @@ def _check_model_blocks(config: dict) -> None:
     if transformer["n_embd"] % transformer["n_head"]:
         raise ConfigError(f"TRANSFORMER.n_embd={transformer['n_embd']} must be divisible by "
                           f"TRANSFORMER.n_head={transformer['n_head']}")
+    rotary = transformer["recipe"] == "++" if transformer["rotary"] is None else transformer["rotary"]
+    if rotary and (transformer["n_embd"] // transformer["n_head"]) % 2:
+        raise ConfigError(f"rotary positions turn pairs of channels: TRANSFORMER.n_embd={transformer['n_embd']} "
+                          f"must split into TRANSFORMER.n_head={transformer['n_head']} heads of an even size")
     ring = config["LINEAR_RESERVOIR"]
     if ring["r_min"] > ring["r_max"] or ring["r_max"] >= 1:
         raise ConfigError(f"LINEAR_RESERVOIR needs r_min <= r_max < 1 (a stable recurrence), got "

@@ -21,22 +21,86 @@ def gpt2_init(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-class TransformerBlock(nn.Module):
-    """Pre-LayerNorm causal self-attention and MLP, with an optional key/value cache for generation."""
+RECIPES = {  # what each TRANSFORMER.recipe switches on; rotary, swiglu and rmsnorm may each be set apart
+    "gpt2": {"rotary": False, "swiglu": False, "rmsnorm": False, "bias": True},
+    # Transformer++: the baseline of RetNet, Mamba and GLA (LLaMA's block: rotary positions, SwiGLU, RMSNorm,
+    # no biases)
+    "++": {"rotary": True, "swiglu": True, "rmsnorm": True, "bias": False},
+}
+ROTARY_BASE = 10000.0
 
-    def __init__(self, width: int, heads: int, dropout: float):
+
+def transformer_recipe(cfg: dict) -> dict:
+    """The block's parts: the recipe's, each overridden where its own option is True or False (not None)."""
+    parts = dict(RECIPES[cfg.get("recipe", "gpt2")])
+    parts.update({k: cfg[k] for k in ("rotary", "swiglu", "rmsnorm") if cfg.get(k) is not None})
+    parts["qk_norm"] = bool(cfg.get("qk_norm", False))
+    return parts
+
+
+def swiglu_hidden(width: int) -> int:
+    """SwiGLU's hidden size: 8/3 x width, so its three matrices hold as many weights as GELU's two of 4 x width."""
+    return round(8 * width / 3)
+
+
+def rotate(x: torch.Tensor, first_position: int = 0, base: float = ROTARY_BASE) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021) of ``x`` (B, H, T, D) at positions first_position.. :
+    each pair of channels (i, i + D/2) turned by position x base^(-2i/D), so a query-key product depends
+    on their positions only through their difference."""
+    half = x.shape[-1] // 2
+    frequencies = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    positions = torch.arange(first_position, first_position + x.shape[-2], device=x.device, dtype=torch.float32)
+    angles = positions[:, None] * frequencies[None, :]
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """The gated feed-forward of Shazeer 2020: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, width: int, hidden: int, bias: bool, dropout: float):
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width),
-                                 nn.Dropout(dropout))
-        self.heads, self.dropout = heads, dropout
+        self.gate_up = nn.Linear(width, 2 * hidden, bias=bias)
+        self.down = nn.Linear(hidden, width, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.dropout(self.down(F.silu(gate) * up))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm causal self-attention and feed-forward, with an optional key/value cache for generation:
+    GPT-2's block (LayerNorm, GELU, learned positions outside it) or, by ``parts``, Transformer++'s."""
+
+    def __init__(self, width: int, heads: int, dropout: float, parts: dict | None = None):
+        super().__init__()
+        parts = parts or RECIPES["gpt2"]
+        norm = (lambda n: nn.RMSNorm(n, eps=1e-6)) if parts["rmsnorm"] else \
+            (lambda n: nn.LayerNorm(n, bias=parts["bias"]))
+        self.ln1, self.ln2 = norm(width), norm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width, bias=parts["bias"]), nn.Linear(width, width,
+                                                                                      bias=parts["bias"])
+        if parts["swiglu"]:
+            self.mlp = SwiGLU(width, swiglu_hidden(width), parts["bias"], dropout)
+        else:
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width, bias=parts["bias"]), nn.GELU(),
+                                     nn.Linear(4 * width, width, bias=parts["bias"]), nn.Dropout(dropout))
+        if parts.get("qk_norm"):  # normalised queries and keys per head (Dehghani et al. 2023): bounded logits
+            self.q_norm, self.k_norm = nn.RMSNorm(width // heads, eps=1e-6), nn.RMSNorm(width // heads, eps=1e-6)
+        self.heads, self.dropout, self.rotary = heads, dropout, parts["rotary"]
 
     def forward(self, x, past=None, keep: bool = False):
         """``past``: (keys, values) of the positions before ``x`` (generation's cache); ``keep``: also
         return this block's keys and values so far."""
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary:  # cached keys are stored rotated: a new position is rotated by its own index
+            first = 0 if past is None else past[0].shape[2]
+            q, k = rotate(q, first), rotate(k, first)
         if past is not None:  # one new position, which attends to every cached one: no mask
             if t > 1:
                 raise ValueError("a cached block takes one new position at a time")
@@ -49,24 +113,28 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(LanguageModel):
-    """GPT-style decoder: pre-LayerNorm blocks, causal SDPA, tied input/output embeddings."""
+    """Decoder-only transformer with tied input/output embeddings: GPT-2's recipe (learned absolute
+    positions, LayerNorm, GELU, biases) or Transformer++ (TRANSFORMER.recipe='++': rotary positions,
+    SwiGLU, RMSNorm, no biases), optionally with qk-norm."""
 
     def __init__(self, vocab_size: int, cfg: dict, seq_len: int):
         super().__init__()
         width = cfg["n_embd"]
         if width % cfg["n_head"]:
             raise ValueError(f"transformer n_embd={width} must be divisible by n_head={cfg['n_head']}")
+        self.parts = transformer_recipe(cfg)
         self.context_size = seq_len
         self.tok = nn.Embedding(vocab_size, width)
-        self.pos = nn.Embedding(seq_len, width)
-        self.blocks = nn.ModuleList(TransformerBlock(width, cfg["n_head"], cfg["dropout"])
+        self.pos = None if self.parts["rotary"] else nn.Embedding(seq_len, width)
+        self.blocks = nn.ModuleList(TransformerBlock(width, cfg["n_head"], cfg["dropout"], self.parts)
                                     for _ in range(cfg["n_layer"]))
-        self.ln_f = nn.LayerNorm(width)
+        self.ln_f = nn.RMSNorm(width, eps=1e-6) if self.parts["rmsnorm"] else nn.LayerNorm(width,
+                                                                                           bias=self.parts["bias"])
         self.head = nn.Linear(width, vocab_size, bias=False)
         self.head.weight = self.tok.weight  # weight tying
         self.apply(gpt2_init)
         for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
-            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+            if name.endswith(("proj.weight", "mlp.2.weight", "mlp.down.weight")):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg["n_layer"]))
 
     def _apply(self, fn, *args, **kwargs):
@@ -76,8 +144,14 @@ class Transformer(LanguageModel):
         self.head.weight = self.tok.weight
         return module
 
+    def _embed(self, ids, first_position: int = 0):
+        x = self.tok(ids)
+        if self.pos is None:  # rotary: positions enter in every block's attention
+            return x
+        return x + self.pos(torch.arange(first_position, first_position + ids.shape[1], device=ids.device))
+
     def forward(self, ids):
-        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        x = self._embed(ids)
         for block in self.blocks:
             x = self._checkpointed(block, x)
         return self.head(self.ln_f(x))
@@ -87,7 +161,7 @@ class Transformer(LanguageModel):
     def begin_generation(self, ids):
         if ids.shape[1] > self.context_size:
             return self._window_logits(ids), None
-        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        x = self._embed(ids)
         cache = []
         for block in self.blocks:
             x, kv = block(x, keep=True)
@@ -98,7 +172,7 @@ class Transformer(LanguageModel):
         position = ids.shape[1] - 1
         if cache is None or position >= self.context_size:
             return self._window_logits(ids), None
-        x = self.tok(ids[:, -1:]) + self.pos(torch.tensor([position], device=ids.device))
+        x = self._embed(ids[:, -1:], position)
         kept = []
         for block, kv in zip(self.blocks, cache, strict=True):
             x, kv = block(x, past=kv, keep=True)
@@ -107,7 +181,7 @@ class Transformer(LanguageModel):
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token (6N + attention), as in the PaLM / nanoGPT MFU estimate."""
-        n = sum(p.numel() for p in self.parameters()) - self.pos.weight.numel()
+        n = sum(p.numel() for p in self.parameters()) - (self.pos.weight.numel() if self.pos is not None else 0)
         layers, width, t = len(self.blocks), self.tok.weight.shape[1], self.context_size
         return 6 * n + 12 * layers * width * t
 
