@@ -1,28 +1,50 @@
-"""The budget ladder: every model at several FLOP budgets, a fitted curve per model, one plot.
+"""The budget ladder and the fair frontier: models at several FLOP budgets, curves fitted, one plot.
 
-    python scaling.py                                      # the default ladder (about 2 h on 2 cores)
+    python scaling.py                                      # the ladder (about 2 h on 2 cores)
     python scaling.py BUDGETS=1e12,2e12,4e12,8e12,1.6e13 STUDY=small DATASET=path/to/tinystories
     python scaling.py ... MODELS=transformer,esn SEEDS=1,2,3     # any TinyStories.py KEY=VALUE
 
-Study keys: BUDGETS (FLOP budgets, at least two, increasing; default 2.5e12,5e12,1e13,2e13,4e13),
-STUDY (the folder under RESULTS_DIR, default 'scaling'). Everything else is a TinyStories.py
+    python scaling.py FRONTIER=True STUDY=frontier DATASET=...   # every family at its best at every budget
+    python scaling.py FAMILIES=transformer++,lstm SIZES=xs,s LEARNING_RATES=2e-3,4e-3 BATCH_SIZES=8,16 ...
+    python scaling.py REPORT=results/frontier              # tables and plots again, from the records alone
+
+The ladder: study keys BUDGETS (FLOP budgets, at least two, increasing; default 2.5e12,5e12,1e13,2e13,4e13)
+and STUDY (the folder under RESULTS_DIR, default 'scaling'). Everything else is a TinyStories.py
 setting held for every point; the study's own defaults are the six models of the comparison,
 SEEDS=1337,1338 and no time limit (compute alone ends each fit, so the machine's load does not
 change the ladder). Each budget is an ordinary run folder RESULTS_DIR/STUDY/flops-<budget>;
 running the same command again skips finished points and resumes an interrupted one.
 Writes RESULTS_DIR/STUDY/scaling.json and scaling.png, and prints the table.
+
+The frontier (FRONTIER=True, or any of its keys): a grid per family (FAMILIES, SIZES, LEARNING_RATES,
+BATCH_SIZES), every point on the wsd schedule so each budget branches off the one before, successive
+halving over BUDGETS (KEEP, WITHIN), the envelope re-run on ENVELOPE_SEEDS seeds, WORKERS points at once
+(one thread each), cells skipped below MIN_STEPS steps or above MAX_TOKENS_PER_PARAM tokens per
+parameter. Writes frontier.json, frontier.md and frontier.png in RESULTS_DIR/STUDY (default 'frontier');
+reservoir/frontier.py says more, README "Frontier studies" how to read the plot.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from configs import parse_overrides, split_arguments, wants_help
+from reservoir.frontier import (
+    FRONTIER_KEYS,
+    FrontierExit,
+    FrontierStudy,
+    format_markdown,
+    measure_cells,
+    report_from_records,
+    write_outputs,
+)
 from reservoir.messages import TAG, OneLineError, say
-from reservoir.scaling import STUDY_KEYS, Study, StudyExit, format_report, plot_scaling, write_report
+from reservoir.scaling import STUDY_KEYS, Study, StudyError, StudyExit, format_report, plot_scaling, write_report
 
 HERE = Path(__file__).resolve().parent
 
@@ -41,12 +63,94 @@ def run_point(args: list[str]) -> int:
             signal.signal(signum, handler)
 
 
+def run_points(jobs: list[tuple[Path, list[str]]], workers: int) -> list[int]:
+    """Points side by side, at most ``workers`` at once, each a TinyStories.py process on one thread (so its
+    score does not depend on how many run together). With one worker a point prints to the terminal; with
+    more, each writes its own log (<study>/logs/) and a line here says when it starts and ends. A SIGTERM
+    to the study reaches every running point, which checkpoints before stopping."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    running: dict[int, tuple[subprocess.Popen, object, Path]] = {}
+    codes: list[int | None] = [None] * len(jobs)
+    stopping_signal = {"sent": None}
+
+    def forward(signum, frame):
+        stopping_signal["sent"] = signum
+        for proc, _, _ in running.values():
+            proc.send_signal(signum)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the points from the terminal
+    pending = list(range(len(jobs)))
+    try:
+        while pending or running:
+            while pending and len(running) < workers and stopping_signal["sent"] is None:
+                k = pending.pop(0)
+                folder, args = jobs[k]
+                command = [sys.executable, str(HERE / "TinyStories.py"), *args]
+                if workers == 1:
+                    running[k] = (subprocess.Popen(command, env=env), None, folder)
+                    continue
+                log = folder.parent.parent / "logs" / f"{folder.parent.name}@{folder.name}.log"
+                log.parent.mkdir(parents=True, exist_ok=True)
+                handle = log.open("a", encoding="utf-8")
+                running[k] = (subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT), handle,
+                              folder)
+                say(f"started {folder.parent.name}/{folder.name} (log: {log})")
+            if stopping_signal["sent"] is not None:
+                pending.clear()
+            for k, (proc, handle, folder) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                codes[k] = proc.returncode
+                if handle is not None:
+                    handle.close()
+                    say(f"{'finished' if proc.returncode == 0 else f'stopped (exit code {proc.returncode})'}: "
+                        f"{folder.parent.name}/{folder.name}")
+                del running[k]
+            time.sleep(0.2)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return [143 if code is None else code for code in codes]  # never started: stopped by a signal
+
+
+def report_only(folder: str) -> int:
+    report = report_from_records(Path(folder))
+    for path in write_outputs(report, Path(folder)):
+        say(f"wrote {path}")
+    print(format_markdown(report), flush=True)
+    return 0
+
+
+def frontier(own: dict, settings: list[str]) -> int:
+    study = FrontierStudy.from_args(own, settings, parse_overrides)
+    try:
+        study.run(run_points, measure_cells(study, parse_overrides))
+    except FrontierExit as e:
+        print(f"{TAG} frontier stopped: {e}", file=sys.stderr, flush=True)
+        return e.code
+    report = study.report()
+    for path in write_outputs(report, study.path):
+        say(f"wrote {path}")
+    print(format_markdown(report), flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if wants_help(argv):
         print(__doc__)
         return 0
     try:
-        study = Study.from_args(*split_arguments(argv, STUDY_KEYS), parse_overrides)
+        own, settings = split_arguments(argv, (*STUDY_KEYS, *FRONTIER_KEYS, "FRONTIER", "REPORT"))
+        if "REPORT" in own:
+            if len(own) > 1 or settings:
+                raise StudyError("REPORT=<study folder> rebuilds a study's tables and plots from its records: "
+                                 "give it alone")
+            return report_only(own["REPORT"])
+        if own.pop("FRONTIER", "false").lower() in ("true", "1", "yes") or any(k in own for k in FRONTIER_KEYS):
+            return frontier(own, settings)
+        study = Study.from_args(own, settings, parse_overrides)
         study.run(run_point)
         report = study.report()
         path = write_report(report, study.path)

@@ -116,6 +116,29 @@ class RecordedConfig(dict):
 _UNCHECKED_SAID: set[Path] = set()
 
 
+def read_summary(run_dir: Path, what: str = "the run's summary") -> list[dict]:
+    """A run's summary.json for a study or report to build on: each record must still match the integrity
+    hash the run wrote with it, so an edited score is refused in one line, not reported. (The hash guards
+    against accidents and stray edits, not against someone who recomputes it.) Records written before
+    summaries carried a hash are used with one warning."""
+    path = Path(run_dir) / "summary.json"
+    records = read_json(path, what)
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ResultsError(f"{path} is damaged: it is not a list of records; re-run that point (delete the folder)")
+    for record in records:
+        recorded = record.get(INTEGRITY_KEY)
+        entry = {k: v for k, v in record.items() if k != INTEGRITY_KEY}
+        if recorded is None:
+            if path not in _UNCHECKED_SAID:
+                _UNCHECKED_SAID.add(path)
+                warn(f"{path} was written before summaries recorded an integrity hash: used without that check")
+        elif recorded != _integrity(entry):
+            raise ResultsError(f"{path}: the record of {record.get('model')} (seed {record.get('seed')}) was edited "
+                               "after its run wrote it (its integrity hash no longer matches); undo the edit, or "
+                               "delete that run folder and run the same command again to redo it")
+    return records
+
+
 def read_run_config(run_dir: Path) -> RecordedConfig:
     """A run's config.json, trusted only as the run wrote it: its integrity hash must match (an edited
     or damaged file is refused in one line), and a key it lacks is a one-line error when read."""
@@ -530,7 +553,8 @@ class Run:
         if not self.writes:
             return
         records = [r for r in self.summaries() if (r["model"], r.get("seed")) != (record["model"], record["seed"])]
-        records.append({**record, "samples": [{"prompt": p, "text": t} for p, t in samples]})
+        entry = {**record, "samples": [{"prompt": p, "text": t} for p, t in samples]}
+        records.append({**entry, INTEGRITY_KEY: _integrity(entry)})
         write_json_atomic(self.path / "summary.json", records)
         self._write_samples(records)
         if self.trackers is not None:

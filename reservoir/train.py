@@ -452,7 +452,9 @@ def _train_sgd(job: Fit) -> Outcome:
     if budget.max_flops and cost.per_step > budget.max_flops:
         raise BudgetError(f"FLOP_BUDGET={budget.max_flops:.3g} does not cover one training step of {job.name} "
                           f"({cost.per_step:.3g} FLOPs); raise FLOP_BUDGET")
-    schedule = {"lr_schedule": config["LR_SCHEDULE"], "adam_beta2": beta2}
+    schedule = {"lr_schedule": config["LR_SCHEDULE"], "adam_beta2": beta2,  # what a branch inherited, not spent:
+                "branched_at_flops": progress.flops if job.branched_from else 0.0,
+                "branched_at_seconds": progress.seconds if job.branched_from else 0.0}
     stable_at = None  # wsd: the step where the cooldown starts, and the stable phase is saved for branches
     if config["LR_SCHEDULE"] == "wsd":
         stable_at, steps = cooldown_steps(config, budget, cost, _tokens_per_step(config, info))
@@ -704,7 +706,7 @@ def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.D
     """One line of the comparison (results.SUMMARY_FIELDS and the fit's own facts)."""
     progress = outcome.progress
     return {"model": name, "status": "finished", "trained": model.trained, **model.param_counts(),
-            "train_seconds": round(progress.seconds, 3),
+            "train_seconds": round(progress.seconds, 3), "train_loss": progress.last_train_loss,
             "train_tokens": progress.tokens, "train_steps": progress.step,
             "tokens_per_second": progress.tokens / max(progress.seconds, 1e-9), **outcome.final,
             "device": info.name, "device_kind": info.kind, "precision": info.precision,

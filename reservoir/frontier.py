@@ -1,0 +1,691 @@
+"""The fair frontier: every family at its best at every budget (lower envelopes, IsoFLOP profiles).
+
+    study = FrontierStudy.from_args(own, settings, parse_overrides)   # FRONTIER_KEYS, then run settings
+    study.run(run_points)        # run_points([args, ...], workers) -> [exit code, ...]
+    report = study.report()      # frontier.json: envelopes, grid, IsoFLOP profiles, N_opt, fits, multipliers
+    plot_frontier(report, study.path / "frontier.png"); write_markdown(report, study.path / "frontier.md")
+
+A family is a model with fixed options (``FAMILIES``: the transformer in GPT-2's and in Transformer++'s
+recipe, the LSTM and the reservoirs); its grid is size presets (``SIZES``, >= 8x in trained parameters)
+x learning rates x batch sizes. A cell at a budget is skipped when it would take fewer than MIN_STEPS
+optimizer steps or more than MAX_TOKENS_PER_PARAM tokens per trained parameter (both listed).
+
+Every point trains with the wsd schedule (reservoir/train.py), so a cell's budgets share one stable
+phase: the point at the next budget continues the stable phase of the point before it (STABLE_FROM)
+and pays only its extension and its own cooldown. Successive halving bounds the cost: a cell goes on to
+the next budget only if its point is among the family's KEEP best there, or within WITHIN of the
+family's best; cells too large for the budgets so far join when their steps suffice. The envelope
+points are then re-run on ENVELOPE_SEEDS seeds in all (mean ± sd).
+
+Each point is an ordinary run folder, RESULTS_DIR/STUDY/<cell>/flops-<budget>, run as its own
+TinyStories.py process on one thread (so its score does not depend on WORKERS); a study interrupted
+anywhere continues with the same command, and one whose folder holds only the records (no checkpoints,
+as committed to git) skips every finished point. ``report_from_records`` rebuilds every output from
+the records alone (``python scaling.py REPORT=results/<study>``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .messages import OneLineError, say
+from .results import ResultsError, read_json, read_summary, write_json_atomic
+from .scaling import curve, fit_curve, parse_budgets, point_name
+
+FRONTIER_KEYS = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES", "KEEP", "WITHIN", "ENVELOPE_SEEDS",
+                 "MIN_STEPS", "MAX_TOKENS_PER_PARAM", "WORKERS")
+STUDY_FILE = "frontier-study.json"  # the study's grid and settings: what REPORT rebuilds from, and re-runs check
+
+# family -> (model, the options that make it that family)
+FAMILIES = {
+    "transformer": ("transformer", {"recipe": "gpt2"}),
+    "transformer++": ("transformer", {"recipe": "++"}),
+    "lstm": ("lstm", {}),
+    "frozen_retention": ("frozen_retention", {}),
+    "reservoir_attention": ("reservoir_attention", {}),
+    "deep_linear_reservoir": ("deep_linear_reservoir", {}),
+    "linear_reservoir": ("linear_reservoir", {}),
+}
+# size presets per model, smallest first; trained parameters on TinyStories' 77 characters in the comments
+SIZES = {
+    "transformer": {"xs": {"n_layer": 2, "n_embd": 48}, "s": {"n_layer": 3, "n_embd": 64},  # 66k, 163k
+                    "m": {"n_layer": 4, "n_embd": 96}, "l": {"n_layer": 4, "n_embd": 128}},  # 467k, 820k
+    "lstm": {"xs": {"embed_dim": 32, "hidden": 96}, "s": {"embed_dim": 48, "hidden": 160},  # 60k, 150k
+             "m": {"embed_dim": 64, "hidden": 256}, "l": {"embed_dim": 64, "hidden": 384}},  # 354k, 726k
+    "frozen_retention": {"xs": {"layers": 2, "width": 48, "ffn_hidden": 192},  # 65k
+                         "s": {"layers": 3, "width": 64, "ffn_hidden": 256},  # 167k
+                         "m": {"layers": 4, "width": 96, "ffn_hidden": 384},  # 491k
+                         "l": {"layers": 4, "width": 128, "ffn_hidden": 512}},  # 868k
+    "reservoir_attention": {"xs": {"units": 128, "width": 48, "layers": 1},  # 51k
+                            "s": {"units": 192, "width": 64, "layers": 2},  # 139k
+                            "m": {"units": 256, "width": 96, "layers": 2},  # 294k
+                            "l": {"units": 256, "width": 128, "layers": 3}},  # 688k
+    "deep_linear_reservoir": {"xs": {"layers": 2, "units": 64, "width": 64, "mix_hidden": 128},  # 93k
+                              "s": {"layers": 3, "units": 96, "width": 96, "mix_hidden": 192},  # 260k
+                              "m": {"layers": 4, "units": 128, "width": 128, "mix_hidden": 256},  # 575k
+                              "l": {"layers": 4, "units": 192, "width": 192, "mix_hidden": 384}},  # 1.25M
+    "linear_reservoir": {"xs": {"units": 128, "embed_dim": 32, "readout_hidden": 128},  # 50k
+                         "s": {"units": 192, "embed_dim": 48, "readout_hidden": 256},  # 135k
+                         "m": {"units": 256, "embed_dim": 64, "readout_hidden": 512},  # 341k
+                         "l": {"units": 384, "embed_dim": 64, "readout_hidden": 1024}},  # 939k
+}
+DEFAULTS = {"FAMILIES": ["transformer", "transformer++", "lstm", "frozen_retention", "reservoir_attention",
+                         "deep_linear_reservoir", "linear_reservoir"],
+            "SIZES": ["xs", "s", "m", "l"], "LEARNING_RATES": [1.5e-3, 3e-3, 6e-3], "BATCH_SIZES": [8, 16],
+            "KEEP": 3, "WITHIN": 0.03, "ENVELOPE_SEEDS": 3, "MIN_STEPS": 300, "MAX_TOKENS_PER_PARAM": 300,
+            "WORKERS": 2}  # WORKERS: two one-thread points beat one two-thread point on 2 cores (bench/README.md)
+DEFAULT_BUDGETS = (5e11, 1.25e12, 3.125e12, 7.8125e12, 1.953125e13)  # x2.5 apart
+RUN_SETTINGS = {  # what every point sets unless the command line says otherwise
+    "LR_SCHEDULE": "wsd",  # budgets branch off one stable phase
+    "TIME_BUDGET_S": None,  # compute alone ends every fit: points do not depend on the machine's load
+    "PLOTS": False,
+    "EVAL_POINTS": 4,
+}
+OWN_SETTINGS = ("MODELS", "LEARNING_RATE", "BATCH_SIZE", "FLOP_BUDGET", "RUN_NAME", "RESUME", "STABLE_FROM",
+                "SEEDS")  # set by the study per point
+BOUNDS = {"at least": "≥ ", "at most": "≤ "}
+REFERENCE_FAMILIES = ("transformer", "transformer++")  # the better envelope of the two is "the transformer"
+
+
+class FrontierError(OneLineError, ValueError):
+    """A frontier study or report that cannot run as asked: reported as one line."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration of a family: a size preset, a learning rate, a batch size."""
+
+    family: str
+    size: str
+    learning_rate: float
+    batch_size: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-{self.size}-lr{self.learning_rate:g}-b{self.batch_size}"
+
+    @property
+    def model(self) -> str:
+        return FAMILIES[self.family][0]
+
+    def settings(self) -> list[str]:
+        block = self.model.upper()
+        options = {**FAMILIES[self.family][1], **SIZES[self.model][self.size]}
+        return [f"MODELS={self.model}", *(f"{block}.{k}={v!r}" for k, v in options.items()),
+                f"LEARNING_RATE={self.learning_rate!r}", f"BATCH_SIZE={self.batch_size}"]
+
+
+def _number_list(key: str, value, kind) -> list:
+    items = value if isinstance(value, (list, tuple)) else [v for v in str(value).strip("[]() ").split(",")
+                                                            if v.strip()]
+    out = []
+    for item in items:
+        try:
+            number = kind(float(item)) if isinstance(item, str) else item
+        except ValueError:
+            number = None
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) \
+                or number <= 0 or (kind is int and int(number) != number):
+            raise FrontierError(f"{key} must be positive {'integers' if kind is int else 'numbers'}, got {item!r}; "
+                                f"e.g. {key}={','.join(map(str, DEFAULTS[key]))}")
+        out.append(kind(number))
+    if not out:
+        example = ",".join(map(str, DEFAULTS[key]))
+        raise FrontierError(f"{key} is empty: the grid needs at least one; e.g. {key}={example}")
+    return out
+
+
+def _name_list(key: str, value) -> list[str]:
+    items = value if isinstance(value, (list, tuple)) else [v.strip() for v in str(value).strip("[]() ").split(",")]
+    items = [str(v).strip().strip("'\"") for v in items if str(v).strip()]
+    if not items:
+        raise FrontierError(f"{key} is empty: the grid needs at least one; e.g. {key}={','.join(DEFAULTS[key][:2])}")
+    return items
+
+
+def parse_grid(own: dict[str, str]) -> dict:
+    """The study keys of a command line (text values) as the grid: refused in one line when a family or a
+    size preset does not exist, a rate or batch is not positive, or a count is out of range."""
+    grid = dict(DEFAULTS)
+    if "FAMILIES" in own:
+        grid["FAMILIES"] = _name_list("FAMILIES", own["FAMILIES"])
+    if "SIZES" in own:
+        grid["SIZES"] = _name_list("SIZES", own["SIZES"])
+    for key, kind in (("LEARNING_RATES", float), ("BATCH_SIZES", int)):
+        if key in own:
+            grid[key] = _number_list(key, own[key], kind)
+    for key, kind in (("KEEP", int), ("ENVELOPE_SEEDS", int), ("MIN_STEPS", int), ("MAX_TOKENS_PER_PARAM", float),
+                      ("WORKERS", int), ("WITHIN", float)):
+        if key in own:
+            grid[key] = _number_list(key, own[key], kind)[0] if key != "WITHIN" else _fraction(own[key])
+    for family in grid["FAMILIES"]:
+        if family not in FAMILIES:
+            raise FrontierError(f"unknown family {family!r} in FAMILIES (families: {', '.join(FAMILIES)})")
+        missing = [s for s in grid["SIZES"] if s not in SIZES[FAMILIES[family][0]]]
+        if missing:
+            raise FrontierError(f"size preset {missing[0]!r} does not exist for {family} (its presets: "
+                                f"{', '.join(SIZES[FAMILIES[family][0]])})")
+    return grid
+
+
+def _fraction(text) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise FrontierError(f"WITHIN must be a fraction in [0, 1) of the family's best, got {text!r}; e.g. WITHIN=0.03")
+    return value
+
+
+@dataclass
+class FrontierStudy:
+    name: str
+    budgets: list[float]
+    grid: dict
+    settings: list[str]  # TinyStories.py KEY=VALUE held for every point (the study's defaults first)
+    config: dict  # the validated settings of the first cell's first point
+    path: Path = field(init=False)
+
+    def __post_init__(self):
+        self.path = Path(self.config["RESULTS_DIR"]) / self.name
+
+    @classmethod
+    def from_args(cls, own: dict[str, str], settings: list[str], parse_overrides) -> FrontierStudy:
+        grid = parse_grid(own)
+        budgets = parse_budgets(own["BUDGETS"]) if "BUDGETS" in own else list(DEFAULT_BUDGETS)
+        name = own.get("STUDY") or "frontier"
+        if not name.strip() or "/" in name or "\\" in name or name in (".", ".."):
+            raise FrontierError(f"STUDY must be a plain folder name, got {name!r}")
+        for arg in settings:
+            key = arg.partition("=")[0].strip().upper().partition(".")[0]
+            if key in OWN_SETTINGS:
+                raise FrontierError(f"{arg.partition('=')[0].strip()} is set by the frontier study for each point "
+                                    "(the grid: FAMILIES, SIZES, LEARNING_RATES, BATCH_SIZES; budgets: BUDGETS; "
+                                    "the folder: STUDY)")
+        given = {arg.partition("=")[0].strip().upper() for arg in settings}
+        defaults = [f"{k}={v!r}" for k, v in RUN_SETTINGS.items() if k not in given]
+        study_settings = [*defaults, *settings]
+        cells = grid_cells(grid)
+        config = None
+        for cell in cells:  # every cell's settings refused now, not mid-study
+            config = parse_overrides([*study_settings, *cell.settings(), f"FLOP_BUDGET={budgets[0]!r}"])
+        if config["LR_SCHEDULE"] != "wsd":
+            raise FrontierError("a frontier study branches its budgets off one stable phase: it needs "
+                                "LR_SCHEDULE='wsd' (its default); drop LR_SCHEDULE from the command")
+        return cls(name, budgets, grid, study_settings, config)
+
+    # --- what runs where
+    def cells(self) -> list[Cell]:
+        return grid_cells(self.grid)
+
+    def folder(self, cell: Cell, budget: float, seeds: bool = False) -> Path:
+        return self.path / cell.name / (point_name(budget) + ("-seeds" if seeds else ""))
+
+    def point_args(self, cell: Cell, budget: float, previous: float | None) -> list[str]:
+        folder = self.folder(cell, budget)
+        where = [f"RESULTS_DIR={folder.parent}", f"FLOP_BUDGET={budget!r}"]
+        if (folder / "config.json").exists():
+            return [*self.settings, *cell.settings(), *where, f"RESUME={folder}"]
+        branch = []
+        if previous is not None:
+            source = self.folder(cell, previous)
+            if (source / "checkpoints" / f"{cell.model}-seed{self.config['SEED']}-stable.pt").exists():
+                branch = [f"STABLE_FROM={source}"]
+        return [*self.settings, *cell.settings(), *where, f"RUN_NAME={folder.name}", *branch]
+
+    def seed_args(self, cell: Cell, budget: float) -> list[str]:
+        folder = self.folder(cell, budget, seeds=True)
+        where = [f"RESULTS_DIR={folder.parent}", f"FLOP_BUDGET={budget!r}"]
+        if (folder / "config.json").exists():
+            return [*self.settings, *cell.settings(), *where, f"RESUME={folder}"]
+        return [*self.settings, *cell.settings(), *where, f"RUN_NAME={folder.name}",
+                f"SEEDS={','.join(map(str, self.extra_seeds()))}"]
+
+    def extra_seeds(self) -> list[int]:
+        return [self.config["SEED"] + k for k in range(1, self.grid["ENVELOPE_SEEDS"])]
+
+    def finished(self, folder: Path, seeds: list[int]) -> bool:
+        if not (folder / "summary.json").exists():
+            return False
+        done = {r.get("seed") for r in read_summary(folder, "a point's summary")}
+        return set(seeds) <= done
+
+    # --- the plan: which cells each budget can take
+    def plan(self, measure) -> dict:
+        """{cell name: {budget: None (runnable) or why it is skipped}} from ``measure(cell) -> (FLOPs per step,
+        trained parameters, tokens per step)``."""
+        plan = {}
+        for cell in self.cells():
+            per_step, params, tokens_per_step = measure(cell)
+            plan[cell.name] = {}
+            for budget in self.budgets:
+                steps = math.ceil(budget / per_step)
+                ratio = steps * tokens_per_step / params
+                warmup = self.config["WARMUP_STEPS"]
+                if steps < self.grid["MIN_STEPS"] or steps * (1 - self.config["COOLDOWN_FRACTION"]) <= warmup:
+                    plan[cell.name][budget] = f"{steps} steps < {max(self.grid['MIN_STEPS'], warmup)}"
+                elif ratio > self.grid["MAX_TOKENS_PER_PARAM"]:
+                    limit = self.grid["MAX_TOKENS_PER_PARAM"]
+                    plan[cell.name][budget] = f"{ratio:.0f} tokens per parameter > {limit:g}"
+                else:
+                    plan[cell.name][budget] = None
+        if not any(reason is None for cells in plan.values() for reason in cells.values()):
+            raise FrontierError("every cell of the grid is skipped at every budget (too few steps or too many tokens "
+                                "per parameter): widen BUDGETS, add SIZES, or lower MIN_STEPS")
+        return plan
+
+    def write_study_file(self, plan: dict) -> None:
+        content = {"study": self.name, "budgets": self.budgets, "grid": self.grid, "settings": self.settings,
+                   "cells": [{"name": c.name, "family": c.family, "model": c.model, "size": c.size,
+                              "learning_rate": c.learning_rate, "batch_size": c.batch_size} for c in self.cells()],
+                   "plan": {name: {repr(b): why for b, why in row.items()} for name, row in plan.items()},
+                   "seed": self.config["SEED"], "extra_seeds": self.extra_seeds()}
+        path = self.path / STUDY_FILE
+        if path.exists():
+            before = read_json(path, "the study's grid")
+            changed = [k for k in ("budgets", "grid", "settings") if before.get(k) != content[k]]
+            if changed:
+                raise FrontierError(f"{path} holds another {', '.join(changed)} for STUDY={self.name}: run it with "
+                                    "the same command to continue it, or name a new STUDY")
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, content)
+
+    def run(self, run_points, measure) -> None:
+        """Every budget, smallest first: run the live cells' points (``run_points([(folder, args), ...], workers)``
+        -> exit codes), then keep each family's best; finally the envelope points' extra seeds.
+        ``measure(cell) -> (FLOPs per step, trained parameters, tokens per step)`` (``measure_cells``)."""
+        plan = self.plan(measure)
+        self.write_study_file(plan)
+        skipped = sum(reason is not None for row in plan.values() for reason in row.values())
+        say(f"frontier {self.name}: {len(plan)} cells x {len(self.budgets)} budgets, {skipped} cell-budgets skipped "
+            f"(listed in {self.path / STUDY_FILE})")
+        pruned: set[str] = set()
+        last_run: dict[str, float] = {}  # cell -> the budget of its latest point
+        seed = self.config["SEED"]
+        for budget in self.budgets:
+            live = [c for c in self.cells() if c.name not in pruned and plan[c.name][budget] is None]
+            todo = [c for c in live if not self.finished(self.folder(c, budget), [seed])]
+            say(f"frontier {self.name}: {budget:.3g} FLOPs: {len(live)} cells, {len(live) - len(todo)} already "
+                f"finished, {len(todo)} to train")
+            self._run_all([(self.folder(c, budget), self.point_args(c, budget, last_run.get(c.name))) for c in todo],
+                          run_points, budget)
+            for c in live:
+                last_run[c.name] = budget
+            pruned |= self._prune(live, budget)
+        winners = envelope_cells(self.records(), self.budgets)
+        todo = [(c, b) for c in self.cells() for b in self.budgets
+                if (c.family, b) in winners and winners[(c.family, b)] == c.name and self.extra_seeds()
+                and not self.finished(self.folder(c, b, seeds=True), self.extra_seeds())]
+        if todo:
+            say(f"frontier {self.name}: the envelope's {len(todo)} points on seeds {self.extra_seeds()}")
+            self._run_all([(self.folder(c, b, seeds=True), self.seed_args(c, b)) for c, b in todo], run_points, None)
+
+    def _run_all(self, jobs: list[tuple[Path, list[str]]], run_points, budget: float | None) -> None:
+        """``jobs``: (the point's folder, its TinyStories.py arguments)."""
+        if not jobs:
+            return
+        codes = run_points(jobs, self.grid["WORKERS"])
+        failed = [code for code in codes if code != 0]
+        if failed:
+            where = f"at {budget:.3g} FLOPs" if budget else "of the envelope's seeds"
+            raise FrontierExit(failed[0], f"{len(failed)} point(s) {where} stopped (exit code {failed[0]}, messages "
+                                          "above); every finished point is kept and the same command continues")
+
+    def _prune(self, live: list[Cell], budget: float) -> set[str]:
+        """The cells of ``live`` that stop at ``budget``: neither among their family's KEEP best there nor
+        within WITHIN of its best (diverged points stop too)."""
+        scores = {}
+        for c in live:
+            record = _first(read_summary(self.folder(c, budget), "a point's summary"), self.config["SEED"])
+            scores[c] = record.get("val_bpc") if record else None
+        stop = {c.name for c, score in scores.items() if score is None}
+        for family in self.grid["FAMILIES"]:
+            ranked = sorted((score, c.name) for c, score in scores.items() if score is not None and c.family == family)
+            for rank, (score, name) in enumerate(ranked):
+                if rank >= self.grid["KEEP"] and score > ranked[0][0] * (1 + self.grid["WITHIN"]):
+                    stop.add(name)
+        return stop
+
+    # --- records and report
+    def records(self) -> list[dict]:
+        return collect_records(self.path, [c.__dict__ | {"name": c.name, "model": c.model} for c in self.cells()],
+                               self.budgets)
+
+    def report(self) -> dict:
+        study = read_json(self.path / STUDY_FILE, "the study's grid")
+        return build_frontier(self.records(), study)
+
+
+def measure_cells(study: FrontierStudy, parse_overrides):
+    """``measure(cell)`` for ``FrontierStudy.plan``: each cell's model built on the study's data (prepared
+    once, cached for the points) and one training step counted (reservoir/flops.py)."""
+    from . import flops
+    from .data import prepare_data
+    from .models import build_model
+
+    data = prepare_data(study.config)
+    vocab = data.tokenizer.vocab_size
+    seen: dict = {}
+
+    def measure(cell: Cell) -> tuple[float, int, int]:
+        key = (cell.family, cell.size, cell.batch_size)
+        if key not in seen:
+            config = parse_overrides([*study.settings, *cell.settings(), f"FLOP_BUDGET={study.budgets[0]!r}"])
+            model = build_model(cell.model, vocab, config)
+            if model.trainer != "sgd":
+                raise FrontierError(f"{cell.family} is not gradient-trained: a frontier grid needs learning rates")
+            cost = flops.sgd_step(model, vocab, config["BATCH_SIZE"], config["SEQ_LEN"], config["GRAD_ACCUM"])
+            seen[key] = (cost.per_step, model.param_counts()["params_trainable"],
+                         config["BATCH_SIZE"] * config["GRAD_ACCUM"] * config["SEQ_LEN"])
+        return seen[key]
+
+    return measure
+
+
+class FrontierExit(Exception):
+    """Points ended without finishing: the study stops there, with the first point's exit code."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def grid_cells(grid: dict) -> list[Cell]:
+    return [Cell(f, s, lr, b) for f in grid["FAMILIES"] for s in grid["SIZES"] for lr in grid["LEARNING_RATES"]
+            for b in grid["BATCH_SIZES"]]
+
+
+def _first(records: list[dict], seed: int) -> dict | None:
+    return next((r for r in records if r.get("seed") == seed), None)
+
+
+def collect_records(path: Path, cells: list[dict], budgets: list[float]) -> list[dict]:
+    """One row per point and seed that has a record: the cell, the budget, the scores, what it cost."""
+    rows = []
+    for cell in cells:
+        for budget in budgets:
+            for extra in (False, True):
+                folder = path / cell["name"] / (point_name(budget) + ("-seeds" if extra else ""))
+                if not (folder / "summary.json").exists():
+                    continue
+                for r in read_summary(folder, "a point's summary"):
+                    fit = r.get("fit") or {}
+                    rows.append({"cell": cell["name"], "family": cell["family"], "size": cell["size"],
+                                 "learning_rate": cell["learning_rate"], "batch_size": cell["batch_size"],
+                                 "budget": budget, "seed": r.get("seed"), "envelope_seed": extra,
+                                 "status": r.get("status"), "val_bpc": r.get("val_bpc"),
+                                 "val_loss": r.get("val_loss"), "train_loss": r.get("train_loss"),
+                                 "params_trained": r.get("params_trainable"), "train_flops": r.get("train_flops"),
+                                 "train_tokens": r.get("train_tokens"), "train_steps": r.get("train_steps"),
+                                 "epochs": r.get("epochs"), "train_seconds": r.get("train_seconds"),
+                                 "data_source": r.get("data_source"),
+                                 "spent_flops": (r.get("train_flops") or 0) - (fit.get("branched_at_flops") or 0),
+                                 "spent_seconds": (r.get("train_seconds") or 0) - (fit.get("branched_at_seconds") or 0),
+                                 "branched": bool(fit.get("branched_at_flops")), "folder": str(folder)})
+    return rows
+
+
+def envelope_cells(rows: list[dict], budgets: list[float]) -> dict:
+    """{(family, budget): the cell with the lowest bits/char on the study's first seed}."""
+    best: dict = {}
+    for r in rows:
+        if r["envelope_seed"] or r["val_bpc"] is None:
+            continue
+        key = (r["family"], r["budget"])
+        if key not in best or r["val_bpc"] < best[key][0]:
+            best[key] = (r["val_bpc"], r["cell"])
+    return {key: cell for key, (_, cell) in best.items()}
+
+
+def _interpolated_compute(points: list[tuple[float, float]], loss: float) -> float | None:
+    """The compute at which a decreasing envelope (compute, loss) reaches ``loss``, log-log interpolated
+    between its points; None outside their range."""
+    for (c1, l1), (c2, l2) in zip(points, points[1:], strict=False):
+        if min(l1, l2) <= loss <= max(l1, l2) and l1 != l2:
+            t = (math.log(loss) - math.log(l1)) / (math.log(l2) - math.log(l1))
+            return math.exp(math.log(c1) + t * (math.log(c2) - math.log(c1)))
+    return None
+
+
+def build_frontier(rows: list[dict], study: dict) -> dict:
+    """frontier.json's content from the point rows and the study's grid."""
+    sources = sorted({r["data_source"] for r in rows if r.get("data_source")})
+    if len(sources) > 1:
+        raise FrontierError(f"the records mix datasets ({', '.join(sources)}): one frontier compares one corpus; "
+                            "keep each study's points in its own STUDY folder")
+    if not rows:
+        raise FrontierError(f"study {study['study']} has no point records yet: run it first (python scaling.py "
+                            "FAMILIES=... STUDY=...)")
+    budgets, families = study["budgets"], study["grid"]["FAMILIES"]
+    winners = envelope_cells(rows, budgets)
+    envelope: dict = {f: [] for f in families}
+    for (family, budget), cell in sorted(winners.items(), key=lambda kv: kv[0][1]):
+        seeds = [r for r in rows if r["cell"] == cell and r["budget"] == budget and r["val_bpc"] is not None]
+        bpc = [r["val_bpc"] for r in seeds]
+        first = next(r for r in seeds if not r["envelope_seed"])
+        envelope[family].append({
+            "budget": budget, "cell": cell, "size": first["size"], "learning_rate": first["learning_rate"],
+            "batch_size": first["batch_size"], "params_trained": first["params_trained"],
+            "bpc": first["val_bpc"], "bpc_mean": statistics.fmean(bpc), "bpc_sd": statistics.stdev(bpc)
+            if len(bpc) > 1 else None, "seeds": sorted(r["seed"] for r in seeds), "bpc_per_seed": bpc,
+            "train_loss": first["train_loss"], "val_loss": first["val_loss"], "epochs": first["epochs"],
+            "train_flops": first["train_flops"], "steps": first["train_steps"]})
+    isoflop = {f: {repr(b): sorted(({"size": s, "params_trained": p, "bpc": v} for s, p, v in _best_per(
+        rows, f, b, "size")), key=lambda x: x["params_trained"]) for b in budgets} for f in families}
+    lr_sensitivity = {f: {repr(b): sorted(({"learning_rate": lr, "bpc": v} for lr, _, v in _best_per(
+        rows, f, b, "learning_rate")), key=lambda x: x["learning_rate"]) for b in budgets} for f in families}
+    fits = {}
+    for family, points in envelope.items():
+        fits[family] = fit_curve([p["budget"] for p in points], [p["bpc_mean"] for p in points], budgets[0]) \
+            if points else {"converged": False, "reason": "no points"}
+    reference = _reference(envelope)
+    multipliers = _multipliers(envelope, fits, reference)
+    spent = {"points": sum(1 for r in rows), "flops": sum(r["spent_flops"] for r in rows),
+             "train_cpu_hours": sum(r["spent_seconds"] for r in rows) / 3600,
+             "flops_if_unbranched": sum(r["train_flops"] or 0 for r in rows)}
+    ran = {r["cell"] + "@" + repr(r["budget"]) for r in rows if not r["envelope_seed"]}
+    plan = study.get("plan", {})
+    skipped = [{"cell": c, "budget": float(b), "reason": why} for c, row in plan.items() for b, why in row.items()
+               if why is not None]
+    pruned = [{"cell": c, "budget": float(b)} for c, row in plan.items() for b, why in row.items()
+              if why is None and f"{c}@{b}" not in ran]
+    return {"study": study["study"], "budgets": budgets, "families": families, "grid": study["grid"],
+            "settings": study["settings"], "data_source": sources[0] if sources else None,
+            "curve": "bits/char = E + A * (C / C0) ** -alpha over the envelope's points",
+            "envelope": envelope, "fits": fits, "n_opt": {f: {repr(p["budget"]): p["params_trained"]
+                                                             for p in pts} for f, pts in envelope.items()},
+            "isoflop": isoflop, "lr_sensitivity": lr_sensitivity, "reference": reference,
+            "compute_multiplier": multipliers, "grid_points": rows, "skipped": skipped,
+            "not_run_pruned": pruned, "spent": spent}
+
+
+def _best_per(rows, family, budget, key):
+    """(value of ``key``, params, best bits/char over the other grid axes) for one family and budget."""
+    best: dict = {}
+    for r in rows:
+        if r["family"] == family and r["budget"] == budget and not r["envelope_seed"] and r["val_bpc"] is not None:
+            if r[key] not in best or r["val_bpc"] < best[r[key]][1]:
+                best[r[key]] = (r["params_trained"], r["val_bpc"])
+    return [(k, p, v) for k, (p, v) in best.items()]
+
+
+def _reference(envelope: dict) -> str | None:
+    """The transformer recipe whose envelope is lower (at the most budgets both reached): 'the transformer'."""
+    present = [f for f in REFERENCE_FAMILIES if envelope.get(f)]
+    if len(present) < 2:
+        return present[0] if present else None
+    a, b = ({p["budget"]: p["bpc_mean"] for p in envelope[f]} for f in present)
+    shared = set(a) & set(b)
+    wins = sum(a[x] < b[x] for x in shared)
+    return present[0] if wins * 2 >= len(shared) else present[1]
+
+
+def _multipliers(envelope: dict, fits: dict, reference: str | None) -> dict:
+    """Per family and budget: the FLOPs the reference's envelope needs to reach the family's envelope loss,
+    over the budget (> 1: the family is worth more compute than the transformer). Interpolated between the
+    reference's points; from its fitted curve outside them (marked extrapolated); None where neither reaches."""
+    if reference is None:
+        return {}
+    ref_points = [(p["budget"], p["bpc_mean"]) for p in envelope[reference]]
+    fit = fits.get(reference, {})
+    out = {}
+    for family, points in envelope.items():
+        rows = []
+        for p in points:
+            needed, how = _interpolated_compute(ref_points, p["bpc_mean"]), "interpolated"
+            if needed is None and fit.get("converged") and p["bpc_mean"] > fit["E"]:
+                needed, how = fit["C0"] * ((p["bpc_mean"] - fit["E"]) / fit["A"]) ** (-1 / fit["alpha"]), \
+                    "extrapolated"
+            if needed is None and ref_points:  # past the reference's measured range: a bound, not a value
+                if p["bpc_mean"] < min(loss for _, loss in ref_points):
+                    needed, how = max(c for c, _ in ref_points), "at least"
+                else:
+                    needed, how = min(c for c, _ in ref_points), "at most"
+            rows.append({"budget": p["budget"], "bpc": p["bpc_mean"], "reference_flops": needed,
+                         "multiplier": needed / p["budget"] if needed else None, "how": how})
+        out[family] = rows
+    return out
+
+
+# --------------------------------------------------------------------- outputs
+
+
+def report_from_records(folder: Path) -> dict:
+    """A study's report from its committed records alone (no checkpoints needed)."""
+    folder = Path(folder)
+    if not (folder / STUDY_FILE).exists():
+        raise FrontierError(f"{folder} holds no {STUDY_FILE}: not a frontier study folder (REPORT=results/<study>)")
+    study = read_json(folder / STUDY_FILE, "the study's grid")
+    try:
+        rows = collect_records(folder, study["cells"], study["budgets"])
+    except ResultsError:
+        raise
+    except (KeyError, TypeError) as e:
+        raise FrontierError(f"{folder / STUDY_FILE} is damaged ({e}); re-run the study's command") from None
+    return build_frontier(rows, study)
+
+
+def write_outputs(report: dict, folder: Path) -> list[Path]:
+    folder = Path(folder)
+    write_json_atomic(folder / "frontier.json", report)
+    (folder / "frontier.md").write_text(format_markdown(report), encoding="utf-8")
+    return [folder / "frontier.json", folder / "frontier.md", plot_frontier(report, folder / "frontier.png")]
+
+
+def _fmt(value, spec=".3f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def format_markdown(report: dict) -> str:
+    """The frontier's tables: envelope per family and budget, the multipliers, N_opt, train vs validation."""
+    budgets = report["budgets"]
+    lines = [f"# Frontier study `{report['study']}` ({report['data_source']})", "",
+             "Validation bits/char of each family's best configuration at each training budget (the lower "
+             "envelope), mean ± sd over its seeds. Generated by `python scaling.py REPORT=<this folder>` from the "
+             "point records.", "",
+             "| family | " + " | ".join(f"{b:.3g}" for b in budgets) + " |",
+             "| --- |" + " --- |" * len(budgets)]
+    for family, points in report["envelope"].items():
+        by = {p["budget"]: p for p in points}
+        cells = []
+        for b in budgets:
+            p = by.get(b)
+            cells.append("–" if p is None else f"{p['bpc_mean']:.3f}" + (f" ± {p['bpc_sd']:.3f}" if p["bpc_sd"]
+                                                                          else "") + f" ({p['size']})")
+        lines.append(f"| {family} | " + " | ".join(cells) + " |")
+    lines += ["", f"Reference: **{report['reference']}**. Compute multiplier: the FLOPs its envelope needs to reach "
+              "each family's envelope loss, over the family's budget (> 1: the family needs less compute).", "",
+              "| family | " + " | ".join(f"{b:.3g}" for b in budgets) + " |", "| --- |" + " --- |" * len(budgets)]
+    for family, rows in report["compute_multiplier"].items():
+        by = {r["budget"]: r for r in rows}
+        lines.append(f"| {family} | " + " | ".join(
+            "–" if by.get(b) is None or by[b]["multiplier"] is None else
+            f"{BOUNDS.get(by[b]['how'], '')}{by[b]['multiplier']:.2f}{'*' if by[b]['how'] == 'extrapolated' else ''}"
+            for b in budgets) + " |")
+    lines += ["", "(* extrapolated along the reference's fitted curve; ≥ / ≤: the family's loss lies beyond the "
+              "reference's measured envelope and it has no fit to go further.)", "",
+              "Envelope configurations (N_opt: trained parameters; train and validation loss in nats, epochs):", "",
+              "| family | budget | cell | N_opt | steps | train loss | val loss | epochs |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for family, points in report["envelope"].items():
+        for p in points:
+            lines.append(f"| {family} | {p['budget']:.3g} | {p['cell']} | {p['params_trained']:,} | {p['steps']} | "
+                         f"{_fmt(p['train_loss'])} | {_fmt(p['val_loss'])} | {_fmt(p['epochs'], '.2f')} |")
+    lines += ["", "Fitted envelopes L*(C) = E + A·(C/C0)^−α:", ""]
+    for family, fit in report["fits"].items():
+        lines.append(f"- {family}: " + (f"E={fit['E']:.3f}±{_fmt(fit['E_se'])}, A={fit['A']:.3f}, "
+                                        f"α={fit['alpha']:.3f}±{_fmt(fit['alpha_se'])}" if fit.get("converged")
+                                        else f"no fit ({fit['reason']})"))
+    spent = report["spent"]
+    lines += ["", f"Spent: {spent['points']} point records, {spent['flops']:.3g} training FLOPs "
+              f"({spent['flops_if_unbranched']:.3g} had every point trained from step 0), "
+              f"{spent['train_cpu_hours']:.2f} training hours on one thread each; {len(report['skipped'])} "
+              f"cell-budgets skipped by the step and tokens-per-parameter rules, {len(report['not_run_pruned'])} "
+              "pruned by successive halving.", ""]
+    return "\n".join(lines)
+
+
+def plot_frontier(report: dict, path: Path) -> Path:
+    """Envelopes (every grid point faint behind them), the IsoFLOP profiles and the learning-rate sensitivity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = report["families"]
+    colours = {f: plt.get_cmap("tab10")(i % 10) for i, f in enumerate(families)}
+    fig, (env_ax, iso_ax, lr_ax) = plt.subplots(1, 3, figsize=(18, 5.5))
+    for r in report["grid_points"]:
+        if r["val_bpc"] is not None and not r["envelope_seed"]:
+            env_ax.scatter(r["train_flops"] or r["budget"], r["val_bpc"], color=colours[r["family"]], alpha=0.18, s=10)
+    budgets = report["budgets"]
+    grid = np.geomspace(budgets[0] / 1.3, budgets[-1] * 1.3, 100)
+    for family, points in report["envelope"].items():
+        if not points:
+            continue
+        env_ax.errorbar([p["budget"] for p in points], [p["bpc_mean"] for p in points],
+                        yerr=[p["bpc_sd"] or 0 for p in points], fmt="o-", color=colours[family], capsize=3,
+                        label=family)
+        fit = report["fits"].get(family, {})
+        if fit.get("converged"):
+            env_ax.plot(grid, curve(grid, fit["E"], fit["A"], fit["alpha"], fit["C0"]), color=colours[family],
+                        linestyle=":", alpha=0.8)
+    markers = "osD^v<>"
+    for family in families:
+        for k, budget in enumerate(budgets):
+            profile = report["isoflop"][family][repr(budget)]
+            if profile:
+                iso_ax.plot([p["params_trained"] for p in profile], [p["bpc"] for p in profile],
+                            marker=markers[k % len(markers)], color=colours[family], alpha=0.4 + 0.6 * k / len(budgets),
+                            label=f"{family} {budget:.2g}" if len(profile) > 1 else None)
+            sens = report["lr_sensitivity"][family][repr(budget)]
+            if sens:
+                lr_ax.plot([p["learning_rate"] for p in sens], [p["bpc"] for p in sens],
+                           marker=markers[k % len(markers)], color=colours[family],
+                           alpha=0.4 + 0.6 * k / len(budgets), label=f"{family} {budget:.2g}")
+    for ax, xlabel, title in ((env_ax, "training FLOPs", "lower envelope per family (faint: every grid point)"),
+                              (iso_ax, "trained parameters", "IsoFLOP profiles (best over rates and batches)"),
+                              (lr_ax, "peak learning rate", "learning-rate sensitivity (best over sizes, batches)")):
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("validation bits/char")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+    fig.suptitle(f"frontier study {report['study']} ({report['data_source']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+__all__ = ["FrontierStudy", "FrontierError", "FrontierExit", "FAMILIES", "SIZES", "FRONTIER_KEYS", "Cell",
+           "build_frontier", "report_from_records", "write_outputs", "format_markdown", "plot_frontier",
+           "envelope_cells", "parse_grid"]

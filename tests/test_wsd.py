@@ -1,0 +1,125 @@
+"""The warm-up-stable-decay schedule and its branches (STABLE_FROM), and AdamW's β2 settings."""
+
+import math
+import shutil
+
+import pytest
+import torch
+
+from configs import ConfigError, parse_overrides
+from reservoir.train import adam_beta2, learning_rate
+from tests.conftest import run_cli, run_then_sigkill, summary_of
+
+# the transformer with dropout (the RNG must be carried exactly too), 40 and 80 steps on the wsd schedule
+WSD = ["MODELS=transformer", "TRANSFORMER.dropout=0.1", "LR_SCHEDULE=wsd", "WARMUP_STEPS=5", "PLOTS=False",
+       "FINAL_EVAL_TOKENS=4096", "EVAL_POINTS=3"]
+
+
+def test_wsd_warms_up_in_steps_holds_the_peak_and_cools_down_as_one_minus_sqrt():
+    config = parse_overrides(["LR_SCHEDULE=wsd", "LEARNING_RATE=1e-3", "WARMUP_STEPS=10", "MIN_LR_FRACTION=0.1",
+                              "COOLDOWN_FRACTION=0.2"])
+    assert learning_rate(config, 0, 0.0) == pytest.approx(1e-4)
+    assert learning_rate(config, 4, 0.0001) == pytest.approx(5e-4)  # warm-up by steps, whatever the share
+    assert learning_rate(config, 9, 0.5) == pytest.approx(1e-3)
+    assert learning_rate(config, 500, 0.79) == pytest.approx(1e-3)  # stable until the cooldown
+    assert learning_rate(config, 500, 0.85) == pytest.approx(1e-3 * (0.1 + 0.9 * (1 - math.sqrt(0.25))))
+    assert learning_rate(config, 500, 1.0) == pytest.approx(1e-4)
+    linear = {**config, "COOLDOWN_SHAPE": "linear"}
+    assert learning_rate(linear, 500, 0.9) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    short, long = [learning_rate(config, s, s / 100) for s in range(80)], [learning_rate(config, s, s / 400)
+                                                                         for s in range(80)]
+    assert short == long  # before a cooldown the schedule does not depend on the budget: one stable phase
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("COOLDOWN_FRACTION=1", "COOLDOWN_FRACTION must be between 0 and 1"),
+    ("COOLDOWN_FRACTION=0", "COOLDOWN_FRACTION must be between 0 and 1"),
+    ("COOLDOWN_SHAPE=cosine", "COOLDOWN_SHAPE must be one of"),
+    ("LR_SCHEDULE=step", "LR_SCHEDULE must be one of"),
+    ("ADAM_BETA2=1", "ADAM_BETA2 must be between 0 and 1"),
+    ("ADAM_BETA2_REF_TOKENS=0", "ADAM_BETA2_REF_TOKENS must be > 0"),
+    ("LEARNING_RATE=0", "LEARNING_RATE must be > 0"),
+])
+def test_bad_schedule_settings_are_one_line_errors(setting, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_overrides([setting])
+
+
+def test_wsd_needs_a_budget_counted_in_steps_tokens_or_flops():
+    with pytest.raises(ConfigError, match="LR_SCHEDULE='wsd' places its cooldown by steps, tokens or FLOPs"):
+        parse_overrides(["LR_SCHEDULE=wsd", "FLOP_BUDGET=None", "TIME_BUDGET_S=60"])
+    with pytest.raises(ConfigError, match="STABLE_FROM continues a wsd run"):
+        parse_overrides(["STABLE_FROM=results/x"])
+
+
+def test_beta2_keeps_a_fixed_half_life_in_tokens_when_asked():
+    config = parse_overrides(["ADAM_BETA2=0.95"])
+    assert adam_beta2(config, 8192) == 0.95  # as given by default, whatever the batch
+    config = parse_overrides(["ADAM_BETA2=0.95", "ADAM_BETA2_REF_TOKENS=4096"])
+    assert adam_beta2(config, 4096) == pytest.approx(0.95)
+    assert adam_beta2(config, 8192) == pytest.approx(0.95 ** 2)  # twice the tokens per step: twice the decay
+    assert adam_beta2(config, 1024) == pytest.approx(0.95 ** 0.25)
+    half_life = [math.log(0.5) / math.log(adam_beta2(config, t)) * t for t in (1024, 4096, 8192)]
+    assert half_life == pytest.approx([half_life[0]] * 3)  # the same half-life, counted in tokens
+
+
+def test_the_run_trains_with_the_beta2_it_records(tmp_path):
+    run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=3", "ADAM_BETA2=0.99", "ADAM_BETA2_REF_TOKENS=128", "RUN_NAME=b")
+    run_dir = tmp_path / "results" / "b"
+    assert summary_of(run_dir)["lstm"]["fit"]["adam_beta2"] == pytest.approx(0.99 ** 2)  # 8 x 32 tokens per step
+    saved = torch.load(run_dir / "checkpoints" / "lstm.pt", weights_only=True)
+    assert saved["optimizer"]["param_groups"][0]["betas"][1] == pytest.approx(0.99 ** 2)
+
+
+def test_a_branched_point_scores_bit_identically_to_a_direct_wsd_run_and_a_killed_branch_resumes(tmp_path):
+    run_cli(tmp_path, *WSD, "MAX_STEPS=40", "RUN_NAME=short")
+    run_cli(tmp_path, *WSD, "MAX_STEPS=80", "RUN_NAME=direct")
+    short = tmp_path / "results" / "short"
+    stable = torch.load(short / "checkpoints" / "transformer-seed1337-stable.pt", weights_only=True)
+    assert stable["progress"]["step"] == 32 and not stable["finished"]  # where the last 20% of 40 steps begins
+    branch = run_cli(tmp_path, *WSD, "MAX_STEPS=80", f"STABLE_FROM={short}", "RUN_NAME=branch")
+    assert "continuing from the stable phase of" in branch.stdout
+    direct, branched = summary_of(tmp_path / "results" / "direct"), summary_of(tmp_path / "results" / "branch")
+    for key in ("val_loss", "val_bpc", "windows_val_bpc", "train_steps", "train_tokens", "train_flops"):
+        assert branched["transformer"][key] == direct["transformer"][key], key  # bit-identical, not approximately
+    assert branched["transformer"]["fit"]["branched_at_flops"] == pytest.approx(stable["progress"]["flops"])
+    assert direct["transformer"]["fit"]["branched_at_flops"] == 0
+
+    def past_step_50(run_dir):  # its checkpoint every 10 steps; the kill lands mid-branch
+        path = run_dir / "checkpoints" / "transformer.pt"
+        try:
+            return path.exists() and torch.load(path, weights_only=True)["progress"]["step"] >= 50
+        except Exception:  # caught mid-write: look again
+            return False
+
+    killed = run_then_sigkill(tmp_path, [*WSD, "MAX_STEPS=80", f"STABLE_FROM={short}", "CHECKPOINT_EVERY=10"],
+                              "killed", past_step_50)
+    assert not (killed / "summary.json").exists()
+    resumed = run_cli(tmp_path, "RESUME=killed")
+    assert "continuing from its checkpoint" in resumed.stdout
+    assert summary_of(killed)["transformer"]["val_loss"] == direct["transformer"]["val_loss"]
+
+
+def test_a_branch_is_refused_from_other_settings_a_longer_budget_or_no_stable_phase(tmp_path):
+    run_cli(tmp_path, *WSD, "MAX_STEPS=40", "RUN_NAME=short")
+    short = tmp_path / "results" / "short"
+    before = sorted(p.name for p in (tmp_path / "results").iterdir())
+    other = run_cli(tmp_path, *WSD, "MAX_STEPS=80", "LEARNING_RATE=1e-3", f"STABLE_FROM={short}", "RUN_NAME=o",
+                    check=False)
+    assert other.returncode != 0 and "LEARNING_RATE 0.003 there, 0.001 here" in other.stderr
+    shorter = run_cli(tmp_path, *WSD, "MAX_STEPS=20", f"STABLE_FROM={short}", "RUN_NAME=s", check=False)
+    assert shorter.returncode != 0 and "past this budget's cooldown start (step 16)" in shorter.stderr
+    (short / "checkpoints" / "transformer-seed1337-stable.pt").unlink()
+    missing = run_cli(tmp_path, *WSD, "MAX_STEPS=80", f"STABLE_FROM={short}", "RUN_NAME=m", check=False)
+    assert missing.returncode != 0 and "has no stable phase of transformer for seed 1337" in missing.stderr
+    for proc in (other, shorter, missing):  # one error line (after the note that the empty folder went)
+        assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == before  # no half-made folders left
+    assert (short / "summary.json").exists()
+    shutil.rmtree(short / "checkpoints")
+
+
+def test_a_wsd_budget_too_small_for_its_warm_up_and_cooldown_is_one_line(tmp_path):
+    proc = run_cli(tmp_path, *WSD, "MAX_STEPS=5", "WARMUP_STEPS=5", check=False)  # cooldown from step 4
+    assert proc.returncode != 0 and "too few for WARMUP_STEPS=5" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in proc.stderr
