@@ -126,7 +126,7 @@ def _number_list(key: str, value, kind) -> list:
     out = []
     for item in items:
         try:
-            number = kind(float(item)) if isinstance(item, str) else item
+            number = float(item) if isinstance(item, str) else item
         except ValueError:
             number = None
         if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) \

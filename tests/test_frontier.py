@@ -1,0 +1,184 @@
+"""Frontier studies (reservoir/frontier.py, scaling.py FRONTIER=/REPORT=): a micro frontier on the synthetic
+corpus end to end, its records alone rebuilding the report, successive halving, the compute multiplier,
+and every bad input as one line."""
+
+import json
+import shutil
+
+import pytest
+
+from reservoir.frontier import FrontierError, build_frontier, parse_grid
+from tests.conftest import ROOT, run_script
+
+# 2 families x 2 sizes x 2 rates x 2 budgets on the synthetic corpus: seconds per point
+MICRO = ["FAMILIES=transformer++,lstm", "SIZES=xs,s", "LEARNING_RATES=2e-3,4e-3", "BATCH_SIZES=8", "BUDGETS=3e9,6e9",
+         "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=2", "KEEP=1", "WITHIN=0", "STUDY=micro",
+         "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=4096",
+         "SAMPLE_TOKENS=20", "WARMUP_STEPS=5"]
+
+
+def frontier(tmp_path, *args, check=True):
+    return run_script("scaling.py", *MICRO, f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}",
+                      *args, check=check, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("frontier")
+    proc = frontier(tmp_path, "WORKERS=2")
+    return tmp_path, tmp_path / "results" / "micro", proc
+
+
+def test_a_micro_frontier_writes_its_envelopes_plot_and_tables(micro):
+    _, study, proc = micro
+    report = json.loads((study / "frontier.json").read_text())
+    assert (study / "frontier.png").stat().st_size > 10_000 and (study / "frontier.md").exists()
+    assert set(report["envelope"]) == {"transformer++", "lstm"} and report["reference"] == "transformer++"
+    for family, points in report["envelope"].items():
+        assert [p["budget"] for p in points] == [3e9, 6e9], family
+        for p in points:
+            assert p["seeds"] == [1337, 1338] and p["bpc_sd"] is not None  # ENVELOPE_SEEDS=2
+            assert p["bpc"] == min(r["val_bpc"] for r in report["grid_points"] if r["family"] == family
+                                   and r["budget"] == p["budget"] and not r["envelope_seed"])
+            assert p["train_loss"] is not None and p["epochs"] > 0
+        assert report["n_opt"][family]["3000000000.0"] == points[0]["params_trained"]
+    # the s presets take < 20 steps at 3e9: skipped there (listed with the reason), run at 6e9
+    assert any(s["budget"] == 3e9 and "-s-" in s["cell"] and "steps < 20" in s["reason"] for s in report["skipped"])
+    assert any(r["budget"] == 6e9 and r["size"] == "s" for r in report["grid_points"])
+    # KEEP=1, WITHIN=0: of each family's two xs cells at 3e9 only the better goes on, and it branches there
+    for family in ("transformer++", "lstm"):
+        at_small = [r for r in report["grid_points"] if r["family"] == family and r["budget"] == 3e9
+                    and not r["envelope_seed"]]
+        best = min(at_small, key=lambda r: r["val_bpc"])
+        at_large = {r["cell"]: r for r in report["grid_points"] if r["family"] == family and r["budget"] == 6e9
+                    and r["size"] == "xs" and not r["envelope_seed"]}
+        assert set(at_large) == {best["cell"]} and at_large[best["cell"]]["branched"]
+        assert {"cell": next(r["cell"] for r in at_small if r is not best), "budget": 6e9} in report["not_run_pruned"]
+    spent = report["spent"]
+    assert 0 < spent["flops"] < spent["flops_if_unbranched"]  # the branch did not pay for its stable phase again
+    assert "lower envelope" in (study / "frontier.md").read_text() or "envelope" in proc.stdout
+
+
+def test_the_same_command_again_trains_nothing(micro):
+    tmp_path, study, _ = micro
+    before = (study / "frontier.json").read_text()
+    again = frontier(tmp_path, "WORKERS=2")
+    assert "started" not in again.stdout and again.stdout.count("0 to train") == 2
+    assert json.loads((study / "frontier.json").read_text())["envelope"] == json.loads(before)["envelope"]
+
+
+def test_the_records_alone_rebuild_the_report_and_an_edited_record_is_refused(micro, tmp_path):
+    _, study, _ = micro
+    records = tmp_path / "committed"
+    shutil.copytree(study, records, ignore=shutil.ignore_patterns("checkpoints", "logs", "frontier.*", "*.lock"))
+    assert not list(records.rglob("*.pt"))
+    proc = run_script("scaling.py", f"REPORT={records}")
+    assert "| transformer++ |" in proc.stdout
+    rebuilt, original = (json.loads((d / "frontier.json").read_text()) for d in (records, study))
+    for key in ("envelope", "fits", "compute_multiplier", "isoflop", "lr_sensitivity", "skipped", "n_opt"):
+        assert rebuilt[key] == original[key], key
+    assert (records / "frontier.png").exists()
+    point = next(records.glob("lstm-xs-*/flops-3.00e09"))
+    summary = json.loads((point / "summary.json").read_text())
+    summary[0]["val_bpc"] = 1.0
+    (point / "summary.json").write_text(json.dumps(summary))
+    edited = run_script("scaling.py", f"REPORT={records}", check=False)
+    assert edited.returncode != 0 and "was edited after its run wrote it" in edited.stderr
+    assert len(edited.stderr.strip().splitlines()) == 1 and "Traceback" not in edited.stderr
+    assert json.loads((records / "frontier.json").read_text()) == rebuilt  # the last good report is kept
+
+
+def test_a_report_of_a_folder_without_a_study_is_one_line(tmp_path):
+    for folder in (tmp_path, tmp_path / "missing"):
+        proc = run_script("scaling.py", f"REPORT={folder}", check=False)
+        assert proc.returncode != 0 and "not a frontier study folder" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    proc = run_script("scaling.py", f"REPORT={tmp_path}", "SEEDS=1", check=False)
+    assert proc.returncode != 0 and "give it alone" in proc.stderr
+
+
+def _row(family, budget, bpc, source="tinystories"):
+    return {"cell": f"{family}-xs", "family": family, "size": "xs", "learning_rate": 1e-3, "batch_size": 8,
+            "budget": budget, "seed": 1337, "envelope_seed": False, "status": "finished", "val_bpc": bpc,
+            "val_loss": bpc * 0.69, "train_loss": bpc * 0.69, "params_trained": 1000, "train_flops": budget,
+            "train_tokens": 1, "train_steps": 1, "epochs": 1.0, "train_seconds": 1.0, "data_source": source,
+            "spent_flops": budget, "spent_seconds": 1.0, "branched": False, "folder": "x"}
+
+
+def test_the_compute_multiplier_is_the_reference_compute_for_the_same_loss():
+    budgets = [1e12, 2e12, 4e12, 8e12]
+    study = {"study": "t", "budgets": budgets, "grid": {"FAMILIES": ["transformer", "lstm"]}, "settings": [],
+             "plan": {}}
+
+    def loss(compute):  # the transformer's envelope: a power law in compute
+        return 2.0 + 10.0 * (compute / 1e12) ** -0.5
+
+    rows = [_row("transformer", b, loss(b)) for b in budgets] + [_row("lstm", b, loss(2 * b)) for b in budgets[:3]]
+    report = build_frontier(rows, study)
+    assert report["fits"]["transformer"]["converged"]
+    assert report["fits"]["transformer"]["alpha"] == pytest.approx(0.5, rel=1e-3)
+    multipliers = {r["budget"]: r for r in report["compute_multiplier"]["lstm"]}
+    for b in budgets[:3]:  # the LSTM reaches at b what the transformer reaches at 2b: worth 2x its compute
+        assert multipliers[b]["multiplier"] == pytest.approx(2.0, rel=0.1), b
+    assert multipliers[4e12]["how"] == "interpolated"
+    assert [r["multiplier"] for r in report["compute_multiplier"]["transformer"]] == pytest.approx([1.0] * 4)
+    with pytest.raises(FrontierError, match="mix datasets"):
+        build_frontier([*rows, _row("lstm", 8e12, 3.0, source="shakespeare")], study)
+    with pytest.raises(FrontierError, match="no point records yet"):
+        build_frontier([], study)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["FAMILIES=gru"], "unknown family 'gru' in FAMILIES"),
+    (["SIZES=xxl"], "size preset 'xxl' does not exist for transformer"),
+    (["LEARNING_RATES=0,1e-3"], "LEARNING_RATES must be positive numbers, got '0'"),
+    (["BATCH_SIZES=8.5"], "BATCH_SIZES must be positive integers"),
+    (["LEARNING_RATES="], "LEARNING_RATES is empty"),
+    (["WITHIN=2"], "WITHIN must be a fraction"),
+    (["FRONTIER=True", "FLOP_BUDGET=1e12"], "FLOP_BUDGET is set by the frontier study for each point"),
+    (["FRONTIER=True", "LR_SCHEDULE=cosine"], "needs LR_SCHEDULE='wsd'"),
+    (["FRONTIER=True", "COOLDOWN_FRACTION=1.5"], "COOLDOWN_FRACTION must be between 0 and 1"),
+])
+def test_bad_frontier_input_is_one_line_and_makes_no_folder(tmp_path, args, message):
+    proc = run_script("scaling.py", *args, f"RESULTS_DIR={tmp_path / 'results'}", "DATASET=synthetic", check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_grid_whose_every_cell_is_skipped_is_one_line(tmp_path):
+    proc = frontier(tmp_path, "MIN_STEPS=100000", check=False)
+    assert proc.returncode != 0 and "every cell of the grid is skipped" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_grid_defaults_span_eight_times_in_parameters_per_family():
+    from configs import parse_overrides
+    from reservoir.frontier import FAMILIES, SIZES, Cell
+    from reservoir.models import build_model
+
+    grid = parse_grid({})
+    for family in grid["FAMILIES"]:
+        params = []
+        for size in grid["SIZES"]:
+            cell = Cell(family, size, 1e-3, 8)
+            model = build_model(cell.model, 77, parse_overrides(cell.settings()))
+            params.append(model.param_counts()["params_trainable"])
+        assert params == sorted(params) and params[-1] >= 8 * params[0], (family, params)
+    assert set(SIZES) == {model for model, _ in FAMILIES.values()}
+    assert 3 <= len(grid["LEARNING_RATES"]) <= 4 and all(b / a == pytest.approx(2) for a, b in
+                                                          zip(grid["LEARNING_RATES"], grid["LEARNING_RATES"][1:]))
+
+
+@pytest.mark.slow
+def test_one_worker_or_two_give_the_same_records(micro, tmp_path):
+    _, study, _ = micro
+    frontier(tmp_path, "WORKERS=1")
+    one = json.loads((tmp_path / "results" / "micro" / "frontier.json").read_text())
+    two = json.loads((study / "frontier.json").read_text())
+    assert [(r["cell"], r["budget"], r["seed"], r["val_bpc"]) for r in one["grid_points"]] == \
+        [(r["cell"], r["budget"], r["seed"], r["val_bpc"]) for r in two["grid_points"]]
+
+
+def test_root_scripts_stay_thin():
+    assert len((ROOT / "scaling.py").read_text().splitlines()) < 220
