@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .messages import OneLineError, say, warn
-from .results import ResultsError, read_json, run_seeds, write_json_atomic
+from .results import ResultsError, read_json, read_summary, run_seeds, write_json_atomic
 
 STUDY_KEYS = ("BUDGETS", "STUDY")
 DEFAULT_BUDGETS = (2.5e12, 5e12, 1e13, 2e13, 4e13)  # ~2 h for the default models and seeds on 2 CPU cores
@@ -114,7 +114,7 @@ class Study:
         summary = self.path / point_name(budget) / "summary.json"
         if not summary.exists():
             return False
-        done = {(r.get("model"), r.get("seed")) for r in read_json(summary, "the point's summary")}
+        done = {(r.get("model"), r.get("seed")) for r in read_summary(summary.parent, "the point's summary")}
         return {(m, s) for m in self.config["MODELS"] for s in run_seeds(self.config)} <= done
 
     def run(self, run_point) -> None:
@@ -138,7 +138,7 @@ class Study:
         for budget in self.budgets:
             summary = self.path / point_name(budget) / "summary.json"
             if summary.exists():
-                out.extend({**r, "budget": budget} for r in read_json(summary, "the point's summary"))
+                out.extend({**r, "budget": budget} for r in read_summary(summary.parent, "the point's summary"))
         return out
 
     def report(self) -> dict:

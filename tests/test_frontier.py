@@ -166,8 +166,8 @@ def test_the_grid_defaults_span_eight_times_in_parameters_per_family():
             params.append(model.param_counts()["params_trainable"])
         assert params == sorted(params) and params[-1] >= 8 * params[0], (family, params)
     assert set(SIZES) == {model for model, _ in FAMILIES.values()}
-    assert 3 <= len(grid["LEARNING_RATES"]) <= 4 and all(b / a == pytest.approx(2) for a, b in
-                                                          zip(grid["LEARNING_RATES"], grid["LEARNING_RATES"][1:]))
+    rates = grid["LEARNING_RATES"]
+    assert 3 <= len(rates) <= 4 and all(b / a == pytest.approx(2) for a, b in zip(rates, rates[1:], strict=False))
 
 
 @pytest.mark.slow
