@@ -1,5 +1,6 @@
 """The warm-up-stable-decay schedule and its branches (STABLE_FROM), and AdamW's β2 settings."""
 
+import json
 import math
 import shutil
 
@@ -123,3 +124,16 @@ def test_a_wsd_budget_too_small_for_its_warm_up_and_cooldown_is_one_line(tmp_pat
     proc = run_cli(tmp_path, *WSD, "MAX_STEPS=5", "WARMUP_STEPS=5", check=False)  # cooldown from step 4
     assert proc.returncode != 0 and "too few for WARMUP_STEPS=5" in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_a_study_refuses_a_point_record_edited_after_its_run_wrote_it(tmp_path):
+    from reservoir.results import ResultsError, read_summary
+
+    run_cli(tmp_path, "MODELS=ngram,lstm", "MAX_STEPS=3", "RUN_NAME=point")
+    point = tmp_path / "results" / "point"
+    assert [r["model"] for r in read_summary(point)] == ["ngram", "lstm"]
+    text = (point / "summary.json").read_text()
+    record = json.loads(text)[1]
+    (point / "summary.json").write_text(text.replace(json.dumps(record["val_bpc"]), "1.0", 1))
+    with pytest.raises(ResultsError, match="the record of lstm .seed 1337. was edited after its run wrote it"):
+        read_summary(point)
