@@ -289,7 +289,9 @@ class FrontierStudy:
         path = self.path / STUDY_FILE
         if path.exists():
             before = read_json(path, "the study's grid")
-            changed = [k for k in ("budgets", "grid", "settings") if before.get(k) != content[k]]
+            changed = [k for k in ("budgets", "grid") if before.get(k) != content[k]]
+            if _placeless(before.get("settings", [])) != _placeless(content["settings"]):
+                changed.append("settings")
             if changed:
                 raise FrontierError(f"{path} holds another {', '.join(changed)} for STUDY={self.name}: run it with "
                                     "the same command to continue it, or name a new STUDY")
@@ -394,6 +396,14 @@ class FrontierExit(Exception):
     def __init__(self, code: int, message: str):
         super().__init__(message)
         self.code = code
+
+
+LOCATIONS = ("RESULTS_DIR", "CACHE_DIR", "DATA_DIR", "DATASET", "TRAIN_PATH", "VAL_PATH")  # may differ per machine
+
+
+def _placeless(settings: list[str]) -> list[str]:
+    """A study's settings less where its data and folders are: the same study continues on another machine."""
+    return [a for a in settings if a.partition("=")[0].strip().upper() not in LOCATIONS]
 
 
 def grid_cells(grid: dict) -> list[Cell]:

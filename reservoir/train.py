@@ -445,9 +445,9 @@ def _train_sgd(job: Fit) -> Outcome:
         scaler.load_state_dict(job.saved["scaler"])
         dev.set_rng_state(info, job.saved["rng"])
         progress = Progress(**job.saved["progress"])
-        where = f"the stable phase of {job.branched_from}" if job.branched_from else "its checkpoint"
-        say(f"{job.name}: continuing from {where} at step {progress.step} ({progress.tokens:,} tokens, "
-            f"{progress.seconds:.0f}s)", job.main)
+        how = f"continuing from the stable phase of {job.branched_from}" if job.branched_from else "resuming"
+        say(f"{job.name}: {how} at step {progress.step} ({progress.tokens:,} tokens, {progress.seconds:.0f}s)",
+            job.main)
     progress.flops = cost.flops(progress.step)
     if budget.max_flops and cost.per_step > budget.max_flops:
         raise BudgetError(f"FLOP_BUDGET={budget.max_flops:.3g} does not cover one training step of {job.name} "

@@ -97,7 +97,7 @@ def test_a_branched_point_scores_bit_identically_to_a_direct_wsd_run_and_a_kille
                               "killed", past_step_50)
     assert not (killed / "summary.json").exists()
     resumed = run_cli(tmp_path, "RESUME=killed")
-    assert "continuing from its checkpoint" in resumed.stdout
+    assert "transformer: resuming at step" in resumed.stdout
     assert summary_of(killed)["transformer"]["val_loss"] == direct["transformer"]["val_loss"]
 
 

@@ -118,9 +118,11 @@ def test_no_recompilation_after_warmup_and_one_execution_per_step(model):
                           "FROZEN_RETENTION.write_gate=True"]),
     ("deep_linear_reservoir", ["DEEP_LINEAR_RESERVOIR.train_recurrence=True"]),
     ("reservoir_attention", ["RESERVOIR_ATTENTION.train_recurrence=True"]),
+    ("transformer", ["TRANSFORMER.recipe=++", "TRANSFORMER.qk_norm=True"]),
 ])
 def test_the_reservoir_push_options_compile_once_too(model, options):
-    """The unfrozen control, the short convolution and the write gate: their graphs settle in warm-up."""
+    """The unfrozen control, the short convolution, the write gate and Transformer++ (rotary positions,
+    SwiGLU, RMSNorm, qk-norm): their graphs settle in warm-up."""
     result = json.loads(python(["tests/xla_probe.py", model, *options]).stdout.strip().splitlines()[-1])
     assert result["options"] == options and result["compiles_after_warmup"] == 0, result
     assert result["executions_per_step"] == EXPECTED[model], result
