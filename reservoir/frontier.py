@@ -35,7 +35,7 @@ import numpy as np
 
 from .messages import OneLineError, say
 from .results import ResultsError, read_json, read_summary, write_json_atomic
-from .scaling import curve, fit_curve, parse_budgets, point_name
+from .scaling import curve, fit_curve, log_axes, parse_budgets, point_name, positive_numbers, save_figure
 
 FRONTIER_KEYS = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES", "KEEP", "WITHIN", "ENVELOPE_SEEDS",
                  "MIN_STEPS", "MAX_TOKENS_PER_PARAM", "WORKERS")
@@ -121,23 +121,11 @@ class Cell:
 
 
 def _number_list(key: str, value, kind) -> list:
-    items = value if isinstance(value, (list, tuple)) else [v for v in str(value).strip("[]() ").split(",")
-                                                            if v.strip()]
-    out = []
-    for item in items:
-        try:
-            number = float(item) if isinstance(item, str) else item
-        except ValueError:
-            number = None
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) \
-                or number <= 0 or (kind is int and int(number) != number):
-            raise FrontierError(f"{key} must be positive {'integers' if kind is int else 'numbers'}, got {item!r}; "
-                                f"e.g. {key}={','.join(map(str, DEFAULTS[key]))}")
-        out.append(kind(number))
-    if not out:
-        example = ",".join(map(str, DEFAULTS[key]))
+    example = ",".join(map(str, DEFAULTS[key])) if isinstance(DEFAULTS[key], list) else str(DEFAULTS[key])
+    numbers = positive_numbers(key, value, example, FrontierError, integers=kind is int)
+    if not numbers:
         raise FrontierError(f"{key} is empty: the grid needs at least one; e.g. {key}={example}")
-    return out
+    return numbers
 
 
 def _name_list(key: str, value) -> list[str]:
@@ -682,18 +670,10 @@ def plot_frontier(report: dict, path: Path) -> Path:
     for ax, xlabel, title in ((env_ax, "training FLOPs", "lower envelope per family (faint: every grid point)"),
                               (iso_ax, "trained parameters", "IsoFLOP profiles (best over rates and batches)"),
                               (lr_ax, "peak learning rate", "learning-rate sensitivity (best over sizes, batches)")):
-        ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("validation bits/char")
+        log_axes(ax, xlabel, "validation bits/char", legend_size=6)
         ax.set_title(title, fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6)
     fig.suptitle(f"frontier study {report['study']} ({report['data_source']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=110)
 
 
 __all__ = ["FrontierStudy", "FrontierError", "FrontierExit", "FAMILIES", "SIZES", "FRONTIER_KEYS", "Cell",

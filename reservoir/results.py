@@ -126,17 +126,22 @@ def read_summary(run_dir: Path, what: str = "the run's summary") -> list[dict]:
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         raise ResultsError(f"{path} is damaged: it is not a list of records; re-run that point (delete the folder)")
     for record in records:
-        recorded = record.get(INTEGRITY_KEY)
-        entry = {k: v for k, v in record.items() if k != INTEGRITY_KEY}
-        if recorded is None:
-            if path not in _UNCHECKED_SAID:
-                _UNCHECKED_SAID.add(path)
-                warn(f"{path} was written before summaries recorded an integrity hash: used without that check")
-        elif recorded != _integrity(entry):
-            raise ResultsError(f"{path}: the record of {record.get('model')} (seed {record.get('seed')}) was edited "
-                               "after its run wrote it (its integrity hash no longer matches); undo the edit, or "
-                               "delete that run folder and run the same command again to redo it")
+        _verify(record, path, "summaries", f"{path}: the record of {record.get('model')} (seed {record.get('seed')}) "
+                "was edited after its run wrote it (its integrity hash no longer matches); undo the edit, or delete "
+                "that run folder and run the same command again to redo it")
     return records
+
+
+def _verify(content: dict, path: Path, older: str, edited: str) -> None:
+    """Refuse ``content`` whose integrity hash no longer matches it (``edited``: the one-line error); content
+    written before ``older`` carried a hash is used, with one warning per file."""
+    recorded = content.get(INTEGRITY_KEY)
+    if recorded is None:
+        if path not in _UNCHECKED_SAID:
+            _UNCHECKED_SAID.add(path)
+            warn(f"{path} was written before {older} recorded an integrity hash: used without that check")
+    elif recorded != _integrity(content):
+        raise ResultsError(edited)
 
 
 def read_run_config(run_dir: Path) -> RecordedConfig:
@@ -146,15 +151,9 @@ def read_run_config(run_dir: Path) -> RecordedConfig:
     content = read_json(path, "the run's config")
     if not isinstance(content, dict):
         raise ResultsError(f"{path} is damaged: it is not a JSON object; start a new run")
-    recorded = content.get(INTEGRITY_KEY)
-    if recorded is None:
-        if path not in _UNCHECKED_SAID:
-            _UNCHECKED_SAID.add(path)
-            warn(f"{path} was written before runs recorded an integrity hash: used without that check")
-    elif recorded != _integrity(content):
-        raise ResultsError(f"{path} was edited or damaged after the run wrote it (its integrity hash no longer "
-                           "matches): a run folder is trusted only as the run wrote it; undo the edit, or start "
-                           "a new run with the settings you want")
+    _verify(content, path, "runs", f"{path} was edited or damaged after the run wrote it (its integrity hash no "
+            "longer matches): a run folder is trusted only as the run wrote it; undo the edit, or start a new run "
+            "with the settings you want")
     return RecordedConfig(content, path)
 
 

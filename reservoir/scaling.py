@@ -46,20 +46,28 @@ class StudyError(OneLineError, ValueError):
     """A study that cannot run as asked: reported as one line."""
 
 
-def parse_budgets(value) -> list[float]:
-    """BUDGETS=1e12,2e12,... (or a Python list): at least two, each > 0, strictly increasing."""
-    text = str(value).strip("[]() ")
-    items = value if isinstance(value, (list, tuple)) else [v for v in text.split(",") if v.strip()]
-    budgets = []
+def positive_numbers(key: str, value, example: str, error=None, integers: bool = False) -> list:
+    """``KEY=1e12,2e12`` (or a Python list) as numbers, each finite and > 0 (whole with ``integers``); a
+    one-line ``error`` (StudyError) naming ``key`` and an ``example`` otherwise."""
+    items = value if isinstance(value, (list, tuple)) else [v for v in str(value).strip("[]() ").split(",")
+                                                            if v.strip()]
+    numbers = []
     for item in items:
         try:
             number = float(item) if isinstance(item, str) else item
         except ValueError:
             number = None
         if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) \
-                or number <= 0:
-            raise StudyError(f"BUDGETS must be positive numbers of FLOPs, got {item!r}; e.g. BUDGETS=1e12,4e12,1.6e13")
-        budgets.append(float(number))
+                or number <= 0 or (integers and int(number) != number):
+            raise (error or StudyError)(f"{key} must be positive {'integers' if integers else 'numbers'}, got "
+                                        f"{item!r}; e.g. {key}={example}")
+        numbers.append(int(number) if integers else float(number))
+    return numbers
+
+
+def parse_budgets(value) -> list[float]:
+    """BUDGETS=1e12,2e12,... (or a Python list) in FLOPs: at least two, each > 0, strictly increasing."""
+    budgets = positive_numbers("BUDGETS", value, "1e12,4e12,1.6e13")
     if len(budgets) < 2:
         raise StudyError(f"BUDGETS needs at least two budgets for a ladder, got {len(budgets)}; "
                          "e.g. BUDGETS=1e12,4e12,1.6e13")
@@ -321,6 +329,16 @@ def format_report(report: dict) -> str:
 # --------------------------------------------------------------------- the plot
 
 
+def log_axes(ax, xlabel: str, ylabel: str, legend_size: int) -> None:
+    """A study plot's panel: log x, labels, a light grid, a legend where it has labelled lines."""
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=legend_size)
+
+
 def plot_scaling(report: dict, path: Path) -> Path:
     """Bits/char against training FLOPs (points ± sd, fitted curves, data-bound models as lines), and
     each model's gap to the transformer in percent."""
@@ -355,16 +373,17 @@ def plot_scaling(report: dict, path: Path) -> Path:
                         label=model)
     gap_ax.axhline(0, color="grey", linewidth=0.8)
     for ax, label in ((loss_ax, "validation bits/char"), (gap_ax, f"gap to the {report['reference_model']} (%)")):
-        ax.set_xscale("log")
-        ax.set_xlabel("training FLOPs (reservoir/flops.py)")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+        log_axes(ax, "training FLOPs (reservoir/flops.py)", label, legend_size=7)
     loss_ax.set_title(f"study {report.get('study', '')}: bits/char against compute")
     gap_ax.set_title(f"each model's gap to the {report['reference_model']} at the same budget")
+    return save_figure(fig, path, dpi=120)
+
+
+def save_figure(fig, path: Path, dpi: int) -> Path:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return Path(path)
 

@@ -55,6 +55,15 @@ def test_defaults_are_not_modified_by_overrides():
     ("LEARNING_RATE=nan", "finite number"),
     ("SEED=-1", ">= 0"),
     ("BATCH_SIZE", "is not KEY=VALUE"),
+    ("COOLDOWN_FRACTION=1", "COOLDOWN_FRACTION must be between 0 and 1"),
+    ("COOLDOWN_FRACTION=0", "COOLDOWN_FRACTION must be between 0 and 1"),
+    ("COOLDOWN_SHAPE=cosine", "COOLDOWN_SHAPE must be one of"),
+    ("LR_SCHEDULE=step", "LR_SCHEDULE must be one of"),
+    ("ADAM_BETA2=1", "ADAM_BETA2 must be between 0 and 1"),
+    ("ADAM_BETA2_REF_TOKENS=0", "ADAM_BETA2_REF_TOKENS must be > 0"),
+    ("LEARNING_RATE=0", "LEARNING_RATE must be > 0"),
+    ("TRANSFORMER.recipe=llama", "must be one of 'gpt2' | '++'"),
+    ("TRANSFORMER.rotary=maybe", "must be True, False or None"),
 ])
 def test_bad_values_name_what_is_allowed(arg, message):
     with pytest.raises(ConfigError, match=message):

@@ -92,15 +92,6 @@ def test_one_switch_selects_the_recipe_and_each_part_can_be_set_apart():
     assert isinstance(gpt2.blocks[0].ln1, torch.nn.LayerNorm)
 
 
-@pytest.mark.parametrize("setting, message", [
-    ("TRANSFORMER.recipe=llama", "must be one of 'gpt2' | '++'"),
-    ("TRANSFORMER.rotary=maybe", "must be True, False or None"),
-])
-def test_bad_recipe_options_are_one_line_errors(setting, message):
-    with pytest.raises(ConfigError, match=message):
-        parse_overrides([setting])
-
-
 def test_rotary_needs_heads_of_an_even_size():
     with pytest.raises(ConfigError, match="heads of an even size"):
         parse_overrides(["TRANSFORMER.recipe=++", "TRANSFORMER.n_embd=36", "TRANSFORMER.n_head=4"])
