@@ -276,7 +276,7 @@ def _validate_block(block: str, values: dict) -> dict:
             if name in _BLOCK_UNIT_INTERVAL and not 0 <= value <= 1:
                 raise ConfigError(f"{label} must be between 0 and 1, got {value!r}")
             if value < 0 or (value == 0 and name not in _BLOCK_MAY_BE_ZERO):
-                raise ConfigError(f"{label} must be > 0, got {value!r}")
+                raise ConfigError(f"{label} must be {'>= 0' if name in _BLOCK_MAY_BE_ZERO else '> 0'}, got {value!r}")
         checked[name] = value
     return {**copy.deepcopy(defaults), **checked}
 

@@ -11,6 +11,11 @@ if [ "${2:-}" = "--dry-run" ] || [ "${1:-}" = "--dry-run" ]; then
   [ "${1:-}" = "--dry-run" ] && out=gpu_check
   exec "${PYTHON:-python}" bench/gpu_check.py "$out" --dry-run
 fi
+# look before downloading ~5 GB of CUDA wheels: a machine without a CUDA GPU is told so in one line
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
+  echo "error: no CUDA GPU here (nvidia-smi finds none); bash bench/gpu_check.sh OUT_DIR --dry-run runs the CPU-safe parts" >&2
+  exit 2
+fi
 python3 -m venv .venv-gpu
 # torch with CUDA from PyPI (its default build), then the project, its test tools and reservoirpy
 .venv-gpu/bin/pip install -q torch

@@ -16,7 +16,7 @@ from .messages import TAG, say, warn
 from .models import build_model, check_vocabulary
 from .results import Run, format_table, run_seeds
 from .tracking import check_available
-from .train import diverged_record, fit, sample_stories, summary_record
+from .train import check_batches, diverged_record, fit, sample_stories, summary_record
 
 
 def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claimed=None, on_evaluation=None) -> Run:
@@ -33,6 +33,7 @@ def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claime
     # --- data and tokenizer
     data = dev.main_process_first(info, lambda: prepare_data(config), "data_prepared")  # one download, one cache
     check_vocabulary(config, data.tokenizer.vocab_size)  # before a run folder exists
+    check_batches(config, data, info)
     say(f"data: {data.description}; {data.tokenizer.kind} tokenizer, vocab {data.tokenizer.vocab_size}, "
         f"{data.train.size:,} training / {data.val.size:,} validation tokens", main)
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .corpus import EOT
+from .messages import warn
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,18 @@ def decode_story(tokenizer, ids) -> str:
     return tokenizer.decode(np.asarray(ids)).replace(EOT, "\n\n").rstrip()
 
 
+def warn_unknown_characters(tokenizer, prompt: str) -> None:
+    """One warning naming the prompt's characters that the run's tokenizer does not have: the model reads
+    each as <unk> (and the story shows it as '?'). Byte-level BPE has every character."""
+    unk_id = getattr(tokenizer, "unk_id", None)
+    if unk_id is None:
+        return
+    unknown = sorted({c for c in prompt if unk_id in tokenizer.encode(c)})
+    if unknown:
+        warn(f"prompt {prompt!r}: {', '.join(map(repr, unknown))} not in this run's vocabulary (its training text "
+             "never has them): read as <unk>, shown as '?'")
+
+
 @torch.no_grad()
 def write_stories(model, tokenizer, prompts: list[str], settings: SampleSettings,
                   device: torch.device) -> list[tuple[str, str]]:
@@ -42,6 +55,7 @@ def write_stories(model, tokenizer, prompts: list[str], settings: SampleSettings
     stop_id = tokenizer.eot_id if settings.stop_at_end else None
     out = []
     for prompt in prompts:
+        warn_unknown_characters(tokenizer, prompt)
         ids = torch.from_numpy(np.asarray(tokenizer.encode(prompt), dtype=np.int64)).to(device)
         for _ in range(settings.num_samples):
             story = model.generate(ids, settings.max_new_tokens, temperature=settings.temperature,

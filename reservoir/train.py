@@ -40,6 +40,7 @@ from .stopping import Diverged, Stopped
 
 CALIBRATION_TOKENS = 16384  # training tail held out from the ridge fit to calibrate its probabilities
 WARMUP_STEPS = 2  # steps timed as warm-up (compilation on XLA) and not charged to a time budget
+DIVERGED_OVER_UNIFORM = 3  # a loss over this many times uniform guessing's ln V is divergence, not a score
 
 
 # --------------------------------------------------------------------- budget and schedule
@@ -194,6 +195,13 @@ class WarmUp:
                 warn(f"{self.name}: its warm-up (compilation) took {self.wall:.0f}s, longer than its "
                      f"{self.budget.max_seconds:g}s budget; not charged: the budget counts training after warm-up")
 
+    def rate(self, progress: Progress, tokens_per_step: int) -> float | None:
+        """Training tokens/s since the warm-up ended (None while it runs): the warm-up's tokens count as
+        training, but its time is held off the clock, so tokens/seconds over the whole fit would inflate."""
+        if self.after is None or progress.step <= self.after[0]:
+            return None
+        return (progress.step - self.after[0]) * tokens_per_step / max(progress.seconds - self.after[1], 1e-9)
+
     def report(self, step: int, seconds: float) -> dict:
         """compile_seconds (warm-up beyond what its steps would take once settled) and step_seconds."""
         wall = self.wall if self.wall is not None else time.perf_counter() - self.began
@@ -238,8 +246,11 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
         model.to(device)
         run.forget_metrics(name, job.saved["progress"]["step"], job.seed)
         say(f"{name}: finished in the checkpoint (seed {job.seed}); evaluating it again", job.main)
-        return Outcome(Progress(**job.saved["progress"]), job.evaluator.score_final(model, info, device),
-                       job.saved.get("extra", {}))
+        progress = Progress(**job.saved["progress"])
+        final = job.evaluator.score_final(model, info, device)
+        job.check_finite(progress, "the validation loss", final["val_loss"], "")
+        job.log_eval(progress, final, final=True)
+        return Outcome(progress, final, job.saved.get("extra", {}))
     run.forget_metrics(name, job.saved["progress"]["step"] if job.saved else -1, job.seed)  # past it: redone
     with MachineLoad() as load:
         outcome = trainer(job)
@@ -342,9 +353,20 @@ class Fit:
         return self.run.checkpoint_path(self.name, self.seed)
 
     def check_finite(self, progress: Progress, what: str, value: float | None, advice: str) -> None:
-        """The NaN guard: a non-finite loss stops this model (before anything is saved from it)."""
-        if value is not None and not math.isfinite(value):
-            raise Diverged(self.name, progress.step, f"{what} is {value}", advice, progress.tokens, progress.seconds)
+        """The divergence guard: a loss that is not finite, or far above guessing uniformly over the
+        vocabulary (DIVERGED_OVER_UNIFORM x ln V nats: no model that learned anything scores that), stops
+        this model (before anything is saved from it)."""
+        if value is None:
+            return
+        uniform = math.log(max(2, self.data.tokenizer.vocab_size))
+        if not math.isfinite(value):
+            reason = f"{what} is {value}"
+        elif value > DIVERGED_OVER_UNIFORM * uniform:
+            reason = (f"{what} is {value:.4g} nats, over {DIVERGED_OVER_UNIFORM}x the {uniform:.2f} of guessing "
+                      "uniformly")
+        else:
+            return
+        raise Diverged(self.name, progress.step, reason, advice, progress.tokens, progress.seconds)
 
     def log_eval(self, progress: Progress, result: dict, final: bool = False) -> None:
         self.run.log_metrics({"model": self.name, "seed": self.seed, "step": progress.step, "tokens": progress.tokens,
@@ -367,11 +389,12 @@ class Fit:
 
     def finish(self, progress: Progress, device, extra: dict, optimizer=None, scaler=None,
                advice: str = "") -> Outcome:
-        """The final evaluation and the 'finished' checkpoint, shared by every kind of fit."""
+        """The 'finished' checkpoint, then the final evaluation, shared by every kind of fit: a kill during a
+        long final evaluation evaluates the finished model again on RESUME instead of training it again."""
+        self.save(progress, True, optimizer, scaler, extra)
         final = self.evaluator.score_final(self.model, self.info, device)
         self.check_finite(progress, "the validation loss", final["val_loss"], advice)
         self.log_eval(progress, final, final=True)
-        self.save(progress, True, optimizer, scaler, extra)
         return Outcome(progress, final, extra)
 
     def progress_bar(self):
@@ -401,12 +424,19 @@ def _optimizer(model, config: dict, beta2: float, options: dict):
                              **options)
 
 
-def _check_one_batch(windows: TrainWindows, info: dev.DeviceInfo, config: dict) -> None:
+def _check_one_batch(windows: int, info: dev.DeviceInfo, config: dict) -> None:
     """Refuse a BATCH_SIZE the data cannot fill before anything costly (the FLOP count runs a step)."""
     per_step = config["BATCH_SIZE"] * info.replicas
-    if len(windows) < per_step:
-        raise DataError(f"the training data holds {len(windows)} windows of SEQ_LEN={config['SEQ_LEN']}, fewer than "
+    if windows < per_step:
+        raise DataError(f"the training data holds {windows} windows of SEQ_LEN={config['SEQ_LEN']}, fewer than "
                         f"one batch ({per_step}); lower BATCH_SIZE or SEQ_LEN, or use more data")
+
+
+def check_batches(config: dict, data: TokenData, info: dev.DeviceInfo) -> None:
+    """The same refusal for a whole run, before its folder exists: a model that counts (the n-gram) would
+    otherwise train first and leave a folder behind."""
+    if any(name != "ngram" for name in config["MODELS"]):
+        _check_one_batch(max(0, (data.train.size - 1) // config["SEQ_LEN"]), info, config)
 
 
 def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress: Progress):
@@ -427,7 +457,7 @@ def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress
 def _train_sgd(job: Fit) -> Outcome:
     model, config, info, budget = job.model, job.config, job.info, job.budget
     windows = TrainWindows(job.data.train, config["SEQ_LEN"], job.seed)
-    _check_one_batch(windows, info, config)
+    _check_one_batch(len(windows), info, config)
     cost = flops.sgd_step(model, job.data.tokenizer.vocab_size, config["BATCH_SIZE"], config["SEQ_LEN"],
                           config["GRAD_ACCUM"] * info.replicas)
     model.to(info.device)
@@ -523,12 +553,13 @@ def _train_sgd(job: Fit) -> Outcome:
                 loss_sum.zero_()
                 progress.train_loss_steps = 0
                 bar.update(100 * min(1.0, share) - bar.n)
-                speed = progress.tokens / max(progress.seconds, 1e-9)
-                bar.set_postfix_str(f"step {progress.step}, loss {progress.last_train_loss:.3f}, {speed:,.0f} tok/s")
+                speed = warm.rate(progress, per_step)
+                rate = "warming up" if speed is None else f"{speed:,.0f} tok/s"
+                bar.set_postfix_str(f"step {progress.step}, loss {progress.last_train_loss:.3f}, {rate}")
                 job.run.log_train({"model": job.name, "seed": job.seed, "step": progress.step,
                                    "tokens": progress.tokens, "seconds": round(progress.seconds, 3),
                                    "train_loss": progress.last_train_loss, "lr": lr,
-                                   "tokens_per_second": round(speed, 1)})
+                                   "tokens_per_second": None if speed is None else round(speed, 1)})
                 kept = f"checkpoint at step {saved_step} kept" if saved_step is not None else "no checkpoint yet"
                 job.check_finite(progress, "the training loss", progress.last_train_loss, f"{kept}; {advice}")
             if done:
