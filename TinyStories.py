@@ -11,7 +11,7 @@ sample -> results -> plots. The machinery lives in reservoir/.
 import functools
 import sys
 
-from configs import ConfigError, config_from_argv, given_settings, validate
+from configs import ConfigError, config_from_argv, given_settings, recorded_keys_missing, validate
 from reservoir import device as dev
 from reservoir import stopping
 from reservoir.experiment import run_experiment
@@ -35,6 +35,10 @@ def resolve_resume(config: dict, named=()) -> tuple[dict, object]:
     saved = read_run_config(resume_dir)
     if not isinstance(saved.get("requested_config"), dict):
         raise ResultsError(f"{resume_dir / 'config.json'} has no requested_config object; the run folder is damaged")
+    missing = recorded_keys_missing(saved["requested_config"])
+    if missing:  # refused as sample.py and compare.py refuse it: never filled in from today's defaults
+        raise ResultsError(f"{resume_dir / 'config.json'} is damaged: it has no requested_config.{missing[0]}; start "
+                           "a new run (or restore the run folder from a copy)")
     try:
         return validate(resumed_config(saved["requested_config"], config, named)), resume_dir
     except ConfigError as e:

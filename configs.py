@@ -156,6 +156,21 @@ _OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STO
              "ADAM_BETA2_REF_TOKENS": int}
 
 
+# Keys added after runs began to record their configs, with the value that trains as those runs trained:
+# RESUME fills these into an older run's settings; any other key a saved run lacks is damage, refused.
+ADDED_KEYS = {"LR_SCHEDULE": "cosine", "COOLDOWN_FRACTION": 0.2, "COOLDOWN_SHAPE": "1-sqrt", "STABLE_FROM": None,
+              "ADAM_BETA2": 0.95, "ADAM_BETA2_REF_TOKENS": None, "FROZEN_RETENTION": None,
+              "RESERVOIR_ATTENTION": None}
+
+
+def recorded_keys_missing(saved: dict) -> list[str]:
+    """Keys a saved run's requested config must hold and does not: every key of SHARED_CONFIG but those
+    added since (ADDED_KEYS) and the blocks of models it does not train."""
+    models = {str(m).upper() for m in saved.get("MODELS") or []}
+    return [k for k in SHARED_CONFIG if k not in saved and k not in ADDED_KEYS
+            and not (isinstance(SHARED_CONFIG[k], dict) and k not in models)]
+
+
 class ConfigError(OneLineError, ValueError):
     """A user mistake in the configuration: reported as one line, no traceback."""
 

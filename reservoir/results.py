@@ -151,6 +151,10 @@ def read_run_config(run_dir: Path) -> RecordedConfig:
     content = read_json(path, "the run's config")
     if not isinstance(content, dict):
         raise ResultsError(f"{path} is damaged: it is not a JSON object; start a new run")
+    if INTEGRITY_KEY not in content and (content.get("versions") or {}).get("reservoir_nlp"):
+        raise ResultsError(f"{path} has lost its integrity hash, though the version that wrote it "
+                           f"({content['versions']['reservoir_nlp']}) writes one: a run folder is trusted only as "
+                           "the run wrote it; restore the folder from a copy, or start a new run")
     _verify(content, path, "runs", f"{path} was edited or damaged after the run wrote it (its integrity hash no "
             "longer matches): a run folder is trusted only as the run wrote it; undo the edit, or start a new run "
             "with the settings you want")
@@ -416,7 +420,10 @@ def resume_outlook(run_dir: Path | None, config: dict) -> str:
 
 
 def versions() -> dict:
-    out = {"python": platform.python_version(), "torch": torch.__version__, "torch_xla": None}
+    from . import __version__
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "torch_xla": None,
+           "reservoir_nlp": __version__}
     try:
         import torch_xla
 

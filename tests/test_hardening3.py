@@ -134,3 +134,54 @@ def test_a_study_point_with_its_data_moved_keeps_the_same_study(tmp_path):
     assert _placeless(["DATASET=/a/tinystories", "SEQ_LEN=128", "CACHE_DIR=x"]) == \
         _placeless(["DATASET=/b/tinystories", "SEQ_LEN=128", "CACHE_DIR=y"])
     assert _placeless(["SEQ_LEN=128"]) != _placeless(["SEQ_LEN=64"])
+
+
+def _rewrite_config(run_dir, change, rehash: bool):
+    from reservoir.results import INTEGRITY_KEY, _integrity
+
+    path = run_dir / "config.json"
+    content = json.loads(path.read_text())
+    change(content)
+    content.pop(INTEGRITY_KEY, None)
+    if rehash:  # as someone who recomputes the hash would: the hash guards against accidents, not that
+        content[INTEGRITY_KEY] = _integrity(content)
+    path.write_text(json.dumps(content))
+
+
+def test_deleting_the_integrity_key_does_not_switch_the_check_off_nor_fill_missing_keys(tmp_path):
+    run_cli(tmp_path, "MODELS=transformer", "MAX_STEPS=4", "RUN_NAME=r")
+    run_dir = tmp_path / "results" / "r"
+    (run_dir / "summary.json").write_text("[]")  # as if interrupted after its last checkpoint
+    pristine = (run_dir / "config.json").read_text()
+    _rewrite_config(run_dir, lambda c: c["requested_config"].pop("MODELS"), rehash=False)
+    proc = run_cli(tmp_path, "RESUME=r", check=False)
+    assert proc.returncode != 0 and "has lost its integrity hash" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in proc.stderr
+    (run_dir / "config.json").write_text(pristine)
+    _rewrite_config(run_dir, lambda c: c["requested_config"].pop("MODELS"), rehash=True)
+    proc = run_cli(tmp_path, "RESUME=r", check=False)
+    assert proc.returncode != 0 and "it has no requested_config.MODELS" in proc.stderr
+    assert not list((run_dir / "checkpoints").glob("lstm*"))  # today's default models were not trained into it
+    assert json.loads((run_dir / "summary.json").read_text()) == []
+
+
+def test_a_run_recorded_before_the_new_optimizer_keys_resumes_as_it_trained(tmp_path):
+    from configs import ADDED_KEYS
+
+    run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=4", "RUN_NAME=old")
+    run_dir = tmp_path / "results" / "old"
+    (run_dir / "summary.json").write_text("[]")
+    added = [k for k in ADDED_KEYS if k not in ("FROZEN_RETENTION", "RESERVOIR_ATTENTION")]  # TINY names those
+    _rewrite_config(run_dir, lambda c: [c["requested_config"].pop(k) for k in added], rehash=True)
+    resumed = run_cli(tmp_path, "RESUME=old")
+    assert "lstm: finished in the checkpoint" in resumed.stdout
+
+
+def test_the_recorded_package_version_is_the_projects():
+    import tomllib
+
+    from reservoir import __version__
+    from reservoir.results import versions
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == __version__
+    assert versions()["reservoir_nlp"] == __version__

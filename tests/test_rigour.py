@@ -41,8 +41,8 @@ def test_seeds_train_every_model_once_per_seed_and_report_mean_and_sd(tmp_path):
     assert {(r["model"], r["seed"]) for r in read_metrics(run_dir)} == set(records)
     line = next(row for row in proc.stdout.splitlines() if row.startswith("esn "))
     mean, sd = np.mean(esn), np.std(esn, ddof=1)
-    assert f"{mean:.3f} ± {sd:.3f}" in line and line.split()[1] == "3"  # the seeds column
-    assert "val bits/char ± sd" in proc.stdout
+    assert f"{mean:.3f} ± {sd:.3f} sd" in line and line.split()[1] == "3/3"  # the seeds column: scored/trained
+    assert "bits/char ± sd|ci" in proc.stdout
     samples = (run_dir / "samples.txt").read_text()
     assert "=== esn (seed 4)" in samples and "=== lstm (seed 5)" in samples
 
