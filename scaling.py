@@ -44,7 +44,16 @@ from reservoir.frontier import (
     write_outputs,
 )
 from reservoir.messages import TAG, OneLineError, say
-from reservoir.scaling import STUDY_KEYS, Study, StudyError, StudyExit, format_report, plot_scaling, write_report
+from reservoir.scaling import (
+    STUDY_KEYS,
+    Study,
+    StudyError,
+    StudyExit,
+    exit_status,
+    format_report,
+    plot_scaling,
+    write_report,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -112,7 +121,7 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int) -> list[int]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return [143 if code is None else code for code in codes]  # never started: stopped by a signal
+    return [143 if code is None else exit_status(code) for code in codes]  # never started: stopped by a signal
 
 
 def report_only(folder: str) -> int:

@@ -125,8 +125,18 @@ class Study:
         done = {(r.get("model"), r.get("seed")) for r in read_summary(summary.parent, "the point's summary")}
         return {(m, s) for m in self.config["MODELS"] for s in run_seeds(self.config)} <= done
 
+    def check_smallest_budget(self) -> None:
+        """Refuse a ladder whose smallest budget cannot pay one step of a gradient-trained model, before any
+        point trains (the point would refuse it only after the models before it had trained)."""
+        for name in self.config["MODELS"]:
+            per_step = sgd_step_flops(name, self.config)
+            if per_step is not None and per_step > self.budgets[0]:
+                raise StudyError(f"BUDGETS: the smallest, {self.budgets[0]:.3g} FLOPs, does not cover one training "
+                                 f"step of {name} ({per_step:.3g} FLOPs); raise BUDGETS, or lower BATCH_SIZE")
+
     def run(self, run_point) -> None:
         """Train every point not yet finished, smallest budget first; ``run_point(args) -> exit code``."""
+        self.check_smallest_budget()
         self.path.mkdir(parents=True, exist_ok=True)
         for k, budget in enumerate(self.budgets, 1):
             if self.finished(budget):
@@ -134,9 +144,10 @@ class Study:
                 continue
             say(f"study {self.name}: point {k}/{len(self.budgets)}, FLOP_BUDGET={budget:.3g} "
                 f"-> {self.path / point_name(budget)}")
-            code = run_point(self.point_args(budget))
-            if code != 0:
-                raise StudyExit(code, f"the point at {budget:.3g} FLOPs stopped (exit code {code}, its message "
+            code = exit_status(run_point(self.point_args(budget)))
+            if code != 0:  # a signal may land while a finished point exits: then it is finished, and kept
+                what = "finished as the study was stopped" if self.finished(budget) else "stopped"
+                raise StudyExit(code, f"the point at {budget:.3g} FLOPs {what} (exit code {code}, its message "
                                       "is above); every finished point is kept and the same command continues "
                                       "the study")
 
@@ -152,6 +163,27 @@ class Study:
     def report(self) -> dict:
         return build_report(self.records(), self.budgets, self.config["MODELS"],
                             {"study": self.name, "path": str(self.path), "settings": self.settings})
+
+
+def sgd_step_flops(name: str, config: dict, data=None) -> float | None:
+    """FLOPs of one training step of model ``name`` under ``config`` (reservoir/flops.py), on ``data`` (prepared
+    from ``config`` when not given: cached for the points); None for a model not trained by gradient steps."""
+    from . import flops
+    from .data import prepare_data
+    from .models import build_model
+
+    data = data or prepare_data(config)
+    model = build_model(name, data.tokenizer.vocab_size, config)
+    if model.trainer != "sgd":
+        return None
+    return flops.sgd_step(model, data.tokenizer.vocab_size, config["BATCH_SIZE"], config["SEQ_LEN"],
+                          config["GRAD_ACCUM"]).per_step
+
+
+def exit_status(code: int) -> int:
+    """A child's return code as a shell's exit status: killed by signal N (Popen's -N) is 128 + N (SIGTERM:
+    143), never -N, which sys.exit would turn into 256 - N (241)."""
+    return 128 - code if code < 0 else code
 
 
 class StudyExit(Exception):

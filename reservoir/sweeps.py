@@ -147,6 +147,32 @@ def enqueue_rerun(study, trial) -> None:
     study.enqueue_trial(trial.params, user_attrs=attrs)
 
 
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux's /proc): with the pid, what tells a
+    live worker from a later process that reused its pid. None where /proc does not say."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])  # field 22, counted after the command's name
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _worker_gone(trial) -> bool:
+    """Whether ``trial``'s worker process has ended: only for a worker on this machine that recorded its pid
+    (a worker elsewhere cannot be checked from here; PostgreSQL's heartbeats cover those)."""
+    pid = trial.user_attrs.get("pid")
+    if not isinstance(pid, int) or trial.user_attrs.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    started = trial.user_attrs.get("pid_started")
+    return started is not None and _process_start(pid) != started  # the pid now belongs to another process
+
+
 def parse_search(text: str, known_keys) -> dict:
     """``'ESN.spectral_radius=log(0.1,3) ESN.leak_rate=float(0.1,1)'`` -> {key: (kind, low, high)}."""
     space = {}
@@ -295,6 +321,8 @@ def run_trials(study, sweep: Sweep, run_one, parse, refused: tuple[type[Exceptio
         trial.set_user_attr("run_dir", str(run_dir / f"trial-{trial.number:04d}"))
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("worker", f"{worker} (pid {os.getpid()})")
+        trial.set_user_attr("pid", os.getpid())  # a RUNNING trial whose process is gone is run again
+        trial.set_user_attr("pid_started", _process_start(os.getpid()))
         started = time.perf_counter()
 
         first_seed = run_seeds(config)[0]  # with SEEDS, the first seed's curve feeds the pruner
@@ -325,14 +353,22 @@ def run_trials(study, sweep: Sweep, run_one, parse, refused: tuple[type[Exceptio
     if not study.trials:  # a new study first measures the settings it would replace
         study.enqueue_trial(current_settings(parse([*fixed, f"MODELS={[model]}"]), space),
                             user_attrs={"starting_settings": True}, skip_if_exists=True)  # workers race
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if _worker_gone(trial):  # a killed worker (SIGKILL, a crash) left it RUNNING: it never ends by itself
+            say(f"sweep {study.study_name}: trial {trial.number}'s worker ({trial.user_attrs.get('worker')}) is "
+                "gone; its settings are run again")
+            study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            enqueue_rerun(study, trial)
     existing = study.get_trials(deepcopy=False)
     reruns = _reruns(existing)
     for trial in existing:  # a trial a stop interrupted is measured again, starting settings included
         if trial.state == TrialState.FAIL and trial.user_attrs.get("interrupted") and trial.number not in reruns:
             say(f"sweep {study.study_name}: trial {trial.number} was interrupted; its settings are run again")
             enqueue_rerun(study, trial)
-    finished = sum(_counted(t, reruns) for t in existing)
-    if finished >= trials:
+    finished = sum(_counted(t, reruns) for t in study.get_trials(deepcopy=False))
+    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))  # reruns: run them whatever
+    if finished >= trials and not waiting:
         say(f"sweep {study.study_name}: already holds {finished} finished trials (TRIALS={trials}); nothing to run")
         return
 
@@ -354,7 +390,7 @@ def run_trials(study, sweep: Sweep, run_one, parse, refused: tuple[type[Exceptio
     storage_log.addFilter(quiet_storage)
     threading.excepthook = heartbeat_died
     try:
-        study.optimize(objective, n_trials=trials - finished, catch=(), callbacks=[enough])
+        study.optimize(objective, n_trials=max(trials - finished, waiting), catch=(), callbacks=[enough])
     finally:
         optuna_log.removeFilter(quiet)
         storage_log.removeFilter(quiet_storage)

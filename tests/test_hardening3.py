@@ -185,3 +185,24 @@ def test_the_recorded_package_version_is_the_projects():
 
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == __version__
     assert versions()["reservoir_nlp"] == __version__
+
+
+def test_a_signal_while_a_finished_point_exits_is_143_and_the_point_counts_as_finished(tmp_path):
+    """The point's process, killed by SIGTERM as it exits (Popen's -15), once made the study exit 241 and call
+    the finished point stopped."""
+    from configs import parse_overrides as parse
+    from reservoir.scaling import Study, StudyExit, exit_status
+
+    assert exit_status(-15) == 143 and exit_status(0) == 0 and exit_status(2) == 2
+    study = Study.from_args({"BUDGETS": "1e5,2e5", "STUDY": "s"}, ["MODELS=ngram", "SEEDS=1", "DATASET=synthetic",
+                            f"RESULTS_DIR={tmp_path}", f"CACHE_DIR={tmp_path / 'cache'}"], parse)
+
+    def finishes_then_is_killed(args):
+        run_cli(tmp_path, *[a for a in args if not a.startswith(("RESULTS_DIR", "RUN_NAME"))],
+                f"RESULTS_DIR={study.path}", "RUN_NAME=flops-1.00e05", settings=[])
+        return -15
+
+    with pytest.raises(StudyExit) as stopped:
+        study.run(finishes_then_is_killed)
+    assert stopped.value.code == 143 and "finished as the study was stopped" in str(stopped.value)
+    assert study.finished(1e5)

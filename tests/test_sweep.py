@@ -101,10 +101,19 @@ def test_a_worker_killed_mid_trial_leaves_the_others_going(tmp_path):
         time.sleep(0.05)
     doomed.kill()  # SIGKILL: no chance to tidy up
     doomed.communicate()
-    sweep(tmp_path, *args, "TRIALS=2", "SWEEP_WORKER=1")
-    states = {t.number: t.state.name for t in load(tmp_path, "killed").trials}
-    assert states[0] == "RUNNING"  # the killed worker's trial, left as it was
-    assert sorted(n for n, state in states.items() if state == "COMPLETE") == [1, 2]
+    assert load(tmp_path, "killed").trials[0].state.name == "RUNNING"  # left so by its dead worker
+    proc = sweep(tmp_path, *args, "TRIALS=2", "SWEEP_WORKER=1")
+    assert "trial 0's worker (0 (pid" in proc.stdout and "is gone; its settings are run again" in proc.stdout
+    trials = load(tmp_path, "killed").trials
+    assert trials[0].state.name == "FAIL" and trials[0].user_attrs["interrupted"]
+    rerun = next(t for t in trials if t.user_attrs.get("rerun_of") == 0)  # the starting settings, run again
+    assert rerun.state.name == "COMPLETE" and rerun.user_attrs.get("starting_settings")
+    assert rerun.params == trials[0].params
+    assert sum(t.state.name == "COMPLETE" for t in trials) == 2
+    best = json.loads((tmp_path / "results" / "sweeps" / "killed" / "best.json").read_text())
+    assert best["best_value_bpc"] <= rerun.value  # never a best worse than where the sweep started
+    again = sweep(tmp_path, *args, "TRIALS=2", "SWEEP_WORKER=1")
+    assert "nothing to run" in again.stdout
 
 
 @pytest.fixture(scope="module")
