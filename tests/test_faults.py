@@ -202,6 +202,12 @@ def test_resume_rewrites_a_damaged_tokenizer_and_sample_then_works(run_copy):
     assert run_script("sample.py", run_copy, "MODEL=lstm", "MAX_NEW_TOKENS=5").stdout.strip()
 
 
+def _pre_hash(config: dict) -> None:
+    """As a folder written before config.json carried a hash: no hash, and no package version recorded."""
+    config.pop("integrity")
+    config["versions"].pop("reservoir_nlp")
+
+
 def _edit_config(run_dir, edit):
     path = run_dir / "config.json"
     content = json.loads(path.read_text())
@@ -226,10 +232,11 @@ def test_resume_refuses_an_edited_config(run_copy, edit):
 @pytest.mark.parametrize("script", ["sample.py", "compare.py"])
 @pytest.mark.parametrize("damage, message", [
     (lambda c: c["effective_config"].pop("MODELS"), "was edited or damaged"),
-    (lambda c: (c.pop("integrity"), c["effective_config"].pop("MODELS")), "has no effective_config.MODELS"),
-    (lambda c: (c.pop("integrity"), c.pop("effective_config")), "has no effective_config"),
-    (lambda c: (c.pop("integrity"), c["data"].pop("tokenizer_hash")), "has no data.tokenizer_hash"),
-], ids=["hashed", "unhashed-key", "unhashed-block", "unhashed-data"])
+    (lambda c: (_pre_hash(c), c["effective_config"].pop("MODELS")), "has no effective_config.MODELS"),
+    (lambda c: (_pre_hash(c), c.pop("effective_config")), "has no effective_config"),
+    (lambda c: (_pre_hash(c), c["data"].pop("tokenizer_hash")), "has no data.tokenizer_hash"),
+    (lambda c: c.pop("integrity"), "has lost its integrity hash"),
+], ids=["hashed", "unhashed-key", "unhashed-block", "unhashed-data", "hash-deleted"])
 def test_sample_and_compare_read_a_damaged_config_as_one_line(run_copy, script, damage, message):
     _edit_config(run_copy, damage)
     args = [run_copy, "MODEL=lstm"] if script == "sample.py" else [f"{run_copy}:lstm", f"{run_copy}:ngram"]
