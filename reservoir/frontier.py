@@ -625,7 +625,7 @@ def format_markdown(report: dict) -> str:
               f"({spent['flops_if_unbranched']:.3g} had every point trained from step 0), "
               f"{spent['train_cpu_hours']:.2f} training hours on one thread each; {len(report['skipped'])} "
               f"cell-budgets skipped by the step and tokens-per-parameter rules, {len(report['not_run_pruned'])} "
-              "pruned by successive halving.", ""]
+              "not run (pruned by successive halving, or not reached yet by an unfinished study).", ""]
     return "\n".join(lines)
 
 
