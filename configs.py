@@ -156,11 +156,11 @@ _OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STO
              "ADAM_BETA2_REF_TOKENS": int}
 
 
-# Keys added after runs began to record their configs, with the value that trains as those runs trained:
-# RESUME fills these into an older run's settings; any other key a saved run lacks is damage, refused.
-ADDED_KEYS = {"LR_SCHEDULE": "cosine", "COOLDOWN_FRACTION": 0.2, "COOLDOWN_SHAPE": "1-sqrt", "STABLE_FROM": None,
-              "ADAM_BETA2": 0.95, "ADAM_BETA2_REF_TOKENS": None, "FROZEN_RETENTION": None,
-              "RESERVOIR_ATTENTION": None}
+# Keys added after runs began to record their configs: RESUME fills them into an older run's settings from
+# their defaults, which train as those runs trained (cosine, β2 0.95; tested); any other key a saved run
+# lacks is damage, refused.
+ADDED_KEYS = ("LR_SCHEDULE", "COOLDOWN_FRACTION", "COOLDOWN_SHAPE", "STABLE_FROM", "ADAM_BETA2",
+              "ADAM_BETA2_REF_TOKENS", "FROZEN_RETENTION", "RESERVOIR_ATTENTION")
 
 
 def recorded_keys_missing(saved: dict) -> list[str]:

@@ -35,7 +35,7 @@ import numpy as np
 
 from .messages import OneLineError, say
 from .results import ResultsError, read_json, read_summary, write_json_atomic
-from .scaling import curve, fit_curve, log_axes, parse_budgets, point_name, positive_numbers, save_figure
+from .scaling import curve, fit_curve, log_axes, parse_budgets, point_name, positive_numbers, save_figure, step_cost
 
 FRONTIER_KEYS = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES", "KEEP", "WITHIN", "ENVELOPE_SEEDS",
                  "MIN_STEPS", "MAX_TOKENS_PER_PARAM", "WORKERS")
@@ -112,6 +112,11 @@ class Cell:
     @property
     def model(self) -> str:
         return FAMILIES[self.family][0]
+
+    def record(self) -> dict:
+        """The cell as the study file lists it (what REPORT reads back)."""
+        return {"name": self.name, "family": self.family, "model": self.model, "size": self.size,
+                "learning_rate": self.learning_rate, "batch_size": self.batch_size}
 
     def settings(self) -> list[str]:
         block = self.model.upper()
@@ -270,8 +275,7 @@ class FrontierStudy:
 
     def write_study_file(self, plan: dict) -> None:
         content = {"study": self.name, "budgets": self.budgets, "grid": self.grid, "settings": self.settings,
-                   "cells": [{"name": c.name, "family": c.family, "model": c.model, "size": c.size,
-                              "learning_rate": c.learning_rate, "batch_size": c.batch_size} for c in self.cells()],
+                   "cells": [c.record() for c in self.cells()],
                    "plan": {name: {repr(b): why for b, why in row.items()} for name, row in plan.items()},
                    "seed": self.config["SEED"], "extra_seeds": self.extra_seeds()}
         path = self.path / STUDY_FILE
@@ -344,8 +348,7 @@ class FrontierStudy:
 
     # --- records and report
     def records(self) -> list[dict]:
-        return collect_records(self.path, [c.__dict__ | {"name": c.name, "model": c.model} for c in self.cells()],
-                               self.budgets)
+        return collect_records(self.path, [c.record() for c in self.cells()], self.budgets)
 
     def report(self) -> dict:
         study = read_json(self.path / STUDY_FILE, "the study's grid")
@@ -354,25 +357,20 @@ class FrontierStudy:
 
 def measure_cells(study: FrontierStudy, parse_overrides):
     """``measure(cell)`` for ``FrontierStudy.plan``: each cell's model built on the study's data (prepared
-    once, cached for the points) and one training step counted (reservoir/flops.py)."""
-    from . import flops
+    once, cached for the points) and one training step counted (scaling.step_cost)."""
     from .data import prepare_data
-    from .models import build_model
 
     data = prepare_data(study.config)
-    vocab = data.tokenizer.vocab_size
     seen: dict = {}
 
     def measure(cell: Cell) -> tuple[float, int, int]:
         key = (cell.family, cell.size, cell.batch_size)
         if key not in seen:
             config = parse_overrides([*study.settings, *cell.settings(), f"FLOP_BUDGET={study.budgets[0]!r}"])
-            model = build_model(cell.model, vocab, config)
-            if model.trainer != "sgd":
+            per_step, params = step_cost(cell.model, config, data)
+            if per_step is None:
                 raise FrontierError(f"{cell.family} is not gradient-trained: a frontier grid needs learning rates")
-            cost = flops.sgd_step(model, vocab, config["BATCH_SIZE"], config["SEQ_LEN"], config["GRAD_ACCUM"])
-            seen[key] = (cost.per_step, model.param_counts()["params_trainable"],
-                         config["BATCH_SIZE"] * config["GRAD_ACCUM"] * config["SEQ_LEN"])
+            seen[key] = (per_step, params, config["BATCH_SIZE"] * config["GRAD_ACCUM"] * config["SEQ_LEN"])
         return seen[key]
 
     return measure

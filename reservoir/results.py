@@ -543,6 +543,11 @@ class Run:
             if len(kept) != len(rows):
                 atomic_write_text(self.path / file, "".join(json.dumps(r) + "\n" for r in kept))
 
+    def has_final(self, model: str, seed: int) -> bool:
+        """Whether metrics.jsonl holds ``model``'s final evaluation for ``seed``."""
+        return (self.path / "metrics.jsonl").exists() and any(
+            r.get("final") and r.get("model") == model and r.get("seed", seed) == seed for r in read_metrics(self.path))
+
     # --- summary.json and samples.txt: rewritten whole when a model finishes
     def summaries(self) -> list[dict]:
         path = self.path / "summary.json"

@@ -129,7 +129,7 @@ class Study:
         """Refuse a ladder whose smallest budget cannot pay one step of a gradient-trained model, before any
         point trains (the point would refuse it only after the models before it had trained)."""
         for name in self.config["MODELS"]:
-            per_step = sgd_step_flops(name, self.config)
+            per_step, _ = step_cost(name, self.config)
             if per_step is not None and per_step > self.budgets[0]:
                 raise StudyError(f"BUDGETS: the smallest, {self.budgets[0]:.3g} FLOPs, does not cover one training "
                                  f"step of {name} ({per_step:.3g} FLOPs); raise BUDGETS, or lower BATCH_SIZE")
@@ -165,19 +165,21 @@ class Study:
                             {"study": self.name, "path": str(self.path), "settings": self.settings})
 
 
-def sgd_step_flops(name: str, config: dict, data=None) -> float | None:
-    """FLOPs of one training step of model ``name`` under ``config`` (reservoir/flops.py), on ``data`` (prepared
-    from ``config`` when not given: cached for the points); None for a model not trained by gradient steps."""
+def step_cost(name: str, config: dict, data=None) -> tuple[float | None, int]:
+    """(FLOPs of one training step of model ``name`` under ``config``, reservoir/flops.py; None for a model not
+    trained by gradient steps) and its trained parameters, on ``data`` (prepared from ``config`` when not
+    given: cached for the points)."""
     from . import flops
     from .data import prepare_data
     from .models import build_model
 
     data = data or prepare_data(config)
     model = build_model(name, data.tokenizer.vocab_size, config)
+    params = model.param_counts()["params_trainable"]
     if model.trainer != "sgd":
-        return None
+        return None, params
     return flops.sgd_step(model, data.tokenizer.vocab_size, config["BATCH_SIZE"], config["SEQ_LEN"],
-                          config["GRAD_ACCUM"]).per_step
+                          config["GRAD_ACCUM"]).per_step, params
 
 
 def exit_status(code: int) -> int:

@@ -366,8 +366,9 @@ def run_trials(study, sweep: Sweep, run_one, parse, refused: tuple[type[Exceptio
         if trial.state == TrialState.FAIL and trial.user_attrs.get("interrupted") and trial.number not in reruns:
             say(f"sweep {study.study_name}: trial {trial.number} was interrupted; its settings are run again")
             enqueue_rerun(study, trial)
-    finished = sum(_counted(t, reruns) for t in study.get_trials(deepcopy=False))
-    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))  # reruns: run them whatever
+    existing = study.get_trials(deepcopy=False)  # with the reruns just queued
+    finished = sum(_counted(t, reruns) for t in existing)
+    waiting = sum(t.state == TrialState.WAITING for t in existing)  # reruns: run them whatever TRIALS says
     if finished >= trials and not waiting:
         say(f"sweep {study.study_name}: already holds {finished} finished trials (TRIALS={trials}); nothing to run")
         return

@@ -249,7 +249,8 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
         progress = Progress(**job.saved["progress"])
         final = job.evaluator.score_final(model, info, device)
         job.check_finite(progress, "the validation loss", final["val_loss"], "")
-        job.log_eval(progress, final, final=True)
+        if not run.has_final(name, job.seed):  # killed inside the final evaluation (the checkpoint came first)
+            job.log_eval(progress, final, final=True)
         return Outcome(progress, final, job.saved.get("extra", {}))
     run.forget_metrics(name, job.saved["progress"]["step"] if job.saved else -1, job.seed)  # past it: redone
     with MachineLoad() as load:
@@ -465,7 +466,8 @@ def _train_sgd(job: Fit) -> Outcome:
     if config["GRADIENT_CHECKPOINTING"]:
         model.use_gradient_checkpointing(dev.checkpoint_function(info))
     trained = dev.wrap_for_training(info, model)
-    beta2 = adam_beta2(config, _tokens_per_step(config, info))
+    accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
+    beta2 = adam_beta2(config, per_step)
     optimizer = _optimizer(model, config, beta2, dev.optimizer_options(info))
     scaler = dev.make_grad_scaler(info)
     progress = Progress()
@@ -487,11 +489,10 @@ def _train_sgd(job: Fit) -> Outcome:
                 "branched_at_seconds": progress.seconds if job.branched_from else 0.0}
     stable_at = None  # wsd: the step where the cooldown starts, and the stable phase is saved for branches
     if config["LR_SCHEDULE"] == "wsd":
-        stable_at, steps = cooldown_steps(config, budget, cost, _tokens_per_step(config, info))
+        stable_at, steps = cooldown_steps(config, budget, cost, per_step)
         _check_wsd(job, stable_at, steps, progress)
         schedule.update(cooldown_start_step=stable_at, steps=steps)
     points = EvalPoints(config, budget.share(progress))
-    accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
     saved_step = progress.step if job.saved is not None else None  # the last checkpoint: kept if training diverges
     saved_seconds, every_s = progress.seconds, config["CHECKPOINT_EVERY_S"]
     advice = _sgd_advice(config)

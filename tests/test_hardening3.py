@@ -206,3 +206,14 @@ def test_a_signal_while_a_finished_point_exits_is_143_and_the_point_counts_as_fi
         study.run(finishes_then_is_killed)
     assert stopped.value.code == 143 and "finished as the study was stopped" in str(stopped.value)
     assert study.finished(1e5)
+
+
+def test_a_finished_model_evaluated_again_on_resume_logs_its_final_evaluation_once(tmp_path):
+    """Killed after the final evaluation was logged (while sampling): RESUME evaluates again, logs nothing twice."""
+    run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=4", "RUN_NAME=f")
+    run_dir = tmp_path / "results" / "f"
+    (run_dir / "summary.json").write_text("[]")
+    resumed = run_cli(tmp_path, "RESUME=f")
+    assert "finished in the checkpoint" in resumed.stdout
+    finals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sum(bool(r["final"]) for r in finals) == 1
