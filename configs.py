@@ -78,6 +78,7 @@ SHARED_CONFIG = {
     "TOKENIZER_TRAIN_CHARS": 20_000_000,  # BPE is trained on the first this many training characters (None: all)
     "EVAL_TOKENS": 32768,  # validation tokens per periodic evaluation, the same for every model and run
     "FINAL_EVAL_TOKENS": 262144,  # validation tokens of each model's final evaluation (None: the whole split)
+    "TRAIN_EVAL_TOKENS": 65536,  # training-split tokens the final evaluation also scores (train/val gap); None: off
     "EVAL_MODE": "stream",  # 'stream': state carried, or overlapping windows | 'windows': windows from empty context
     "EVAL_STRIDE": None,  # stream mode: stride of windowed models' overlapping windows (None: SEQ_LEN // 2)
     # --- models: MODELS names them, each has one block of hyper-parameters (override as ESN.units=500)
@@ -133,7 +134,7 @@ _CHOICES = {
 }
 _POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "TPU_LR_MULTIPLIER",
              "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "TOKENIZER_TRAIN_CHARS", "VOCAB_SIZE",
-             "EVAL_TOKENS", "FINAL_EVAL_TOKENS", "EVAL_STRIDE",
+             "EVAL_TOKENS", "FINAL_EVAL_TOKENS", "TRAIN_EVAL_TOKENS", "EVAL_STRIDE",
              "GRAD_ACCUM", "MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S", "EVAL_EVERY", "LOG_EVERY",
              "FLOP_BUDGET", "EVAL_POINTS", "ADAM_BETA2_REF_TOKENS",
              "SAMPLE_TOP_K"}
@@ -151,16 +152,17 @@ _BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling", "
 # Keys whose value may be None, with the type they take otherwise.
 _OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int,
              "MAX_STEPS": int, "TOKEN_BUDGET": int, "TIME_BUDGET_S": float, "RESUME": str, "SAMPLE_TOP_K": int,
-             "XLA_CACHE_DIR": str, "FINAL_EVAL_TOKENS": int, "EVAL_STRIDE": int, "EVAL_EVERY": int,
+             "XLA_CACHE_DIR": str, "FINAL_EVAL_TOKENS": int, "TRAIN_EVAL_TOKENS": int, "EVAL_STRIDE": int,
+             "EVAL_EVERY": int,
              "FLOP_BUDGET": float, "SEEDS": list, "TOKENIZER_TRAIN_CHARS": int, "STABLE_FROM": str,
              "ADAM_BETA2_REF_TOKENS": int}
 
 
 # Keys added after runs began to record their configs: RESUME fills them into an older run's settings from
-# their defaults, which train as those runs trained (cosine, β2 0.95; tested); any other key a saved run
-# lacks is damage, refused.
+# their defaults, which train as those runs trained (cosine, β2 0.95; tested; TRAIN_EVAL_TOKENS only adds a
+# score); any other key a saved run lacks is damage, refused.
 ADDED_KEYS = ("LR_SCHEDULE", "COOLDOWN_FRACTION", "COOLDOWN_SHAPE", "STABLE_FROM", "ADAM_BETA2",
-              "ADAM_BETA2_REF_TOKENS", "FROZEN_RETENTION", "RESERVOIR_ATTENTION")
+              "ADAM_BETA2_REF_TOKENS", "FROZEN_RETENTION", "RESERVOIR_ATTENTION", "TRAIN_EVAL_TOKENS")
 
 
 def recorded_keys_missing(saved: dict) -> list[str]:

@@ -41,9 +41,9 @@ MIN_BLOCKS = 20  # fewer stories than this in the scored text: fixed-size blocks
 FIXED_BLOCK_TOKENS = 1024
 
 
-def scored_count(data: TokenData, tokens: int | None) -> int:
+def scored_count(data: TokenData, tokens: int | None, split: str = "val") -> int:
     """How many targets an evaluation scores: ``tokens``, or the whole split (None), at most the split."""
-    available = len(data.val) - 1
+    available = len(getattr(data, split)) - 1
     return available if tokens is None else max(1, min(tokens, available))
 
 
@@ -54,6 +54,7 @@ class Evaluations:
     periodic: Evaluator
     final: Evaluator
     final_windows: Evaluator | None = None  # stream mode: the final tokens also scored as 'windows'
+    final_train: Evaluator | None = None  # TRAIN_EVAL_TOKENS of the training split, scored the same way
 
     @classmethod
     def for_run(cls, data: TokenData, config: dict) -> Evaluations:
@@ -61,28 +62,38 @@ class Evaluations:
         if config["EVAL_MODE"] == "stream":  # the old number too, so runs of either mode compare
             windows = Evaluator(data, {**config, "EVAL_MODE": "windows"}, config["BATCH_SIZE"],
                                 config["FINAL_EVAL_TOKENS"])
+        train = None
+        if config.get("TRAIN_EVAL_TOKENS"):
+            train = Evaluator(data, config, config["BATCH_SIZE"], config["TRAIN_EVAL_TOKENS"], split="train")
         return cls(Evaluator(data, config, config["BATCH_SIZE"], config["EVAL_TOKENS"]),
-                   Evaluator(data, config, config["BATCH_SIZE"], config["FINAL_EVAL_TOKENS"]), windows)
+                   Evaluator(data, config, config["BATCH_SIZE"], config["FINAL_EVAL_TOKENS"]), windows, train)
 
     def score_final(self, model, info: dev.DeviceInfo, device: torch.device) -> dict:
-        """The final evaluation with its interval; in stream mode also ``windows_val_bpc`` (± ``_ci95``)."""
+        """The final evaluation with its interval; in stream mode also ``windows_val_bpc`` (± ``_ci95``); with
+        TRAIN_EVAL_TOKENS also ``train_split_loss`` and ``train_split_bpc``: the same protocol on text the model
+        trained on, so a gap to ``val_bpc`` measures memorisation (repeated epochs), not the running batch loss."""
         result = self.final(model, info, device, keep=True)
         if self.final_windows is not None:
             windows = self.final_windows(model, info, device, keep=True)
             result["windows_val_bpc"] = windows["val_bpc"]
             result["windows_val_bpc_ci95"] = windows.get("val_bpc_ci95")
+        if self.final_train is not None:
+            train = self.final_train(model, info, device)
+            result["train_split_loss"], result["train_split_bpc"] = train["val_loss"], train["val_bpc"]
+            result["train_split_tokens"] = train["eval_tokens"]
         return result
 
 
 class Evaluator:
-    """The fixed validation stream of one size, scored in ``mode`` ('stream' or 'windows')."""
+    """The fixed validation stream of one size, scored in ``mode`` ('stream' or 'windows'); ``split='train'``
+    scores the start of the training stream instead (its results keep the ``val_`` names)."""
 
-    def __init__(self, data: TokenData, config: dict, batch_size: int, tokens: int | None):
+    def __init__(self, data: TokenData, config: dict, batch_size: int, tokens: int | None, split: str = "val"):
         self.mode, self.seq = config["EVAL_MODE"], config["SEQ_LEN"]
         self.stride = config["EVAL_STRIDE"] or max(1, self.seq // 2)
         self.batch_size, self.tokenizer = batch_size, data.tokenizer
-        self.n = scored_count(data, tokens)
-        stream = np.asarray(data.val[: self.n + 1], dtype=np.int64)
+        self.n = scored_count(data, tokens, split)
+        stream = np.asarray(getattr(data, split)[: self.n + 1], dtype=np.int64)
         self.targets = stream[1:]
         self.chars = data.tokenizer.count_chars(self.targets)
         self.stream = torch.from_numpy(stream)
