@@ -7,6 +7,7 @@
     python scaling.py FRONTIER=True STUDY=frontier DATASET=...   # every family at its best at every budget
     python scaling.py FAMILIES=transformer++,lstm SIZES=xs,s LEARNING_RATES=2e-3,4e-3 BATCH_SIZES=8,16 ...
     python scaling.py REPORT=results/frontier              # tables and plots again, from the records alone
+    python scaling.py REPORT=results                       # every study under results/: results/REPORT.md
 
 The ladder: study keys BUDGETS (FLOP budgets, at least two, increasing; default 2.5e12,5e12,1e13,2e13,4e13)
 and STUDY (the folder under RESULTS_DIR, default 'scaling'). Everything else is a TinyStories.py
@@ -34,16 +35,10 @@ import time
 from pathlib import Path
 
 from configs import parse_overrides, split_arguments, wants_help
-from reservoir.frontier import (
-    FRONTIER_KEYS,
-    FrontierExit,
-    FrontierStudy,
-    format_markdown,
-    measure_cells,
-    report_from_records,
-    write_outputs,
-)
+from reservoir.frontier import FRONTIER_KEYS, FrontierExit, FrontierStudy, measure_cells
 from reservoir.messages import TAG, OneLineError, say
+from reservoir.report import format_study, headline, write_from_records, write_study
+from reservoir.results import read_json
 from reservoir.scaling import (
     STUDY_KEYS,
     Study,
@@ -125,10 +120,10 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int) -> list[int]:
 
 
 def report_only(folder: str) -> int:
-    report = report_from_records(Path(folder))
-    for path in write_outputs(report, Path(folder)):
+    for path in write_from_records(Path(folder)):
         say(f"wrote {path}")
-    print(format_markdown(report), flush=True)
+        if path.name == "frontier.json":
+            print(f"{TAG} {path.parent.name}:\n{headline(read_json(path, 'the report'))}", flush=True)
     return 0
 
 
@@ -140,9 +135,9 @@ def frontier(own: dict, settings: list[str]) -> int:
         print(f"{TAG} frontier stopped: {e}", file=sys.stderr, flush=True)
         return e.code
     report = study.report()
-    for path in write_outputs(report, study.path):
+    for path in write_study(report, study.path):
         say(f"wrote {path}")
-    print(format_markdown(report), flush=True)
+    print(format_study(report, "frontier.png", level=1), flush=True)
     return 0
 
 

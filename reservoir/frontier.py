@@ -3,7 +3,7 @@
     study = FrontierStudy.from_args(own, settings, parse_overrides)   # FRONTIER_KEYS, then run settings
     study.run(run_points)        # run_points([args, ...], workers) -> [exit code, ...]
     report = study.report()      # frontier.json: envelopes, grid, IsoFLOP profiles, N_opt, fits, multipliers
-    plot_frontier(report, study.path / "frontier.png"); write_markdown(report, study.path / "frontier.md")
+    write_study(report, study.path)   # reservoir/report.py: frontier.json, frontier.md and frontier.png
 
 A family is a model with fixed options (``FAMILIES``: the transformer in GPT-2's and in Transformer++'s
 recipe, the LSTM and the reservoirs); its grid is size presets (``SIZES``, >= 8x in trained parameters)
@@ -31,14 +31,14 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from .messages import OneLineError, say
-from .results import ResultsError, read_json, read_summary, write_json_atomic
-from .scaling import curve, fit_curve, log_axes, parse_budgets, point_name, positive_numbers, save_figure, step_cost
+from .results import ResultsError, read_json, read_run_config, read_summary, write_json_atomic
+from .scaling import fit_curve, parse_budgets, point_name, positive_numbers, step_cost
 
+STAGE_KEYS = ("LEAD_BUDGET", "LEADERS", "REFERENCES")  # stages after the grid's: a running study may add them
 FRONTIER_KEYS = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES", "KEEP", "WITHIN", "ENVELOPE_SEEDS",
-                 "MIN_STEPS", "MAX_TOKENS_PER_PARAM", "WORKERS")
+                 "MIN_STEPS", "MAX_TOKENS_PER_PARAM", "WORKERS", *STAGE_KEYS)
+COMPARISONS = "comparisons"  # the paired comparison at the top budget: <study>/comparisons/<budget>-<A>-vs-<B>.json
 STUDY_FILE = "frontier-study.json"  # the study's grid and settings: what REPORT rebuilds from, and re-runs check
 
 # family -> (model, the options that make it that family)
@@ -90,6 +90,12 @@ OWN_SETTINGS = ("MODELS", "LEARNING_RATE", "BATCH_SIZE", "FLOP_BUDGET", "RUN_NAM
                 "SEEDS")  # set by the study per point
 BOUNDS = {"at least": "≥ ", "at most": "≤ "}
 REFERENCE_FAMILIES = ("transformer", "transformer++")  # the better envelope of the two is "the transformer"
+RESERVOIR_FAMILIES = ("frozen_retention", "reservoir_attention", "deep_linear_reservoir", "linear_reservoir")
+# REFERENCES=True: reference lines beside the envelopes, each one pass over the training data (no FLOP cap):
+# n-grams of order 1 (the unigram level) to 6, and the ESN across reservoir sizes (data-bound)
+REFERENCE_RUNS = {**{f"ngram-{k}": ["MODELS=ngram", f"NGRAM.order={k}"] for k in range(1, 7)},
+                  **{f"esn-{u}": ["MODELS=esn", f"ESN.units={u}"] for u in (500, 1000, 2000, 4000)}}
+ONE_PASS = ["FLOP_BUDGET=None", "TOKEN_BUDGET=1000000000000"]  # more tokens than any corpus: the data ends the fit
 
 
 class FrontierError(OneLineError, ValueError):
@@ -166,6 +172,32 @@ def parse_grid(own: dict[str, str]) -> dict:
     return grid
 
 
+def parse_stages(own: dict[str, str], budgets: list[float], grid: dict) -> dict:
+    """LEAD_BUDGET (a budget above the grid's: the leaders' top-budget envelope configurations carried there,
+    every seed), LEADERS ('auto': the better transformer recipe and the best reservoir family at the top budget;
+    or family names) and REFERENCES (True: n-grams and the ESN as reference lines)."""
+    stages = {"lead_budget": None, "leaders": "auto", "references": False}
+    if "LEAD_BUDGET" in own and str(own["LEAD_BUDGET"]).strip().lower() not in ("none", ""):
+        lead = positive_numbers("LEAD_BUDGET", own["LEAD_BUDGET"], "4e13", FrontierError)
+        if len(lead) != 1 or lead[0] <= budgets[-1]:
+            raise FrontierError(f"LEAD_BUDGET must be one budget above the largest of BUDGETS ({budgets[-1]:g}), got "
+                                f"{own['LEAD_BUDGET']!r}; e.g. LEAD_BUDGET=4e13")
+        stages["lead_budget"] = lead[0]
+    if "LEADERS" in own and str(own["LEADERS"]).strip().strip("'\"").lower() != "auto":
+        leaders = _name_list("LEADERS", own["LEADERS"])
+        unknown = [f for f in leaders if f not in grid["FAMILIES"]]
+        if unknown:
+            raise FrontierError(f"LEADERS names {unknown[0]!r}, not one of the study's FAMILIES "
+                                f"({', '.join(grid['FAMILIES'])}); or LEADERS=auto")
+        stages["leaders"] = leaders
+    if "REFERENCES" in own:
+        value = str(own["REFERENCES"]).strip().lower()
+        if value not in ("true", "false", "1", "0", "yes", "no"):
+            raise FrontierError(f"REFERENCES must be True or False, got {own['REFERENCES']!r}")
+        stages["references"] = value in ("true", "1", "yes")
+    return stages
+
+
 def _fraction(text) -> float:
     try:
         value = float(text)
@@ -183,6 +215,7 @@ class FrontierStudy:
     grid: dict
     settings: list[str]  # TinyStories.py KEY=VALUE held for every point (the study's defaults first)
     config: dict  # the validated settings of the first cell's first point
+    stages: dict = field(default_factory=lambda: {"lead_budget": None, "leaders": "auto", "references": False})
     path: Path = field(init=False)
 
     def __post_init__(self):
@@ -211,11 +244,14 @@ class FrontierStudy:
         if config["LR_SCHEDULE"] != "wsd":
             raise FrontierError("a frontier study branches its budgets off one stable phase: it needs "
                                 "LR_SCHEDULE='wsd' (its default); drop LR_SCHEDULE from the command")
-        return cls(name, budgets, grid, study_settings, config)
+        return cls(name, budgets, grid, study_settings, config, parse_stages(own, budgets, grid))
 
     # --- what runs where
     def cells(self) -> list[Cell]:
         return grid_cells(self.grid)
+
+    def all_budgets(self) -> list[float]:
+        return [*self.budgets, *([self.stages["lead_budget"]] if self.stages["lead_budget"] else [])]
 
     def folder(self, cell: Cell, budget: float, seeds: bool = False) -> Path:
         return self.path / cell.name / (point_name(budget) + ("-seeds" if seeds else ""))
@@ -277,7 +313,7 @@ class FrontierStudy:
         content = {"study": self.name, "budgets": self.budgets, "grid": self.grid, "settings": self.settings,
                    "cells": [c.record() for c in self.cells()],
                    "plan": {name: {repr(b): why for b, why in row.items()} for name, row in plan.items()},
-                   "seed": self.config["SEED"], "extra_seeds": self.extra_seeds()}
+                   "seed": self.config["SEED"], "extra_seeds": self.extra_seeds(), "stages": self.stages}
         path = self.path / STUDY_FILE
         if path.exists():
             before = read_json(path, "the study's grid")
@@ -319,6 +355,52 @@ class FrontierStudy:
         if todo:
             say(f"frontier {self.name}: the envelope's {len(todo)} points on seeds {self.extra_seeds()}")
             self._run_all([(self.folder(c, b, seeds=True), self.seed_args(c, b)) for c, b in todo], run_points, None)
+        if self.stages["references"]:
+            self._run_references(run_points)
+        if self.stages["lead_budget"]:
+            self._run_leaders(run_points, measure)
+        self.compare_at_the_top()
+
+    def _run_references(self, run_points) -> None:
+        jobs = []
+        for name, options in REFERENCE_RUNS.items():
+            folder = self.path / "references" / name
+            if self.finished(folder, [self.config["SEED"]]):
+                continue
+            where = [f"RESULTS_DIR={folder.parent}",
+                     f"RESUME={folder}" if (folder / "config.json").exists() else f"RUN_NAME={name}"]
+            jobs.append((folder, [*self.settings, *options, *ONE_PASS, *where]))
+        say(f"frontier {self.name}: {len(REFERENCE_RUNS) - len(jobs)} reference runs finished, {len(jobs)} to run")
+        self._run_all(jobs, run_points, None)
+
+    def leaders(self) -> list[Cell]:
+        """The top budget's envelope cells of LEADERS (auto: "the transformer" and the best reservoir family)."""
+        report = self.report()
+        top = self.budgets[-1]
+        at_top = {f: p for f, points in report["envelope"].items() for p in points if p["budget"] == top}
+        families = self.stages["leaders"]
+        if families == "auto":
+            reservoirs = sorted((at_top[f]["bpc_mean"], f) for f in RESERVOIR_FAMILIES if f in at_top)
+            families = [f for f in (report["reference"], reservoirs[0][1] if reservoirs else None) if f in at_top]
+        cells = {c.name: c for c in self.cells()}
+        return [cells[at_top[f]["cell"]] for f in families if f in at_top]
+
+    def _run_leaders(self, run_points, measure) -> None:
+        lead, top, seeds = self.stages["lead_budget"], self.budgets[-1], [self.config["SEED"], *self.extra_seeds()]
+        jobs = []
+        for cell in self.leaders():
+            per_step, params, tokens_per_step = measure(cell)
+            ratio = math.ceil(lead / per_step) * tokens_per_step / params
+            if ratio > self.grid["MAX_TOKENS_PER_PARAM"]:
+                say(f"frontier {self.name}: {cell.name} not carried to {lead:.3g} FLOPs: {ratio:.0f} tokens per "
+                    f"parameter > {self.grid['MAX_TOKENS_PER_PARAM']:g}")
+                continue
+            if not self.finished(self.folder(cell, lead), seeds[:1]):
+                jobs.append((self.folder(cell, lead), self.point_args(cell, lead, top)))
+            if seeds[1:] and not self.finished(self.folder(cell, lead, seeds=True), seeds[1:]):
+                jobs.append((self.folder(cell, lead, seeds=True), self.seed_args(cell, lead)))
+        say(f"frontier {self.name}: the leaders at {lead:.3g} FLOPs: {len(jobs)} runs to train")
+        self._run_all(jobs, run_points, lead)
 
     def _run_all(self, jobs: list[tuple[Path, list[str]]], run_points, budget: float | None) -> None:
         """``jobs``: (the point's folder, its TinyStories.py arguments)."""
@@ -346,13 +428,48 @@ class FrontierStudy:
                     stop.add(name)
         return stop
 
+    def compare_at_the_top(self) -> Path | None:
+        """The paired difference (compare.py, with its diagnostics) between the best reservoir family and "the
+        transformer" at the largest budget both reached on every seed, written to comparisons/ once."""
+        from .comparison import Side, compare, describe
+
+        report = self.report()
+        reference, seeds = report["reference"], [self.config["SEED"], *self.extra_seeds()]
+        full = {f: {p["budget"]: p for p in points if sorted(p["seeds"]) == seeds}
+                for f, points in report["envelope"].items()}
+        reservoirs = [f for f in RESERVOIR_FAMILIES if full.get(f)]
+        if reference is None or not reservoirs:
+            return None
+        shared = [b for b in self.all_budgets() if b in full[reference] and any(b in full[f] for f in reservoirs)]
+        if not shared:
+            return None
+        budget = shared[-1]
+        best = min((full[f][budget]["bpc_mean"], f) for f in reservoirs if budget in full[f])[1]
+        out = self.path / COMPARISONS / f"{point_name(budget)}-{best}-vs-{reference}.json"
+        if out.exists():
+            return out
+
+        def side(family):
+            cell = full[family][budget]["cell"]
+            folders = [self.folder(c, budget, seeds=extra) for c in self.cells() if c.name == cell
+                       for extra in (False, True)][: 2 if seeds[1:] else 1]
+            return Side(folders, FAMILIES[family][0])
+
+        say(f"frontier {self.name}: the paired comparison at {budget:.3g} FLOPs, {best} against {reference}")
+        result = compare(side(best), side(reference), diagnostics=True)
+        result.update({"budget": budget, "family_a": best, "family_b": reference})
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out, result)
+        say(describe(result))
+        return out
+
     # --- records and report
     def records(self) -> list[dict]:
-        return collect_records(self.path, [c.record() for c in self.cells()], self.budgets)
+        return collect_records(self.path, [c.record() for c in self.cells()], self.all_budgets())
 
     def report(self) -> dict:
         study = read_json(self.path / STUDY_FILE, "the study's grid")
-        return build_frontier(self.records(), study)
+        return build_frontier(self.records(), study, collect_references(self.path), collect_comparisons(self.path))
 
 
 def measure_cells(study: FrontierStudy, parse_overrides):
@@ -401,6 +518,14 @@ def _first(records: list[dict], seed: int) -> dict | None:
     return next((r for r in records if r.get("seed") == seed), None)
 
 
+def corpus_of(folder: Path) -> str:
+    """What a run trained and was scored on, from its config.json (checked): the tokenizer and the splits'
+    sizes, so that two studies of one corpus on two machines agree and two corpora never do."""
+    data = read_run_config(folder)["data"]
+    return (f"{data['tokenizer']} tokenizer {data['tokenizer_hash']}, {data['train_chars']:,} training and "
+            f"{data['val_chars']:,} validation characters")
+
+
 def collect_records(path: Path, cells: list[dict], budgets: list[float]) -> list[dict]:
     """One row per point and seed that has a record: the cell, the budget, the scores, what it cost."""
     rows = []
@@ -410,6 +535,7 @@ def collect_records(path: Path, cells: list[dict], budgets: list[float]) -> list
                 folder = path / cell["name"] / (point_name(budget) + ("-seeds" if extra else ""))
                 if not (folder / "summary.json").exists():
                     continue
+                corpus = corpus_of(folder)
                 for r in read_summary(folder, "a point's summary"):
                     fit = r.get("fit") or {}
                     rows.append({"cell": cell["name"], "family": cell["family"], "size": cell["size"],
@@ -417,14 +543,50 @@ def collect_records(path: Path, cells: list[dict], budgets: list[float]) -> list
                                  "budget": budget, "seed": r.get("seed"), "envelope_seed": extra,
                                  "status": r.get("status"), "val_bpc": r.get("val_bpc"),
                                  "val_loss": r.get("val_loss"), "train_loss": r.get("train_loss"),
+                                 "train_split_bpc": r.get("train_split_bpc"), "val_bpc_ci95": r.get("val_bpc_ci95"),
                                  "params_trained": r.get("params_trainable"), "train_flops": r.get("train_flops"),
                                  "train_tokens": r.get("train_tokens"), "train_steps": r.get("train_steps"),
                                  "epochs": r.get("epochs"), "train_seconds": r.get("train_seconds"),
-                                 "data_source": r.get("data_source"),
+                                 "data_source": r.get("data_source"), "corpus": corpus,
                                  "spent_flops": (r.get("train_flops") or 0) - (fit.get("branched_at_flops") or 0),
                                  "spent_seconds": (r.get("train_seconds") or 0) - (fit.get("branched_at_seconds") or 0),
                                  "branched": bool(fit.get("branched_at_flops")), "folder": str(folder)})
     return rows
+
+
+def study_budgets(study: dict) -> list[float]:
+    """A study file's grid budgets, then its lead budget if it has one."""
+    lead = (study.get("stages") or {}).get("lead_budget")
+    return [*study["budgets"], *([lead] if lead else [])]
+
+
+def collect_references(path: Path) -> list[dict]:
+    """One row per finished reference run (REFERENCES=True): its model, size and scores."""
+    rows = []
+    for name in REFERENCE_RUNS:
+        folder = path / "references" / name
+        if not (folder / "summary.json").exists():
+            continue
+        corpus = corpus_of(folder)
+        for r in read_summary(folder, "a reference run's summary"):
+            rows.append({"name": name, "model": r.get("model"), "seed": r.get("seed"), "val_bpc": r.get("val_bpc"),
+                         "val_bpc_ci95": r.get("val_bpc_ci95"), "train_split_bpc": r.get("train_split_bpc"),
+                         "train_flops": r.get("train_flops"), "params_trained": r.get("params_trainable"),
+                         "train_tokens": r.get("train_tokens"), "epochs": r.get("epochs"),
+                         "data_source": r.get("data_source"), "corpus": corpus, "folder": str(folder)})
+    return rows
+
+
+def collect_comparisons(path: Path) -> list[dict]:
+    """The paired comparisons the study wrote (compare_at_the_top), smallest budget first."""
+    found = []
+    for file in sorted((path / COMPARISONS).glob("*.json")) if (path / COMPARISONS).is_dir() else []:
+        content = read_json(file, "a paired comparison")
+        if not isinstance(content, dict) or not {"a", "b", "bpc_difference", "ci95_low", "ci95_high"} <= set(content):
+            raise FrontierError(f"{file} is not a paired comparison (compare.py's JSON); delete it and run the "
+                                "study's command again to redo it")
+        found.append({**content, "file": file.name})
+    return sorted(found, key=lambda c: c.get("budget") or 0)
 
 
 def envelope_cells(rows: list[dict], budgets: list[float]) -> dict:
@@ -449,16 +611,19 @@ def _interpolated_compute(points: list[tuple[float, float]], loss: float) -> flo
     return None
 
 
-def build_frontier(rows: list[dict], study: dict) -> dict:
-    """frontier.json's content from the point rows and the study's grid."""
-    sources = sorted({r["data_source"] for r in rows if r.get("data_source")})
-    if len(sources) > 1:
-        raise FrontierError(f"the records mix datasets ({', '.join(sources)}): one frontier compares one corpus; "
-                            "keep each study's points in its own STUDY folder")
+def build_frontier(rows: list[dict], study: dict, references: list[dict] | None = None,
+                   comparisons: list[dict] | None = None) -> dict:
+    """frontier.json's content from the point rows, the study's grid and its reference runs."""
+    references = references or []
+    corpora = sorted({r["corpus"] for r in [*rows, *references] if r.get("corpus")})
+    if len(corpora) > 1:
+        raise FrontierError(f"the records of study {study['study']} mix corpora ({' | '.join(corpora)}): one "
+                            "frontier compares one corpus; keep each study's points in its own STUDY folder")
+    sources = sorted({r["data_source"] for r in [*rows, *references] if r.get("data_source")})
     if not rows:
         raise FrontierError(f"study {study['study']} has no point records yet: run it first (python scaling.py "
                             "FAMILIES=... STUDY=...)")
-    budgets, families = study["budgets"], study["grid"]["FAMILIES"]
+    budgets, families = study_budgets(study), study["grid"]["FAMILIES"]
     winners = envelope_cells(rows, budgets)
     envelope: dict = {f: [] for f in families}
     for (family, budget), cell in sorted(winners.items(), key=lambda kv: kv[0][1]):
@@ -469,8 +634,9 @@ def build_frontier(rows: list[dict], study: dict) -> dict:
             "budget": budget, "cell": cell, "size": first["size"], "learning_rate": first["learning_rate"],
             "batch_size": first["batch_size"], "params_trained": first["params_trained"],
             "bpc": first["val_bpc"], "bpc_mean": statistics.fmean(bpc), "bpc_sd": statistics.stdev(bpc)
-            if len(bpc) > 1 else None, "seeds": sorted(r["seed"] for r in seeds), "bpc_per_seed": bpc,
+            if len(bpc) > 1 else None, "seeds": [r["seed"] for r in seeds], "bpc_per_seed": bpc,
             "train_loss": first["train_loss"], "val_loss": first["val_loss"], "epochs": first["epochs"],
+            "train_split_bpc": first.get("train_split_bpc"), "val_bpc_ci95": first.get("val_bpc_ci95"),
             "train_flops": first["train_flops"], "steps": first["train_steps"]})
     isoflop = {f: {repr(b): sorted(({"size": s, "params_trained": p, "bpc": v} for s, p, v in _best_per(
         rows, f, b, "size")), key=lambda x: x["params_trained"]) for b in budgets} for f in families}
@@ -493,11 +659,14 @@ def build_frontier(rows: list[dict], study: dict) -> dict:
               if why is None and f"{c}@{b}" not in ran]
     return {"study": study["study"], "budgets": budgets, "families": families, "grid": study["grid"],
             "settings": study["settings"], "data_source": sources[0] if sources else None,
+            "corpus": corpora[0] if corpora else None, "comparisons": comparisons or [],
             "curve": "bits/char = E + A * (C / C0) ** -alpha over the envelope's points",
             "envelope": envelope, "fits": fits, "n_opt": {f: {repr(p["budget"]): p["params_trained"]
                                                              for p in pts} for f, pts in envelope.items()},
             "isoflop": isoflop, "lr_sensitivity": lr_sensitivity, "reference": reference,
-            "compute_multiplier": multipliers, "grid_points": rows, "skipped": skipped,
+            "compute_multiplier": multipliers, "grid_points": rows, "references": references,
+            "lead_budget": (study.get("stages") or {}).get("lead_budget"), "stages": study.get("stages"),
+            "skipped": skipped,
             "not_run_pruned": pruned, "spent": spent}
 
 
@@ -559,121 +728,15 @@ def report_from_records(folder: Path) -> dict:
         raise FrontierError(f"{folder} holds no {STUDY_FILE}: not a frontier study folder (REPORT=results/<study>)")
     study = read_json(folder / STUDY_FILE, "the study's grid")
     try:
-        rows = collect_records(folder, study["cells"], study["budgets"])
+        rows = collect_records(folder, study["cells"], study_budgets(study))
+        references = collect_references(folder)
     except ResultsError:
         raise
     except (KeyError, TypeError) as e:
         raise FrontierError(f"{folder / STUDY_FILE} is damaged ({e}); re-run the study's command") from None
-    return build_frontier(rows, study)
-
-
-def write_outputs(report: dict, folder: Path) -> list[Path]:
-    folder = Path(folder)
-    write_json_atomic(folder / "frontier.json", report)
-    (folder / "frontier.md").write_text(format_markdown(report), encoding="utf-8")
-    return [folder / "frontier.json", folder / "frontier.md", plot_frontier(report, folder / "frontier.png")]
-
-
-def _fmt(value, spec=".3f") -> str:
-    return "–" if value is None else format(value, spec)
-
-
-def format_markdown(report: dict) -> str:
-    """The frontier's tables: envelope per family and budget, the multipliers, N_opt, train vs validation."""
-    budgets = report["budgets"]
-    lines = [f"# Frontier study `{report['study']}` ({report['data_source']})", "",
-             "Validation bits/char of each family's best configuration at each training budget (the lower "
-             "envelope), mean ± sd over its seeds. Generated by `python scaling.py REPORT=<this folder>` from the "
-             "point records.", "",
-             "| family | " + " | ".join(f"{b:.3g}" for b in budgets) + " |",
-             "| --- |" + " --- |" * len(budgets)]
-    for family, points in report["envelope"].items():
-        by = {p["budget"]: p for p in points}
-        cells = []
-        for b in budgets:
-            p = by.get(b)
-            cells.append("–" if p is None else f"{p['bpc_mean']:.3f}" + (f" ± {p['bpc_sd']:.3f}" if p["bpc_sd"]
-                                                                          else "") + f" ({p['size']})")
-        lines.append(f"| {family} | " + " | ".join(cells) + " |")
-    lines += ["", f"Reference: **{report['reference']}**. Compute multiplier: the FLOPs its envelope needs to reach "
-              "each family's envelope loss, over the family's budget (> 1: the family needs less compute).", "",
-              "| family | " + " | ".join(f"{b:.3g}" for b in budgets) + " |", "| --- |" + " --- |" * len(budgets)]
-    for family, rows in report["compute_multiplier"].items():
-        by = {r["budget"]: r for r in rows}
-        lines.append(f"| {family} | " + " | ".join(
-            "–" if by.get(b) is None or by[b]["multiplier"] is None else
-            f"{BOUNDS.get(by[b]['how'], '')}{by[b]['multiplier']:.2f}{'*' if by[b]['how'] == 'extrapolated' else ''}"
-            for b in budgets) + " |")
-    lines += ["", "(* extrapolated along the reference's fitted curve; ≥ / ≤: the family's loss lies beyond the "
-              "reference's measured envelope and it has no fit to go further.)", "",
-              "Envelope configurations (N_opt: trained parameters; train and validation loss in nats, epochs):", "",
-              "| family | budget | cell | N_opt | steps | train loss | val loss | epochs |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for family, points in report["envelope"].items():
-        for p in points:
-            lines.append(f"| {family} | {p['budget']:.3g} | {p['cell']} | {p['params_trained']:,} | {p['steps']} | "
-                         f"{_fmt(p['train_loss'])} | {_fmt(p['val_loss'])} | {_fmt(p['epochs'], '.2f')} |")
-    lines += ["", "Fitted envelopes L*(C) = E + A·(C/C0)^−α:", ""]
-    for family, fit in report["fits"].items():
-        lines.append(f"- {family}: " + (f"E={fit['E']:.3f}±{_fmt(fit['E_se'])}, A={fit['A']:.3f}, "
-                                        f"α={fit['alpha']:.3f}±{_fmt(fit['alpha_se'])}" if fit.get("converged")
-                                        else f"no fit ({fit['reason']})"))
-    spent = report["spent"]
-    lines += ["", f"Spent: {spent['points']} point records, {spent['flops']:.3g} training FLOPs "
-              f"({spent['flops_if_unbranched']:.3g} had every point trained from step 0), "
-              f"{spent['train_cpu_hours']:.2f} training hours on one thread each; {len(report['skipped'])} "
-              f"cell-budgets skipped by the step and tokens-per-parameter rules, {len(report['not_run_pruned'])} "
-              "not run (pruned by successive halving, or not reached yet by an unfinished study).", ""]
-    return "\n".join(lines)
-
-
-def plot_frontier(report: dict, path: Path) -> Path:
-    """Envelopes (every grid point faint behind them), the IsoFLOP profiles and the learning-rate sensitivity."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    families = report["families"]
-    colours = {f: plt.get_cmap("tab10")(i % 10) for i, f in enumerate(families)}
-    fig, (env_ax, iso_ax, lr_ax) = plt.subplots(1, 3, figsize=(18, 5.5))
-    for r in report["grid_points"]:
-        if r["val_bpc"] is not None and not r["envelope_seed"]:
-            env_ax.scatter(r["train_flops"] or r["budget"], r["val_bpc"], color=colours[r["family"]], alpha=0.18, s=10)
-    budgets = report["budgets"]
-    grid = np.geomspace(budgets[0] / 1.3, budgets[-1] * 1.3, 100)
-    for family, points in report["envelope"].items():
-        if not points:
-            continue
-        env_ax.errorbar([p["budget"] for p in points], [p["bpc_mean"] for p in points],
-                        yerr=[p["bpc_sd"] or 0 for p in points], fmt="o-", color=colours[family], capsize=3,
-                        label=family)
-        fit = report["fits"].get(family, {})
-        if fit.get("converged"):
-            env_ax.plot(grid, curve(grid, fit["E"], fit["A"], fit["alpha"], fit["C0"]), color=colours[family],
-                        linestyle=":", alpha=0.8)
-    markers = "osD^v<>"
-    for family in families:
-        for k, budget in enumerate(budgets):
-            profile = report["isoflop"][family][repr(budget)]
-            if profile:
-                iso_ax.plot([p["params_trained"] for p in profile], [p["bpc"] for p in profile],
-                            marker=markers[k % len(markers)], color=colours[family], alpha=0.4 + 0.6 * k / len(budgets),
-                            label=f"{family} {budget:.2g}" if len(profile) > 1 else None)
-            sens = report["lr_sensitivity"][family][repr(budget)]
-            if sens:
-                lr_ax.plot([p["learning_rate"] for p in sens], [p["bpc"] for p in sens],
-                           marker=markers[k % len(markers)], color=colours[family],
-                           alpha=0.4 + 0.6 * k / len(budgets), label=f"{family} {budget:.2g}")
-    for ax, xlabel, title in ((env_ax, "training FLOPs", "lower envelope per family (faint: every grid point)"),
-                              (iso_ax, "trained parameters", "IsoFLOP profiles (best over rates and batches)"),
-                              (lr_ax, "peak learning rate", "learning-rate sensitivity (best over sizes, batches)")):
-        log_axes(ax, xlabel, "validation bits/char", legend_size=6)
-        ax.set_title(title, fontsize=10)
-    fig.suptitle(f"frontier study {report['study']} ({report['data_source']})")
-    return save_figure(fig, path, dpi=110)
+    return build_frontier(rows, study, references, collect_comparisons(folder))
 
 
 __all__ = ["FrontierStudy", "FrontierError", "FrontierExit", "FAMILIES", "SIZES", "FRONTIER_KEYS", "Cell",
-           "build_frontier", "report_from_records", "write_outputs", "format_markdown", "plot_frontier",
+           "build_frontier", "report_from_records", "collect_comparisons", "collect_references",
            "envelope_cells", "parse_grid"]

@@ -73,7 +73,7 @@ def test_the_records_alone_rebuild_the_report_and_an_edited_record_is_refused(mi
     shutil.copytree(study, records, ignore=shutil.ignore_patterns("checkpoints", "logs", "frontier.*", "*.lock"))
     assert not list(records.rglob("*.pt"))
     proc = run_script("scaling.py", f"REPORT={records}")
-    assert "| transformer++ |" in proc.stdout
+    assert "| transformer++ (the transformer) |" in proc.stdout  # the headline table
     rebuilt, original = (json.loads((d / "frontier.json").read_text()) for d in (records, study))
     for key in ("envelope", "fits", "compute_multiplier", "isoflop", "lr_sensitivity", "skipped", "n_opt"):
         assert rebuilt[key] == original[key], key
@@ -91,18 +91,18 @@ def test_the_records_alone_rebuild_the_report_and_an_edited_record_is_refused(mi
 def test_a_report_of_a_folder_without_a_study_is_one_line(tmp_path):
     for folder in (tmp_path, tmp_path / "missing"):
         proc = run_script("scaling.py", f"REPORT={folder}", check=False)
-        assert proc.returncode != 0 and "not a frontier study folder" in proc.stderr
+        assert proc.returncode != 0 and ("holds no frontier study" in proc.stderr or "does not exist" in proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1
     proc = run_script("scaling.py", f"REPORT={tmp_path}", "SEEDS=1", check=False)
     assert proc.returncode != 0 and "give it alone" in proc.stderr
 
 
-def _row(family, budget, bpc, source="tinystories"):
+def _row(family, budget, bpc, corpus="char tokenizer 1, 100 training and 10 validation characters"):
     return {"cell": f"{family}-xs", "family": family, "size": "xs", "learning_rate": 1e-3, "batch_size": 8,
             "budget": budget, "seed": 1337, "envelope_seed": False, "status": "finished", "val_bpc": bpc,
             "val_loss": bpc * 0.69, "train_loss": bpc * 0.69, "params_trained": 1000, "train_flops": budget,
-            "train_tokens": 1, "train_steps": 1, "epochs": 1.0, "train_seconds": 1.0, "data_source": source,
-            "spent_flops": budget, "spent_seconds": 1.0, "branched": False, "folder": "x"}
+            "train_tokens": 1, "train_steps": 1, "epochs": 1.0, "train_seconds": 1.0, "data_source": "files",
+            "corpus": corpus, "spent_flops": budget, "spent_seconds": 1.0, "branched": False, "folder": "x"}
 
 
 def test_the_compute_multiplier_is_the_reference_compute_for_the_same_loss():
@@ -122,8 +122,9 @@ def test_the_compute_multiplier_is_the_reference_compute_for_the_same_loss():
         assert multipliers[b]["multiplier"] == pytest.approx(2.0, rel=0.1), b
     assert multipliers[4e12]["how"] == "interpolated"
     assert [r["multiplier"] for r in report["compute_multiplier"]["transformer"]] == pytest.approx([1.0] * 4)
-    with pytest.raises(FrontierError, match="mix datasets"):
-        build_frontier([*rows, _row("lstm", 8e12, 3.0, source="shakespeare")], study)
+    with pytest.raises(FrontierError, match="mix corpora"):
+        build_frontier([*rows, _row("lstm", 8e12, 3.0, corpus="char tokenizer 2, 50 training and 5 validation "
+                                    "characters")], study)
     with pytest.raises(FrontierError, match="no point records yet"):
         build_frontier([], study)
 

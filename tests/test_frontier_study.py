@@ -1,7 +1,14 @@
 """The frontier study (issue #32): the training split scored as the validation split is (the train/validation
 gap of repeated epochs), the leaders carried to a larger budget, and REPORT.md written from records alone."""
 
-from tests.conftest import run_cli, summary_of
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, TINY, run_cli, run_script, summary_of
 
 
 def test_the_final_evaluation_also_scores_the_training_split_by_the_same_protocol(tmp_path):
@@ -13,3 +20,129 @@ def test_the_final_evaluation_also_scores_the_training_split_by_the_same_protoco
     assert record["train_split_loss"] < record["val_loss"]
     run_cli(tmp_path, "MODELS=ngram", "MAX_STEPS=1", "RUN_NAME=r2", "TRAIN_EVAL_TOKENS=None")
     assert "train_split_bpc" not in summary_of(tmp_path / "results" / "r2")["ngram"]
+
+
+# --------------------------------------------------------------------- REPORT.md from the committed fixture
+
+FIXTURE = ROOT / "tests" / "fixtures" / "studies"  # made by tests/fixtures/make_studies.sh (a micro study)
+
+
+@pytest.fixture
+def studies(tmp_path):
+    """A copy of the committed fixture studies: the records alone, no checkpoints."""
+    folder = tmp_path / "results"
+    shutil.copytree(FIXTURE, folder)
+    assert not list(folder.rglob("*.pt"))
+    return folder
+
+
+def _seed_scores(point: Path) -> list[float]:
+    return [r["val_bpc"] for r in json.loads((point / "summary.json").read_text())]
+
+
+def test_report_md_is_rebuilt_from_the_committed_records_with_every_section(studies):
+    proc = run_script("scaling.py", f"REPORT={studies}")
+    text = (studies / "REPORT.md").read_text()
+    assert (studies / "micro" / "frontier.png").stat().st_size > 10_000 and "![" in text
+    # the envelope at the leaders' budget: the mean of the two seeds the point and its -seeds folder recorded
+    cell = studies / "micro" / "linear_reservoir-xs-lr0.004-b8"
+    seeds = _seed_scores(cell / "flops-1.20e10") + _seed_scores(cell / "flops-1.20e10-seeds")
+    assert len(seeds) == 2
+    mean = f"{statistics.fmean(seeds):.3f} ± {statistics.stdev(seeds):.3f}"
+    assert f"| linear_reservoir | {mean} (2) |" in text  # the headline row (the README quotes this table)
+    assert f"linear_reservoir: {mean} |" in text  # the goal table
+    for section in ("The goal", "Lower envelopes", "Compute multiplier", "N_opt", "Train against validation",
+                    "Paired comparison at 1.2e+10 FLOPs: linear_reservoir − transformer++", "Reference lines",
+                    "recall k=4", "python scaling.py FRONTIER=True STUDY=micro", "LEAD_BUDGET=1.2e+10"):
+        assert section in text, section
+    comparison = json.loads(next((studies / "micro" / "comparisons").glob("*.json")).read_text())
+    assert f"A − B = {comparison['bpc_difference']:+.4f} bits/char" in text
+    ngram = json.loads((studies / "micro" / "references" / "ngram-3" / "summary.json").read_text())[0]
+    assert f"| ngram-3 | {ngram['val_bpc']:.3f} | {ngram['train_split_bpc']:.3f} |" in text
+    assert "micro" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_a_report_of_records_that_mix_corpora_is_one_line(studies, tmp_path):
+    other = tmp_path / "other"  # an n-gram of another corpus (150 stories, not 300) among the references
+    run_cli(tmp_path, "MODELS=ngram", "MAX_STEPS=1", "SYNTHETIC_STORIES=150", f"RESULTS_DIR={other}",
+            "RUN_NAME=ngram-1", settings=[s for s in TINY if not s.startswith("SYNTHETIC_STORIES")])
+    target = studies / "micro" / "references" / "ngram-1"
+    shutil.rmtree(target)
+    shutil.copytree(other / "ngram-1", target)
+    proc = run_script("scaling.py", f"REPORT={studies}", check=False)
+    assert proc.returncode != 0 and "mix corpora" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and not (studies / "REPORT.md").exists()
+
+
+def test_a_report_of_an_edited_record_is_one_line_and_leaves_the_report_as_it_was(studies):
+    run_script("scaling.py", f"REPORT={studies}")
+    before = (studies / "REPORT.md").read_text()
+    point = studies / "micro" / "transformer++-xs-lr0.004-b8" / "flops-6.00e09" / "summary.json"
+    records = json.loads(point.read_text())
+    records[0]["val_bpc"] = 0.5
+    point.write_text(json.dumps(records))
+    proc = run_script("scaling.py", f"REPORT={studies}", check=False)
+    assert proc.returncode != 0 and "edited" in proc.stderr and "Traceback" not in proc.stderr
+    assert (studies / "REPORT.md").read_text() == before
+
+
+def test_a_report_of_a_folder_with_no_study_or_no_records_is_one_line(tmp_path, studies):
+    (tmp_path / "empty").mkdir()
+    proc = run_script("scaling.py", f"REPORT={tmp_path / 'empty'}", check=False)
+    assert proc.returncode != 0 and "holds no frontier study" in proc.stderr and "Traceback" not in proc.stderr
+    for point in (studies / "micro").glob("*-lr*/flops-*"):
+        shutil.rmtree(point)
+    shutil.rmtree(studies / "micro" / "references")
+    proc = run_script("scaling.py", f"REPORT={studies}", check=False)
+    assert proc.returncode != 0 and "has no point records yet" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["LEAD_BUDGET=6e9"], "LEAD_BUDGET must be one budget above the largest of BUDGETS"),
+    (["LEAD_BUDGET=1e10,2e10"], "LEAD_BUDGET must be one budget above"),
+    (["LEADERS=lstm"], "LEADERS names 'lstm', not one of the study's FAMILIES"),
+    (["REFERENCES=maybe"], "REFERENCES must be True or False"),
+])
+def test_bad_stage_keys_are_one_line_and_make_no_folder(tmp_path, args, message):
+    proc = run_script("scaling.py", "FAMILIES=transformer++,linear_reservoir", "SIZES=xs", "BUDGETS=3e9,6e9",
+                      "DATASET=synthetic", f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'c'}",
+                      *args, check=False)
+    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+# --------------------------------------------------------------------- the stages after the grid, end to end
+
+STAGED = ["STUDY=micro", "FAMILIES=transformer++,linear_reservoir", "SIZES=xs", "LEARNING_RATES=4e-3",
+          "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "LEAD_BUDGET=1.2e10", "REFERENCES=True", "MIN_STEPS=20",
+          "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=2", "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32",
+          "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=4096", "TRAIN_EVAL_TOKENS=4096", "SAMPLE_TOKENS=20",
+          "WARMUP_STEPS=5"]  # the fixture's command (tests/fixtures/make_studies.sh)
+
+
+@pytest.mark.slow
+def test_the_leaders_references_and_comparison_run_after_the_grid_and_once(tmp_path):
+    args = [*STAGED, f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}"]
+    run_script("scaling.py", *args, timeout=900)
+    study = tmp_path / "results" / "micro"
+    report = json.loads((study / "frontier.json").read_text())
+    assert report["budgets"] == [3e9, 6e9, 1.2e10] and report["lead_budget"] == 1.2e10
+    for family in ("transformer++", "linear_reservoir"):  # auto: the transformer and the best reservoir family
+        lead = [p for p in report["envelope"][family] if p["budget"] == 1.2e10]
+        assert len(lead) == 1 and lead[0]["seeds"] == [1337, 1338]
+        first = next(r for r in report["grid_points"] if r["family"] == family and r["budget"] == 1.2e10
+                     and not r["envelope_seed"])
+        assert first["branched"]  # it continued the top budget's stable phase
+    references = {r["name"]: r for r in report["references"]}
+    assert set(references) == {*(f"ngram-{k}" for k in range(1, 7)), "esn-500", "esn-1000", "esn-2000", "esn-4000"}
+    orders = [references[f"ngram-{k}"]["val_bpc"] for k in range(1, 5)]
+    assert orders == sorted(orders, reverse=True)  # more context, lower loss on this corpus
+    assert all(summary_of(Path(r["folder"]))[r["model"]]["bound_by"] == "data" for r in references.values())
+    [comparison] = report["comparisons"]
+    assert comparison["budget"] == 1.2e10 and comparison["family_a"] == "linear_reservoir"
+    assert comparison["a"]["seeds"] == [1337, 1338] and "diagnostics" in comparison
+    made = next((study / "comparisons").glob("*.json")).stat().st_mtime_ns
+    again = run_script("scaling.py", *args, timeout=900)
+    assert "started" not in again.stdout and "0 runs to train" in again.stdout
+    assert "10 reference runs finished, 0 to run" in again.stdout
+    assert next((study / "comparisons").glob("*.json")).stat().st_mtime_ns == made

@@ -1,0 +1,339 @@
+"""What a reader sees of the studies: tables and plots written from the committed records alone.
+
+    python scaling.py REPORT=results/frontier-tinystories   # one study: frontier.json, frontier.md, frontier.png
+    python scaling.py REPORT=results                        # every study under results/: REPORT.md (and each's)
+
+    paths = write_from_records(Path("results"))   # one study folder, or a folder of studies
+
+A study's section says what made it (the command, rebuilt from its study file), whether the goal is met
+(the best reservoir family within GOAL of "the transformer" at every budget), the envelope table with
+its seeds, the plot, the compute multipliers, N_opt, train against validation at repeated epochs, the
+paired comparison at the top budget with its diagnostics, and the reference lines (n-grams, the ESN).
+``headline`` is the short table the README quotes (tests/test_frontier_study.py checks the quote).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .files import atomic_write_text
+from .frontier import (
+    BOUNDS,
+    DEFAULT_BUDGETS,
+    DEFAULTS,
+    RESERVOIR_FAMILIES,
+    RUN_SETTINGS,
+    STUDY_FILE,
+    FrontierError,
+    report_from_records,
+)
+from .results import write_json_atomic
+from .scaling import curve, log_axes, save_figure
+
+GOAL = 0.05  # the goal the study measures: the best reservoir envelope within 5% of the transformer's
+REPEATED = 2.0  # epochs from which train against validation is a claim's caveat (Muennighoff et al. 2023)
+REPORT_FILE = "REPORT.md"
+
+
+def study_folders(folder: Path) -> list[Path]:
+    """``folder`` itself if it is a study, else the studies directly under it (sorted)."""
+    folder = Path(folder)
+    if (folder / STUDY_FILE).exists():
+        return [folder]
+    if not folder.is_dir():
+        raise FrontierError(f"{folder} does not exist: REPORT=<a study folder, or a folder of studies such as "
+                            "results>")
+    found = sorted(p.parent for p in folder.glob(f"*/{STUDY_FILE}"))
+    if not found:
+        raise FrontierError(f"{folder} holds no frontier study (no {STUDY_FILE} in it or in its sub-folders): "
+                            "REPORT=results/<study>, or run a study first (python scaling.py FRONTIER=True ...)")
+    return found
+
+
+def write_from_records(folder: Path) -> list[Path]:
+    """A study's frontier.json/.md/.png; for a folder of studies also ``REPORT.md`` over all of them. Every
+    study is read (and refused in one line if damaged) before anything is written."""
+    folder = Path(folder)
+    studies = [(path, report_from_records(path)) for path in study_folders(folder)]
+    written = []
+    for path, report in studies:
+        written += write_study(report, path)
+    if studies[0][0] != folder:
+        atomic_write_text(folder / REPORT_FILE, format_report(studies, folder))
+        written.append(folder / REPORT_FILE)
+    return written
+
+
+def write_study(report: dict, folder: Path) -> list[Path]:
+    folder = Path(folder)
+    write_json_atomic(folder / "frontier.json", report)
+    atomic_write_text(folder / "frontier.md", format_study(report, "frontier.png", level=1))
+    return [folder / "frontier.json", folder / "frontier.md", plot_frontier(report, folder / "frontier.png")]
+
+
+# --------------------------------------------------------------------- tables
+
+
+def _fmt(value, spec=".3f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _bpc(point: dict) -> str:
+    sd = f" ± {point['bpc_sd']:.3f}" if point.get("bpc_sd") else ""
+    return f"{point['bpc_mean']:.3f}{sd}"
+
+
+def _by_budget(report: dict) -> dict:
+    return {f: {p["budget"]: p for p in points} for f, points in report["envelope"].items()}
+
+
+def study_command(report: dict) -> str:
+    """The command that made (and continues) the study, from its study file: the settings and grid keys
+    that differ from the study's defaults."""
+    defaults = {f"{k}={v!r}" for k, v in RUN_SETTINGS.items()}
+    parts = ["python scaling.py FRONTIER=True", f"STUDY={report['study']}"]
+    if list(report["budgets"][: len(report["budgets"]) - bool(report.get("lead_budget"))]) != list(DEFAULT_BUDGETS):
+        parts.append("BUDGETS=" + ",".join(f"{b:g}" for b in report["budgets"] if b != report.get("lead_budget")))
+    for key, value in report["grid"].items():
+        if value != DEFAULTS.get(key):
+            parts.append(f"{key}=" + (",".join(map(str, value)) if isinstance(value, list) else str(value)))
+    stages = report.get("stages") or {}
+    if stages.get("lead_budget"):
+        parts.append(f"LEAD_BUDGET={stages['lead_budget']:g}")
+    if stages.get("leaders", "auto") != "auto":
+        parts.append("LEADERS=" + ",".join(stages["leaders"]))
+    if stages.get("references"):
+        parts.append("REFERENCES=True")
+    parts += [a for a in report["settings"] if a not in defaults]
+    return " ".join(parts)
+
+
+def goal_rows(report: dict) -> list[dict]:
+    """Per budget: "the transformer", the best reservoir family, the gap (reservoir / transformer - 1)."""
+    by, reference = _by_budget(report), report["reference"]
+    rows = []
+    for budget in report["budgets"]:
+        ref = by.get(reference, {}).get(budget)
+        reservoirs = [(by[f][budget]["bpc_mean"], f) for f in RESERVOIR_FAMILIES if budget in by.get(f, {})]
+        if ref is None or not reservoirs:
+            continue
+        bpc, family = min(reservoirs)
+        gap = bpc / ref["bpc_mean"] - 1
+        rows.append({"budget": budget, "reference": ref, "family": family, "best": by[family][budget], "gap": gap,
+                     "met": gap <= GOAL})
+    return rows
+
+
+def headline(report: dict) -> str:
+    """The README's table: each family (the better transformer recipe as "the transformer") at the top
+    budget every family reached, with seeds, the gap to the transformer, the compute multiplier and N_opt."""
+    by, reference = _by_budget(report), report["reference"]
+    families = [f for f in report["families"] if by.get(f) and (f == reference or f not in (
+        "transformer", "transformer++"))]
+    shared = [b for b in report["budgets"] if all(b in by[f] for f in families)]
+    if not shared or reference is None:
+        return "(no budget that every family reached yet)"
+    top = shared[-1]
+    multipliers = {f: {r["budget"]: r for r in rows} for f, rows in report["compute_multiplier"].items()}
+    lines = [f"| family (at {top:.3g} FLOPs) | bits/char (seeds) | vs {reference} | compute multiplier | N_opt |",
+             "| --- | --- | --- | --- | --- |"]
+    for f in sorted(families, key=lambda f: by[f][top]["bpc_mean"]):
+        p, m = by[f][top], multipliers.get(f, {}).get(top)
+        mult = "–" if not m or m["multiplier"] is None else \
+            f"{BOUNDS.get(m['how'], '')}{m['multiplier']:.2f}{'*' if m['how'] == 'extrapolated' else ''}"
+        name = f"{f} (the transformer)" if f == reference else f
+        gap = p["bpc_mean"] / by[reference][top]["bpc_mean"] - 1
+        lines.append(f"| {name} | {_bpc(p)} ({len(p['seeds'])}) | {gap:+.1%} | {mult} | {p['params_trained']:,} "
+                     f"({p['size']}) |")
+    return "\n".join(lines)
+
+
+def format_study(report: dict, plot: str, level: int = 2) -> str:
+    """A study's section: ``plot`` is the plot's path as the document links it."""
+    h = "#" * level
+    budgets, by = report["budgets"], _by_budget(report)
+    head = "| family | " + " | ".join(f"{b:.3g}" for b in budgets) + " |"
+    rule = "| --- |" + " --- |" * len(budgets)
+    lines = [f"{h} Frontier study `{report['study']}`", "",
+             f"Corpus: {report['corpus']}. Made, and continued after any stop, by", "",
+             f"    {study_command(report)}", "",
+             "and this text by `python scaling.py REPORT=<the study folder, or the folder of studies>`, from the "
+             "committed records alone.", ""]
+    goal = goal_rows(report)
+    if goal:
+        lines += [f"{h}# The goal: the best reservoir family within {GOAL:.0%} of the transformer", "",
+                  f"| budget | the transformer ({report['reference']}) | best reservoir family | gap | within "
+                  f"{GOAL:.0%} |", "| --- | --- | --- | --- | --- |"]
+        for g in goal:
+            lines.append(f"| {g['budget']:.3g} | {_bpc(g['reference'])} | {g['family']}: {_bpc(g['best'])} | "
+                         f"{g['gap']:+.1%} | {'yes' if g['met'] else 'no'} |")
+        met = sum(g["met"] for g in goal)
+        lines += ["", f"Met at {met} of {len(goal)} budgets (bits/char, mean ± sd over seeds)." + (
+            " A budget above the grid's carries only the leaders' top-budget configurations."
+            if report.get("lead_budget") else ""), ""]
+    lines += [f"{h}# Lower envelopes", "",
+              "Validation bits/char of each family's best configuration at each training budget, mean ± sd over "
+              "its seeds (the size preset, and the number of seeds, in brackets).", "", head, rule]
+    for family in report["families"]:
+        cells = []
+        for b in budgets:
+            p = by.get(family, {}).get(b)
+            cells.append("–" if p is None else f"{_bpc(p)} ({p['size']}, {len(p['seeds'])})")
+        lines.append(f"| {family} | " + " | ".join(cells) + " |")
+    lines += ["", f"![envelopes, IsoFLOP profiles and learning rates]({plot})", "",
+              f"{h}# Compute multiplier", "",
+              f"The FLOPs the reference (**{report['reference']}**) needs to reach each family's envelope loss, over "
+              "the family's budget (> 1: the family needs less compute than the transformer).", "", head, rule]
+    for family, rows in report["compute_multiplier"].items():
+        at = {r["budget"]: r for r in rows}
+        lines.append(f"| {family} | " + " | ".join(
+            "–" if at.get(b) is None or at[b]["multiplier"] is None else
+            f"{BOUNDS.get(at[b]['how'], '')}{at[b]['multiplier']:.2f}{'*' if at[b]['how'] == 'extrapolated' else ''}"
+            for b in budgets) + " |")
+    lines += ["", "(* extrapolated along the reference's fitted curve; ≥ / ≤: beyond the reference's measured "
+              "envelope.)", "", f"{h}# N_opt: the configuration each family chose", "",
+              "Trained parameters of the envelope's configuration (size preset, peak learning rate, batch).", "",
+              head, rule]
+    for family in report["families"]:
+        lines.append(f"| {family} | " + " | ".join(
+            "–" if by.get(family, {}).get(b) is None else
+            f"{by[family][b]['params_trained']:,} ({by[family][b]['size']}, {by[family][b]['learning_rate']:g}, "
+            f"{by[family][b]['batch_size']})" for b in budgets) + " |")
+    lines += ["", f"{h}# Train against validation", "",
+              "The envelope points, the study's first seed: bits/char on the first tokens of the training split and "
+              "on the validation split, scored the same way (TRAIN_EVAL_TOKENS), and the epochs trained. At "
+              f"≥ {REPEATED:g} epochs (**bold**) repeated data is worth less than fresh (Muennighoff et al. 2023): a "
+              "lead there may be regularisation, not architecture. – : recorded before the training split was "
+              "scored.", "",
+              "| family | budget | epochs | train bits/char | validation bits/char | gap | per seed |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for family in report["families"]:
+        for b in budgets:
+            p = by.get(family, {}).get(b)
+            if p is None:
+                continue
+            gap = None if p.get("train_split_bpc") is None else p["bpc"] - p["train_split_bpc"]
+            epochs = _fmt(p["epochs"], ".2f")
+            lines.append(f"| {family} | {b:.3g} | {f'**{epochs}**' if (p['epochs'] or 0) >= REPEATED else epochs} "
+                         f"| {_fmt(p.get('train_split_bpc'))} | {p['bpc']:.3f} | {_fmt(gap, '+.3f')} | "
+                         + ", ".join(f"{s}: {v:.3f}" for s, v in zip(p["seeds"], p["bpc_per_seed"], strict=True))
+                         + " |")
+    for c in report.get("comparisons") or []:
+        lines += ["", f"{h}# Paired comparison at {c.get('budget', 0):.3g} FLOPs: {c.get('family_a')} − "
+                  f"{c.get('family_b')}", "",
+                  f"A = {c.get('family_a')} ({c['a']['model']}, seeds {c['a']['seeds']}): {c['a']['bpc']:.4f} "
+                  f"bits/char; B = {c.get('family_b')} ({c['b']['model']}, seeds {c['b']['seeds']}): "
+                  f"{c['b']['bpc']:.4f}. **A − B = {c['bpc_difference']:+.4f} bits/char, 95% paired interval "
+                  f"[{c['ci95_low']:+.4f}, {c['ci95_high']:+.4f}]** on {c['eval_tokens']:,} validation tokens "
+                  f"(per-token losses averaged over seeds; `comparisons/{c['file']}`, made by the study as "
+                  "`python compare.py A+A-seeds:<model> B+B-seeds:<model> DIAGNOSTICS=True` would).", ""]
+        diagnostics = c.get("diagnostics")
+        if diagnostics:
+            lines += ["| split | targets | share | A | B | A − B [95% paired] |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+            for r in diagnostics["rows"]:
+                interval = (f"{r['bpc_difference']:+.3f} [{r['ci95_low']:+.3f}, {r['ci95_high']:+.3f}]"
+                            if "bpc_difference" in r else "–")
+                lines.append(f"| {r['split']} | {r['targets']:,} | {r['share']:.1%} | {_fmt(r['bpc_a'])} | "
+                             f"{_fmt(r.get('bpc_b'))} | {interval} |")
+            lines += ["", "Positions count characters from the start of the story; a recall target is a character "
+                      f"that continues a {diagnostics['recall_k']}-gram seen earlier in the same story."]
+    if report.get("references"):
+        lines += ["", f"{h}# Reference lines", "",
+                  "One pass over the training data each, no FLOP cap (REFERENCES=True): n-grams (order 1 is the "
+                  "unigram level, order 2 the bigram level) and the echo state network across reservoir sizes.", "",
+                  "| run | validation bits/char | train bits/char | training FLOPs | trained parameters |",
+                  "| --- | --- | --- | --- | --- |"]
+        for r in report["references"]:
+            lines.append(f"| {r['name']} | {_fmt(r['val_bpc'])} | {_fmt(r['train_split_bpc'])} | "
+                         f"{_fmt(r['train_flops'], '.3g')} | {_fmt(r['params_trained'], ',')} |")
+    lines += ["", f"{h}# Fits and cost", "", "Fitted envelopes L*(C) = E + A·(C/C0)^−α:", ""]
+    for family, fit in report["fits"].items():
+        lines.append(f"- {family}: " + (f"E={fit['E']:.3f}±{_fmt(fit['E_se'])}, A={fit['A']:.3f}, "
+                                        f"α={fit['alpha']:.3f}±{_fmt(fit['alpha_se'])}" if fit.get("converged")
+                                        else f"no fit ({fit['reason']})"))
+    spent = report["spent"]
+    lines += ["", f"Spent: {spent['points']} point records, {spent['flops']:.3g} training FLOPs "
+              f"({spent['flops_if_unbranched']:.3g} had every point trained from step 0), "
+              f"{spent['train_cpu_hours']:.2f} training hours on one thread each; {len(report['skipped'])} "
+              f"cell-budgets skipped by the step and tokens-per-parameter rules, {len(report['not_run_pruned'])} "
+              "not run (pruned by successive halving, or not reached yet by an unfinished study).", ""]
+    return "\n".join(lines)
+
+
+def format_report(studies: list[tuple[Path, dict]], root: Path) -> str:
+    """REPORT.md: the headline of every study, then each study's section."""
+    lines = ["# ReservoirNLP: what the studies found", "",
+             f"Generated by `python scaling.py REPORT={root}` from the committed records under `{root}/`: do not "
+             "edit by hand. Every number is a record's; each study says the command that made it.", ""]
+    for _, report in studies:
+        lines += [f"## `{report['study']}`: the headline", "", headline(report), ""]
+    for path, report in studies:
+        lines.append(format_study(report, f"{path.relative_to(root).as_posix()}/frontier.png", level=2))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------- plot
+
+
+def plot_frontier(report: dict, path: Path) -> Path:
+    """Envelopes (every grid point faint behind them, reference runs dashed), the IsoFLOP profiles and the
+    learning-rate sensitivity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = report["families"]
+    colours = {f: plt.get_cmap("tab10")(i % 10) for i, f in enumerate(families)}
+    fig, (env_ax, iso_ax, lr_ax) = plt.subplots(1, 3, figsize=(18, 5.5))
+    for r in report["grid_points"]:
+        if r["val_bpc"] is not None and not r["envelope_seed"]:
+            env_ax.scatter(r["train_flops"] or r["budget"], r["val_bpc"], color=colours[r["family"]], alpha=0.18, s=10)
+    budgets = report["budgets"]
+    grid = np.geomspace(budgets[0] / 1.3, budgets[-1] * 1.3, 100)
+    for family, points in report["envelope"].items():
+        if not points:
+            continue
+        env_ax.errorbar([p["budget"] for p in points], [p["bpc_mean"] for p in points],
+                        yerr=[p["bpc_sd"] or 0 for p in points], fmt="o-", color=colours[family], capsize=3,
+                        label=family)
+        fit = report["fits"].get(family, {})
+        if fit.get("converged"):
+            env_ax.plot(grid, curve(grid, fit["E"], fit["A"], fit["alpha"], fit["C0"]), color=colours[family],
+                        linestyle=":", alpha=0.8)
+    references = [r for r in report.get("references") or [] if r["val_bpc"] is not None]
+    for r in references:
+        if r["model"] == "ngram":
+            env_ax.axhline(r["val_bpc"], color="grey", linestyle="--", linewidth=0.8, alpha=0.7)
+            env_ax.annotate(r["name"], (grid[0], r["val_bpc"]), fontsize=6, color="grey", va="bottom")
+    esn = [r for r in references if r["model"] == "esn" and r["train_flops"]]
+    if esn:
+        env_ax.plot([r["train_flops"] for r in esn], [r["val_bpc"] for r in esn], "x--", color="black", alpha=0.7,
+                    label="esn (500–4000 units, one pass)")
+    markers = "osD^v<>"
+    for family in families:
+        for k, budget in enumerate(budgets):
+            profile = report["isoflop"][family].get(repr(budget)) or []
+            if profile:
+                iso_ax.plot([p["params_trained"] for p in profile], [p["bpc"] for p in profile],
+                            marker=markers[k % len(markers)], color=colours[family], alpha=0.4 + 0.6 * k / len(budgets),
+                            label=f"{family} {budget:.2g}" if len(profile) > 1 else None)
+            sens = report["lr_sensitivity"][family].get(repr(budget)) or []
+            if sens:
+                lr_ax.plot([p["learning_rate"] for p in sens], [p["bpc"] for p in sens],
+                           marker=markers[k % len(markers)], color=colours[family],
+                           alpha=0.4 + 0.6 * k / len(budgets), label=f"{family} {budget:.2g}")
+    for ax, xlabel, title in ((env_ax, "training FLOPs", "lower envelope per family (faint: every grid point)"),
+                              (iso_ax, "trained parameters", "IsoFLOP profiles (best over rates and batches)"),
+                              (lr_ax, "peak learning rate", "learning-rate sensitivity (best over sizes, batches)")):
+        log_axes(ax, xlabel, "validation bits/char", legend_size=6)
+        ax.set_title(title, fontsize=10)
+    fig.suptitle(f"frontier study {report['study']} ({report['corpus']})", fontsize=10)
+    return save_figure(fig, path, dpi=110)
+
+
+__all__ = ["write_from_records", "write_study", "format_study", "format_report", "headline", "goal_rows",
+           "study_folders", "plot_frontier", "study_command", "GOAL"]
