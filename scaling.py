@@ -67,7 +67,7 @@ def run_point(args: list[str]) -> int:
             signal.signal(signum, handler)
 
 
-def run_points(jobs: list[tuple[Path, list[str]]], workers: int) -> list[int]:
+def run_points(jobs: list[tuple[Path, list[str]]], workers: int) -> list[int | None]:
     """Points side by side, at most ``workers`` at once, each a TinyStories.py process on one thread (so its
     score does not depend on how many run together). With one worker a point prints to the terminal; with
     more, each writes its own log (<study>/logs/) and a line here says when it starts and ends. A SIGTERM
@@ -116,7 +116,7 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int) -> list[int]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return [143 if code is None else exit_status(code) for code in codes]  # never started: stopped by a signal
+    return [None if code is None else exit_status(code) for code in codes]  # None: never started (a signal came)
 
 
 def report_only(folder: str) -> int:

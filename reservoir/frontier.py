@@ -340,6 +340,12 @@ class FrontierStudy:
         seed = self.config["SEED"]
         for budget in self.budgets:
             live = [c for c in self.cells() if c.name not in pruned and plan[c.name][budget] is None]
+            revived = self._refill(live, pruned, plan, budget, last_run)
+            if revived:
+                say(f"frontier {self.name}: {budget:.3g} FLOPs: {', '.join(c.name for c in revived)} back, for "
+                    "families whose kept cells no longer fit this budget (too many tokens per parameter)")
+                live += revived
+                pruned -= {c.name for c in revived}
             todo = [c for c in live if not self.finished(self.folder(c, budget), [seed])]
             say(f"frontier {self.name}: {budget:.3g} FLOPs: {len(live)} cells, {len(live) - len(todo)} already "
                 f"finished, {len(todo)} to train")
@@ -406,12 +412,34 @@ class FrontierStudy:
         """``jobs``: (the point's folder, its TinyStories.py arguments)."""
         if not jobs:
             return
-        codes = run_points(jobs, self.grid["WORKERS"])
-        failed = [code for code in codes if code != 0]
-        if failed:
-            where = f"at {budget:.3g} FLOPs" if budget else "of the envelope's seeds"
-            raise FrontierExit(failed[0], f"{len(failed)} point(s) {where} stopped (exit code {failed[0]}, messages "
-                                          "above); every finished point is kept and the same command continues")
+        codes = run_points(jobs, self.grid["WORKERS"])  # None: never started (the study was stopped first)
+        failed = [code for code in codes if code not in (0, None)]
+        if failed or None in codes:
+            where = f"at {budget:.3g} FLOPs" if budget else "after the grid"
+            waiting = f", {codes.count(None)} not started" if None in codes else ""
+            code = failed[0] if failed else 143
+            raise FrontierExit(code, f"{len(failed)} point(s) {where} stopped (exit code {code}, messages above)"
+                                     f"{waiting}; every finished point is kept and the same command continues")
+
+    def _refill(self, live: list[Cell], pruned: set[str], plan: dict, budget: float, last_run: dict) -> list[Cell]:
+        """Cells back for a family with fewer than KEEP live cells at ``budget`` (its kept cells are too small for
+        it): its pruned cells that fit, those that lasted to the latest budget first, best there first. Without
+        this a family whose best cells are small would have no point at the budgets they cannot take."""
+        back = []
+        for family in self.grid["FAMILIES"]:
+            missing = self.grid["KEEP"] - sum(c.family == family for c in live)
+            if missing <= 0:
+                continue
+            candidates = []
+            for c in self.cells():
+                if c.family == family and c.name in pruned and plan[c.name][budget] is None and c.name in last_run:
+                    record = _first(read_summary(self.folder(c, last_run[c.name]), "a point's summary"),
+                                    self.config["SEED"])
+                    score = record.get("val_bpc") if record else None
+                    if score is not None:
+                        candidates.append((-last_run[c.name], score, c.name, c))
+            back += [c for *_, c in sorted(candidates)[:missing]]
+        return back
 
     def _prune(self, live: list[Cell], budget: float) -> set[str]:
         """The cells of ``live`` that stop at ``budget``: neither among their family's KEEP best there nor

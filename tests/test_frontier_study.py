@@ -146,3 +146,34 @@ def test_the_leaders_references_and_comparison_run_after_the_grid_and_once(tmp_p
     assert "started" not in again.stdout and "0 runs to train" in again.stdout
     assert "10 reference runs finished, 0 to run" in again.stdout
     assert next((study / "comparisons").glob("*.json")).stat().st_mtime_ns == made
+
+
+def test_a_family_whose_kept_cells_outgrow_the_budget_gets_its_pruned_cells_back(tmp_path):
+    # KEEP=1: at 6e9 only the better of xs and s goes on; at 1.2e10 xs takes too many tokens per parameter
+    args = ["STUDY=refill", "FAMILIES=transformer++", "SIZES=xs,s", "LEARNING_RATES=4e-3", "BATCH_SIZES=8",
+            "BUDGETS=3e9,6e9,1.2e10", "KEEP=1", "WITHIN=0", "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=0.4",
+            "ENVELOPE_SEEDS=1", "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048",
+            "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0", "WARMUP_STEPS=5", f"RESULTS_DIR={tmp_path / 'results'}",
+            f"CACHE_DIR={tmp_path / 'cache'}"]
+    proc = run_script("scaling.py", *args, timeout=900)
+    report = json.loads((tmp_path / "results" / "refill" / "frontier.json").read_text())
+    assert "tokens per parameter > 0.4" in json.dumps(report["skipped"])  # xs cannot take 1.2e10
+    at = {(r["size"], r["budget"]): r for r in report["grid_points"]}
+    assert at[("xs", 6e9)]["val_bpc"] < at[("s", 6e9)]["val_bpc"]  # so s was pruned at 6e9 ...
+    assert "transformer++-s-lr0.004-b8 back" in proc.stdout  # ... and came back at 1.2e10,
+    assert at[("s", 1.2e10)]["branched"]  # continuing its stable phase of 6e9
+    assert [p["budget"] for p in report["envelope"]["transformer++"]] == [3e9, 6e9, 1.2e10]
+
+
+def test_a_stopped_study_counts_the_points_it_never_started_apart(tmp_path):
+    from configs import parse_overrides
+    from reservoir.frontier import FrontierExit, FrontierStudy
+
+    study = FrontierStudy.from_args({"FAMILIES": "lstm", "SIZES": "xs", "BUDGETS": "3e9,6e9"},
+                                    ["DATASET=synthetic", f"RESULTS_DIR={tmp_path}"], parse_overrides)
+    jobs = [(tmp_path / str(k), []) for k in range(3)]
+    with pytest.raises(FrontierExit) as stopped:
+        study._run_all(jobs, lambda jobs, workers: [143, None, None], 3e9)
+    assert stopped.value.code == 143
+    assert "1 point(s) at 3e+09 FLOPs stopped (exit code 143, messages above), 2 not started" in str(stopped.value)
+    study._run_all(jobs, lambda jobs, workers: [0, 0, 0], 3e9)  # all finished: nothing raised
