@@ -177,3 +177,16 @@ def test_a_stopped_study_counts_the_points_it_never_started_apart(tmp_path):
     assert stopped.value.code == 143
     assert "1 point(s) at 3e+09 FLOPs stopped (exit code 143, messages above), 2 not started" in str(stopped.value)
     study._run_all(jobs, lambda jobs, workers: [0, 0, 0], 3e9)  # all finished: nothing raised
+
+
+def test_the_readme_quotes_the_committed_study_as_the_report_generates_it():
+    """README's "What we found" table is the headline of the committed records, not typed by hand: after new
+    records, `python scaling.py REPORT=results` and paste results/REPORT.md's headline into the README."""
+    from reservoir.frontier import report_from_records
+    from reservoir.report import headline
+
+    readme = (ROOT / "README.md").read_text()
+    start, end = "<!-- headline: results/frontier-tinystories -->\n", "\n<!-- /headline -->"
+    assert start in readme and end in readme
+    quoted = readme.split(start, 1)[1].split(end, 1)[0]
+    assert quoted == headline(report_from_records(ROOT / "results" / "frontier-tinystories"))
