@@ -317,12 +317,14 @@ class FrontierStudy:
         path = self.path / STUDY_FILE
         if path.exists():
             before = read_json(path, "the study's grid")
-            changed = [k for k in ("budgets", "grid") if before.get(k) != content[k]]
+            changed = ["budgets"] if before.get("budgets") != content["budgets"] else []
+            changed += _grid_changes(before.get("grid") or {}, self.grid)
             if _placeless(before.get("settings", [])) != _placeless(content["settings"]):
                 changed.append("settings")
             if changed:
                 raise FrontierError(f"{path} holds another {', '.join(changed)} for STUDY={self.name}: run it with "
-                                    "the same command to continue it, or name a new STUDY")
+                                    "the same command to continue it (a grid list may grow: FAMILIES, SIZES, "
+                                    "LEARNING_RATES, BATCH_SIZES), or name a new STUDY")
         self.path.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, content)
 
@@ -535,6 +537,22 @@ LOCATIONS = ("RESULTS_DIR", "CACHE_DIR", "DATA_DIR", "DATASET", "TRAIN_PATH", "V
 def _placeless(settings: list[str]) -> list[str]:
     """A study's settings less where its data and folders are: the same study continues on another machine."""
     return [a for a in settings if a.partition("=")[0].strip().upper() not in LOCATIONS]
+
+
+GROWABLE = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES")  # new values: new cells, which join the study
+FREE = ("WORKERS",)  # how the study runs, not what it measures
+
+
+def _grid_changes(before: dict, now: dict) -> list[str]:
+    """The grid keys a continued study may not take: a list that lost a value, any other changed key."""
+    changed = []
+    for key in sorted(set(before) | set(now)):
+        if key in FREE or before.get(key) == now.get(key):
+            continue
+        if key in GROWABLE and isinstance(before.get(key), list) and set(before[key]) <= set(now.get(key) or []):
+            continue
+        changed.append(f"{key} ({before.get(key)!r} there, {now.get(key)!r} here)")
+    return changed
 
 
 def grid_cells(grid: dict) -> list[Cell]:

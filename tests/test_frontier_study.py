@@ -190,3 +190,18 @@ def test_the_readme_quotes_the_committed_study_as_the_report_generates_it():
     assert start in readme and end in readme
     quoted = readme.split(start, 1)[1].split(end, 1)[0]
     assert quoted == headline(report_from_records(ROOT / "results" / "frontier-tinystories"))
+
+
+def test_a_grid_list_may_grow_and_its_new_cells_join_the_study(tmp_path):
+    base = ["STUDY=grow", "FAMILIES=lstm", "SIZES=xs", "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "KEEP=1", "WITHIN=0",
+            "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=1", "DATASET=synthetic",
+            "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0",
+            "WARMUP_STEPS=5", f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}"]
+    run_script("scaling.py", *base, "LEARNING_RATES=2e-3")
+    grown = run_script("scaling.py", *base, "LEARNING_RATES=2e-3,8e-3", "WORKERS=1")
+    assert "3e+09 FLOPs: 2 cells, 1 already finished, 1 to train" in grown.stdout  # only the new rate trains
+    report = json.loads((tmp_path / "results" / "grow" / "frontier.json").read_text())
+    assert {r["learning_rate"] for r in report["grid_points"] if r["budget"] == 3e9} == {2e-3, 8e-3}
+    shrunk = run_script("scaling.py", *base, "LEARNING_RATES=8e-3", check=False)
+    assert shrunk.returncode != 0 and "LEARNING_RATES ([0.002, 0.008] there, [0.008] here)" in shrunk.stderr
+    assert "Traceback" not in shrunk.stderr
