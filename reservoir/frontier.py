@@ -676,13 +676,17 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
         seeds = [r for r in rows if r["cell"] == cell and r["budget"] == budget and r["val_bpc"] is not None]
         bpc = [r["val_bpc"] for r in seeds]
         first = next(r for r in seeds if not r["envelope_seed"])
+        split = [r for r in seeds if r.get("train_split_bpc") is not None]  # seeds that scored the training split
         envelope[family].append({
             "budget": budget, "cell": cell, "size": first["size"], "learning_rate": first["learning_rate"],
             "batch_size": first["batch_size"], "params_trained": first["params_trained"],
             "bpc": first["val_bpc"], "bpc_mean": statistics.fmean(bpc), "bpc_sd": statistics.stdev(bpc)
             if len(bpc) > 1 else None, "seeds": [r["seed"] for r in seeds], "bpc_per_seed": bpc,
             "train_loss": first["train_loss"], "val_loss": first["val_loss"], "epochs": first["epochs"],
-            "train_split_bpc": first.get("train_split_bpc"), "val_bpc_ci95": first.get("val_bpc_ci95"),
+            "val_bpc_ci95": first.get("val_bpc_ci95"),
+            "train_split_bpc": statistics.fmean(r["train_split_bpc"] for r in split) if split else None,
+            "val_bpc_of_split_seeds": statistics.fmean(r["val_bpc"] for r in split) if split else None,
+            "split_seeds": [r["seed"] for r in split],
             "train_flops": first["train_flops"], "steps": first["train_steps"]})
     isoflop = {f: {repr(b): sorted(({"size": s, "params_trained": p, "bpc": v} for s, p, v in _best_per(
         rows, f, b, "size")), key=lambda x: x["params_trained"]) for b in budgets} for f in families}

@@ -209,22 +209,26 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
     if at_edge:
         lines += ["", f"At its largest budget the best rate of {', '.join(at_edge)} is at the grid's edge."]
     lines += ["", f"{h}# Train against validation", "",
-              "The envelope points, the study's first seed: bits/char on the first tokens of the training split and "
-              "on the validation split, scored the same way (TRAIN_EVAL_TOKENS), and the epochs trained. At "
-              f"≥ {REPEATED:g} epochs (**bold**) repeated data is worth less than fresh (Muennighoff et al. 2023): a "
-              "lead there may be regularisation, not architecture. – : recorded before the training split was "
-              "scored.", "",
-              "| family | budget | epochs | train bits/char | validation bits/char | gap | per seed |",
+              "The envelope points: bits/char on the first tokens of the training split and on the validation split, "
+              "scored the same way (TRAIN_EVAL_TOKENS), mean over the seeds that scored both (in brackets), and "
+              f"the epochs trained. At ≥ {REPEATED:g} epochs (**bold**) repeated data is worth less than fresh "
+              "(Muennighoff et al. 2023): a lead there may be regularisation, not architecture. Below one epoch the "
+              "gap says only how the two texts differ in difficulty; its growth with epochs is the memorisation. "
+              "– : every seed was recorded before the training split was scored.", "",
+              "| family | budget | epochs | train bits/char | validation bits/char | gap | validation, per seed |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for family in report["families"]:
         for b in budgets:
             p = by.get(family, {}).get(b)
             if p is None:
                 continue
-            gap = None if p.get("train_split_bpc") is None else p["bpc"] - p["train_split_bpc"]
+            train, val = p.get("train_split_bpc"), p.get("val_bpc_of_split_seeds")
+            gap = None if train is None else val - train
             epochs = _fmt(p["epochs"], ".2f")
+            scored = f" ({', '.join(map(str, p['split_seeds']))})" if train is not None else ""
             lines.append(f"| {family} | {b:.3g} | {f'**{epochs}**' if (p['epochs'] or 0) >= REPEATED else epochs} "
-                         f"| {_fmt(p.get('train_split_bpc'))} | {p['bpc']:.3f} | {_fmt(gap, '+.3f')} | "
+                         f"| {_fmt(train)}{scored} | {_fmt(val if train is not None else p['bpc'])} | "
+                         f"{_fmt(gap, '+.3f')} | "
                          + ", ".join(f"{s}: {v:.3f}" for s, v in zip(p["seeds"], p["bpc_per_seed"], strict=True))
                          + " |")
     for c in report.get("comparisons") or []:

@@ -205,3 +205,24 @@ def test_a_grid_list_may_grow_and_its_new_cells_join_the_study(tmp_path):
     shrunk = run_script("scaling.py", *base, "LEARNING_RATES=8e-3", check=False)
     assert shrunk.returncode != 0 and "LEARNING_RATES ([0.002, 0.008] there, [0.008] here)" in shrunk.stderr
     assert "Traceback" not in shrunk.stderr
+
+
+def test_train_against_validation_uses_the_seeds_that_scored_the_training_split():
+    from reservoir.frontier import build_frontier
+
+    def row(seed, extra, val, train):
+        return {"cell": "lstm-xs-lr0.006-b8", "family": "lstm", "size": "xs", "learning_rate": 6e-3, "batch_size": 8,
+                "budget": 1e12, "seed": seed, "envelope_seed": extra, "status": "finished", "val_bpc": val,
+                "val_loss": val * 0.69, "train_loss": 1.0, "train_split_bpc": train, "params_trained": 1000,
+                "train_flops": 1e12, "train_tokens": 1, "train_steps": 1, "epochs": 3.0, "train_seconds": 1.0,
+                "data_source": "files", "corpus": "c", "spent_flops": 1e12, "spent_seconds": 1.0, "branched": False,
+                "folder": "x"}
+
+    study = {"study": "t", "budgets": [1e12, 2e12], "grid": {"FAMILIES": ["lstm"], "LEARNING_RATES": [6e-3]},
+             "settings": [], "plan": {}}
+    # the first seed ran before TRAIN_EVAL_TOKENS existed; the envelope's two extra seeds scored both splits
+    rows = [row(1337, False, 1.50, None), row(1338, True, 1.52, 1.30), row(1339, True, 1.56, 1.36)]
+    [point] = build_frontier(rows, study)["envelope"]["lstm"]
+    assert point["split_seeds"] == [1338, 1339]
+    assert point["train_split_bpc"] == pytest.approx(1.33) and point["val_bpc_of_split_seeds"] == pytest.approx(1.54)
+    assert point["bpc_mean"] == pytest.approx(1.5266666, rel=1e-5)  # the envelope itself: every seed
