@@ -14,6 +14,7 @@ paired comparison at the top budget with its diagnostics, and the reference line
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,16 @@ from .scaling import curve, log_axes, save_figure
 GOAL = 0.05  # the goal the study measures: the best reservoir envelope within 5% of the transformer's
 REPEATED = 2.0  # epochs from which train against validation is a claim's caveat (Muennighoff et al. 2023)
 REPORT_FILE = "REPORT.md"
+# published numbers on a corpus's standard split, by its split sizes in characters (shared/data/*/README.md):
+# (what, validation nats per character)
+PUBLISHED = {
+    (1_003_854, 111_540): [  # Tiny Shakespeare, nanoGPT's shakespeare_char split (first 90% trains)
+        ("nanoGPT baby GPT (6 x 384, 10.7M parameters, block 256, GPU)", 1.4697),
+        ("nanoGPT's CPU settings (4 x 128, block 64, 2,000 iterations)", 1.88),
+        ("Köster & Uchida 2025, transformer (arXiv 2507.15779)", 1.67),
+        ("Köster & Uchida 2025, reservoir LM", 2.01),
+    ],
+}
 
 
 def study_folders(folder: Path) -> list[Path]:
@@ -251,6 +262,13 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
                              f"{_fmt(r.get('bpc_b'))} | {interval} |")
             lines += ["", "Positions count characters from the start of the story; a recall target is a character "
                       f"that continues a {diagnostics['recall_k']}-gram seen earlier in the same story."]
+    published = next((rows for (train, val), rows in PUBLISHED.items()
+                      if f"{train:,} training and {val:,} validation characters" in (report.get("corpus") or "")), [])
+    if published:
+        lines += ["", f"{h}# Published numbers on this split", "",
+                  "Their models and compute, not ours (nats per character converted: bits/char = nats / ln 2).", "",
+                  "| model | validation nats/char | bits/char |", "| --- | --- | --- |"]
+        lines += [f"| {what} | {nats:.4g} | {nats / math.log(2):.3f} |" for what, nats in published]
     if report.get("references"):
         lines += ["", f"{h}# Reference lines", "",
                   "One pass over the training data each, no FLOP cap (REFERENCES=True): n-grams (order 1 is the "

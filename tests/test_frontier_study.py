@@ -226,3 +226,14 @@ def test_train_against_validation_uses_the_seeds_that_scored_the_training_split(
     assert point["split_seeds"] == [1338, 1339]
     assert point["train_split_bpc"] == pytest.approx(1.33) and point["val_bpc_of_split_seeds"] == pytest.approx(1.54)
     assert point["bpc_mean"] == pytest.approx(1.5266666, rel=1e-5)  # the envelope itself: every seed
+
+
+def test_a_study_of_tiny_shakespeare_lists_the_published_numbers_of_its_split(studies):
+    from reservoir.frontier import report_from_records
+    from reservoir.report import format_study
+
+    report = report_from_records(studies / "micro")
+    assert "Published numbers" not in format_study(report, "frontier.png")
+    report["corpus"] = "char tokenizer 0123, 1,003,854 training and 111,540 validation characters"
+    text = format_study(report, "frontier.png")
+    assert "| nanoGPT baby GPT (6 x 384, 10.7M parameters, block 256, GPU) | 1.47 | 2.120 |" in text
