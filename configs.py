@@ -17,6 +17,7 @@ import tokenize
 from pathlib import Path
 
 from reservoir.messages import OneLineError
+from reservoir.model_settings import PER_MODEL
 
 SHARED_CONFIG = {
     # --- device -----------------------------------------------------------
@@ -26,8 +27,8 @@ SHARED_CONFIG = {
     "SEED": 1337,  # seeds every random choice: data order, weights, reservoirs, sampling
     "SEEDS": None,  # train every model once per seed, e.g. SEEDS=1337,1338,1339 (mean ± sd reported); None: SEED
     # --- optimisation -----------------------------------------------------
-    "BATCH_SIZE": 32,  # sequences per step per device (before the TPU multiplier)
-    "LEARNING_RATE": 3e-3,  # peak learning rate of gradient-trained models (before the TPU multiplier)
+    "BATCH_SIZE": 32,  # sequences per step per device (before the TPU multiplier); None: each model's batch_size
+    "LEARNING_RATE": 3e-3,  # peak rate of gradient-trained models (before the TPU multiplier); None: each model's
     "SEQ_LEN": 128,  # tokens per training window (each window holds SEQ_LEN + 1 tokens)
     "NUM_WORKERS": 0,  # DataLoader worker processes (forced to 0 on TPU)
     "TPU_BATCH_MULTIPLIER": 2,  # on TPU, BATCH_SIZE is multiplied by this
@@ -86,33 +87,41 @@ SHARED_CONFIG = {
     "ESN": {"units": 1000, "spectral_radius": 0.9, "leak_rate": 0.3, "input_scaling": 1.0, "degree": 10,
             "rc_connectivity": 0.1, "input_connectivity": 0.1, "bias_scaling": 0.5, "washout": 0,
             "readout": "ridge", "ridge": 1.0, "readout_hidden": 256, "include_input": True,
-            "fit_stride": 1},  # echo state network; fit_stride: ridge-fit every n-th state (faster fit)
+            "fit_stride": 1, "learning_rate": None,
+            "batch_size": None},  # echo state network; fit_stride: ridge-fit every n-th state (faster fit)
     "DEEP_ESN": {"units": 500, "layers": 2, "spectral_radius": 0.9, "leak_rate": 0.3, "input_scaling": 1.0,
                  "degree": 10, "rc_connectivity": 0.1, "input_connectivity": 0.1, "bias_scaling": 0.5,
                  "inter_scaling": 0.5, "inter_connectivity": 0.1, "washout": 0, "readout": "ridge", "ridge": 1.0,
-                 "readout_hidden": 256, "include_input": True},  # stacked reservoirs, readout over all layers
+                 "readout_hidden": 256, "include_input": True,
+                 "learning_rate": None, "batch_size": None},  # stacked reservoirs, readout over all layers
     "LINEAR_RESERVOIR": {"units": 256, "r_min": 0.8, "r_max": 0.999, "max_phase": 6.283, "input_scaling": 1.0,
                          "embed_dim": 64, "readout_hidden": 512,
-                         "train_recurrence": False},  # fixed diagonal complex recurrence + MLP readout
+                         "train_recurrence": False,
+                         "learning_rate": None, "batch_size": None},  # fixed diagonal complex recurrence + MLP readout
     "DEEP_LINEAR_RESERVOIR": {"layers": 4, "units": 128, "width": 128, "mix_hidden": 256, "embed_dim": 64,
                               "taps": 4, "tau_min": 2.0, "tau_max": 1000.0, "max_phase": 3.1416,
-                              "dropout": 0.25,
-                              "train_recurrence": False},  # frozen linear recurrences + trained mixing (deep SSM)
+                              "dropout": 0.25, "train_recurrence": False, "learning_rate": None,
+                              "batch_size": None},  # frozen linear recurrences + trained mixing (deep SSM)
     "NVAR": {"delays": 4, "input_dim": 12, "readout": "ridge", "ridge": 1.0, "readout_hidden": 256,
-             "include_input": True, "washout": 0},  # delayed inputs + quadratic monomials
+             "include_input": True, "washout": 0,
+             "learning_rate": None, "batch_size": None},  # delayed inputs + quadratic monomials
     "FROZEN_RETENTION": {"layers": 4, "heads": 4, "width": 128, "ffn_hidden": 512, "tau_min": 2.0,
                          "tau_max": 1000.0, "rotation_base": 10000.0, "dropout": 0.0,
                          "train_recurrence": False, "conv_width": 0,
-                         "write_gate": False},  # RetNet retention, decays and rotations frozen
+                         "write_gate": False,
+                         "learning_rate": None, "batch_size": None},  # RetNet retention, decays and rotations frozen
     "RESERVOIR_ATTENTION": {"units": 256, "tau_min": 1.0, "tau_max": 1000.0, "max_phase": 3.1416,
                             "input_scaling": 1.0, "width": 128, "layers": 2, "heads": 4, "dropout": 0.0,
-                            "reservoir": True,
-                            "train_recurrence": False},  # frozen reservoir states + a trained attention readout
+                            "reservoir": True, "train_recurrence": False, "learning_rate": None,
+                            "batch_size": None},  # frozen reservoir states + a trained attention readout
     "TRANSFORMER": {"n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0, "recipe": "gpt2", "rotary": None,
                     "swiglu": None, "rmsnorm": None,
-                    "qk_norm": False},  # recipe 'gpt2' | '++' (rotary, SwiGLU, RMSNorm); None parts: the recipe's
-    "LSTM": {"embed_dim": 64, "hidden": 256, "layers": 1, "dropout": 0.0},  # LSTM baseline
-    "NGRAM": {"order": 5, "discount": 0.75},  # interpolated absolute-discounting n-gram (discount tuned)
+                    "qk_norm": False, "learning_rate": None,
+                    "batch_size": None},  # recipe 'gpt2' | '++' (rotary, SwiGLU, RMSNorm); None parts: the recipe's
+    "LSTM": {"embed_dim": 64, "hidden": 256, "layers": 1, "dropout": 0.0,
+    "learning_rate": None, "batch_size": None},  # LSTM baseline
+    "NGRAM": {"order": 5, "discount": 0.75,
+    "learning_rate": None, "batch_size": None},  # interpolated absolute-discounting n-gram (discount tuned)
     # --- outputs ----------------------------------------------------------
     "RESULTS_DIR": "results",  # every run writes a new folder under here
     "RUN_NAME": None,  # name of the run folder; None means a timestamp
@@ -148,9 +157,11 @@ _BLOCK_CHOICES = {"readout": ("ridge", "softmax", "mlp"), "recipe": ("gpt2", "++
 _BLOCK_SWITCHES = {"rotary", "swiglu", "rmsnorm"}  # True, False, or None: as the block's recipe says
 _BLOCK_UNIT_INTERVAL = {"leak_rate", "rc_connectivity", "input_connectivity", "inter_connectivity", "dropout",
                         "r_min", "r_max", "discount"}
+_BLOCK_OPTIONAL = {"learning_rate": float, "batch_size": int}  # None: the run's LEARNING_RATE / BATCH_SIZE
 _BLOCK_MAY_BE_ZERO = {"degree", "washout", "dropout", "ridge", "bias_scaling", "max_phase", "conv_width"}
 # Keys whose value may be None, with the type they take otherwise.
-_OPTIONAL = {"RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str, "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int,
+_OPTIONAL = {"BATCH_SIZE": int, "LEARNING_RATE": float, "RUN_NAME": str, "TRAIN_PATH": str, "VAL_PATH": str,
+             "MAX_TRAIN_STORIES": int, "MAX_TRAIN_CHARS": int,
              "MAX_STEPS": int, "TOKEN_BUDGET": int, "TIME_BUDGET_S": float, "RESUME": str, "SAMPLE_TOP_K": int,
              "XLA_CACHE_DIR": str, "FINAL_EVAL_TOKENS": int, "TRAIN_EVAL_TOKENS": int, "EVAL_STRIDE": int,
              "EVAL_EVERY": int,
@@ -284,7 +295,8 @@ def _validate_block(block: str, values: dict) -> dict:
             hint = f"; did you mean {block}.{match[0]}?" if match else f"; valid: {', '.join(defaults)}"
             raise ConfigError(f"unknown hyper-parameter {block}.{name}{hint}")
         label = f"{block}.{name}"
-        value = _coerce(label, value, defaults[name])
+        value = _coerce(label, value, _BLOCK_OPTIONAL[name](1) if name in _BLOCK_OPTIONAL and value is not None
+                        else defaults[name])
         if name in _BLOCK_SWITCHES and value not in (None, True, False):
             raise ConfigError(f"{label} must be True, False or None (None: as {block}.recipe says), got {value!r}")
         if name in _BLOCK_CHOICES and value not in _BLOCK_CHOICES[name]:
@@ -376,6 +388,13 @@ def validate(config: dict) -> dict:
         raise ConfigError(f"RUN_NAME must be a plain folder name (no '/', '\\', '.' or '..'), got {name!r}; "
                           "the run folder is always RESULTS_DIR/RUN_NAME")
     _check_model_blocks(checked)
+    for key, own in PER_MODEL.items():  # None: each model's own, which every model of the run must then have
+        lacking = [m for m in checked["MODELS"] if checked[key] is None and (checked.get(str(m).upper()) or {})
+                   .get(own) is None]
+        if lacking:
+            block = str(lacking[0]).upper()
+            raise ConfigError(f"{key}=None means each model's own {block}.{own}, and {block}.{own} is None too: set "
+                              f"{block}.{own}=..., or {key}=... for every model")
     if checked["TOKENIZER"] == "bpe":  # the vocabulary is known now; a char vocabulary once the data is read
         from reservoir.models import ModelSettingsError, check_vocabulary  # here: configs alone needs no torch
 

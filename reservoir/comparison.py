@@ -25,6 +25,7 @@ from . import device as dev
 from .data import prepare_data
 from .diagnostics import diagnose
 from .evaluation import BOOTSTRAP_SAMPLES, Evaluator
+from .model_settings import model_settings
 from .results import ResultsError, load_trained, read_json, read_run_config
 from .tokenizers import tokenizer_hash
 
@@ -119,12 +120,13 @@ def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str =
     if tokens is None:  # what every run's final evaluation scored
         tokens = min(t.config_json["effective_config"]["FINAL_EVAL_TOKENS"] or len(data.val) for t in everything)
     info = dev.select_device({"DEVICE": device})
+    settings = model_settings(settings, first.row["model"])
     pairing = Evaluator(data, settings, settings["BATCH_SIZE"], tokens)  # the targets and story blocks: same for all
     nats, reports = {}, {}
     for name, side in (("a", side_a), ("b", side_b)):
         per_seed, rescored = [], []
         for one in trained[name]:
-            run_settings = one.config_json["effective_config"]
+            run_settings = model_settings(one.config_json["effective_config"], one.row["model"])
             evaluator = Evaluator(data, run_settings, run_settings["BATCH_SIZE"], tokens)
             model, _, _ = load_trained(one.run_dir, side.model, one.row.get("seed"))
             where = dev.sampling_device(info, model.host_only)  # on XLA: the CPU

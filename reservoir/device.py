@@ -221,12 +221,18 @@ def resolve_precision(kind: str, requested: str = "auto", device: torch.device |
 
 def adjust_config(config: dict, device_kind: str) -> dict:
     """A new config with this device's adjustments: on TPU, BATCH_SIZE x TPU_BATCH_MULTIPLIER and
-    LEARNING_RATE x TPU_LR_MULTIPLIER (2x and 1.2x by default). The effective values are what the
-    run records with its results."""
+    LEARNING_RATE x TPU_LR_MULTIPLIER (2x and 1.2x by default), and each model's own batch_size and
+    learning_rate alike. The effective values are what the run records with its results."""
     adjusted = copy.deepcopy(config)
     if device_kind == "tpu":
-        adjusted["BATCH_SIZE"] = int(config["BATCH_SIZE"] * config["TPU_BATCH_MULTIPLIER"])
-        adjusted["LEARNING_RATE"] = float(config["LEARNING_RATE"] * config["TPU_LR_MULTIPLIER"])
+        scale = {"BATCH_SIZE": lambda b: int(b * config["TPU_BATCH_MULTIPLIER"]),
+                 "LEARNING_RATE": lambda lr: float(lr * config["TPU_LR_MULTIPLIER"])}
+        for key, own in (("BATCH_SIZE", "batch_size"), ("LEARNING_RATE", "learning_rate")):
+            if config[key] is not None:
+                adjusted[key] = scale[key](config[key])
+            for block in adjusted.values():  # a model's own (configs.model_settings) is scaled alike
+                if isinstance(block, dict) and block.get(own) is not None:
+                    block[own] = scale[key](block[own])
     return adjusted
 
 

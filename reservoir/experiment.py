@@ -13,6 +13,7 @@ from . import device as dev
 from . import stopping
 from .data import prepare_data
 from .messages import TAG, say, warn
+from .model_settings import model_settings
 from .models import build_model, check_vocabulary
 from .results import Run, format_table, run_seeds
 from .tracking import check_available
@@ -72,8 +73,8 @@ def _train_every_model(config: dict, info, data, run: Run) -> None:
     main = info.is_main_process
     seeds = run_seeds(config)
     for seed in seeds:
-        seeded = {**config, "SEED": seed}  # the reservoir draw, initial weights, data order and samples
         for name in config["MODELS"]:
+            seeded = model_settings({**config, "SEED": seed}, name)  # the seed: reservoir draw, weights, order
             label = name if len(seeds) == 1 else f"{name} (seed {seed})"
             if stopping.requested():
                 raise stopping.Stopped(stopping.requested(), None, "every model before this point is finished")

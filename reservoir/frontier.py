@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .messages import OneLineError, say
+from .model_settings import model_settings
 from .results import ResultsError, read_json, read_run_config, read_summary, write_json_atomic
 from .scaling import fit_curve, parse_budgets, point_name, positive_numbers, step_cost
 
@@ -517,7 +518,8 @@ def measure_cells(study: FrontierStudy, parse_overrides):
             per_step, params = step_cost(cell.model, config, data)
             if per_step is None:
                 raise FrontierError(f"{cell.family} is not gradient-trained: a frontier grid needs learning rates")
-            seen[key] = (per_step, params, config["BATCH_SIZE"] * config["GRAD_ACCUM"] * config["SEQ_LEN"])
+            batch = model_settings(config, cell.model)["BATCH_SIZE"]
+            seen[key] = (per_step, params, batch * config["GRAD_ACCUM"] * config["SEQ_LEN"])
         return seen[key]
 
     return measure

@@ -479,14 +479,15 @@ class Run:
 
     def write_config(self, requested: dict, effective: dict, info: dev.DeviceInfo, data: dict) -> None:
         """config.json, with the hash of its content that RESUME, sample.py and compare.py check."""
-        global_batch = effective["BATCH_SIZE"] * effective["GRAD_ACCUM"] * info.replicas
+        per_device = effective["BATCH_SIZE"]  # None: each model's own (its summary records it)
+        global_batch = None if per_device is None else per_device * effective["GRAD_ACCUM"] * info.replicas
         if self.writes:
             content = {
                 "requested_config": requested, "effective_config": effective, "versions": versions(),
                 "device": {"kind": info.kind, "name": info.name, "precision": info.precision,
                            "world_size": info.world_size, "spmd_devices": info.spmd_devices,
-                           "replicas": info.replicas, "per_device_batch": effective["BATCH_SIZE"],
-                           "global_batch": global_batch, "tokens_per_step": global_batch * effective["SEQ_LEN"]},
+                           "replicas": info.replicas, "per_device_batch": per_device, "global_batch": global_batch,
+                           "tokens_per_step": global_batch and global_batch * effective["SEQ_LEN"]},
                 "data": data, "started": datetime.datetime.now().isoformat(timespec="seconds")}
             write_json_atomic(self.path / "config.json", {**content, INTEGRITY_KEY: _integrity(content)})
 

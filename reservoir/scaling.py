@@ -171,9 +171,11 @@ def step_cost(name: str, config: dict, data=None) -> tuple[float | None, int]:
     given: cached for the points)."""
     from . import flops
     from .data import prepare_data
+    from .model_settings import model_settings
     from .models import build_model
 
     data = data or prepare_data(config)
+    config = model_settings(config, name)
     model = build_model(name, data.tokenizer.vocab_size, config)
     params = model.param_counts()["params_trainable"]
     if model.trainer != "sgd":

@@ -33,6 +33,7 @@ from .data import TokenData, TrainWindows, eval_windows
 from .evaluation import EvalPoints, Evaluations
 from .machine import MachineLoad
 from .messages import OneLineError, progress, say, warn
+from .model_settings import model_settings
 from .models.base import LanguageModel
 from .results import Run
 from .sampling import SampleSettings, write_stories
@@ -436,8 +437,9 @@ def _check_one_batch(windows: int, info: dev.DeviceInfo, config: dict) -> None:
 def check_batches(config: dict, data: TokenData, info: dev.DeviceInfo) -> None:
     """The same refusal for a whole run, before its folder exists: a model that counts (the n-gram) would
     otherwise train first and leave a folder behind."""
-    if any(name != "ngram" for name in config["MODELS"]):
-        _check_one_batch(max(0, (data.train.size - 1) // config["SEQ_LEN"]), info, config)
+    for name in config["MODELS"]:
+        if name != "ngram":
+            _check_one_batch(max(0, (data.train.size - 1) // config["SEQ_LEN"]), info, model_settings(config, name))
 
 
 def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress: Progress):
@@ -745,6 +747,7 @@ def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.D
             "world_size": info.world_size, "data_source": data.source, "val_unknown_share": data.val_unknown_share,
             "tokenizer": data.tokenizer.kind,
             "vocab_size": data.tokenizer.vocab_size, "seed": config["SEED"],
+            "learning_rate": config["LEARNING_RATE"], "batch_size": config["BATCH_SIZE"],  # this model's (per device)
             **{key: outcome.extra.get(key) for key in ("compile_seconds", "step_seconds", "compile_over_budget",
                                                        "bound_by")},
             "train_flops": progress.flops or None, "flops_per_token": progress.flops / max(1, progress.tokens) or None,

@@ -1,0 +1,53 @@
+"""Each model's own learning rate and batch size (reservoir/model_settings.py): where the run leaves LEARNING_RATE
+or BATCH_SIZE None, every model trains with its block's learning_rate / batch_size (how the defaults give each
+family its frontier configuration); a run-wide value is every model's."""
+
+import pytest
+
+from configs import ConfigError, parse_overrides
+from reservoir.device import adjust_config
+from reservoir.model_settings import model_settings
+from tests.conftest import run_cli, run_script, summary_of
+
+
+def test_a_run_wide_value_is_every_models_and_none_takes_each_models_own():
+    own = ["LSTM.learning_rate=2e-3", "LSTM.batch_size=4", "TRANSFORMER.learning_rate=5e-4", "TRANSFORMER.batch_size=6"]
+    config = parse_overrides(["DATASET=synthetic", "MODELS=lstm,transformer", "LEARNING_RATE=None",
+                              "BATCH_SIZE=None", *own])
+    assert (model_settings(config, "lstm")["LEARNING_RATE"], model_settings(config, "lstm")["BATCH_SIZE"]) == (2e-3, 4)
+    assert model_settings(config, "transformer")["BATCH_SIZE"] == 6
+    run_wide = parse_overrides(["DATASET=synthetic", "MODELS=lstm,transformer", "LEARNING_RATE=1e-3",
+                                "BATCH_SIZE=16", *own])
+    for name in ("lstm", "transformer"):
+        assert (model_settings(run_wide, name)["LEARNING_RATE"], model_settings(run_wide, name)["BATCH_SIZE"]) == \
+            (1e-3, 16)
+    tpu = adjust_config(config, "tpu")  # the TPU multipliers apply to a model's own values too
+    assert model_settings(tpu, "lstm")["BATCH_SIZE"] == 8
+    assert model_settings(tpu, "lstm")["LEARNING_RATE"] == pytest.approx(2.4e-3)
+    assert config["LSTM"]["batch_size"] == 4  # the input is not modified
+
+
+@pytest.mark.parametrize("args, message", [
+    (["MODELS=lstm,transformer", "LEARNING_RATE=None", "LSTM.learning_rate=1e-3"],
+     "LEARNING_RATE=None means each model's own TRANSFORMER.learning_rate, and TRANSFORMER.learning_rate is None"),
+    (["MODELS=ngram,lstm", "BATCH_SIZE=None"], "BATCH_SIZE=None means each model's own NGRAM.batch_size"),
+    (["LSTM.batch_size=0"], "LSTM.batch_size must be > 0"),
+    (["LSTM.batch_size=2.5"], "LSTM.batch_size must be an integer"),
+    (["LSTM.learning_rate=fast"], "LSTM.learning_rate must be a finite number"),
+])
+def test_bad_per_model_settings_are_one_line(args, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        parse_overrides(["DATASET=synthetic", *args])
+
+
+def test_each_model_trains_records_and_is_compared_with_its_own_batch_and_rate(tmp_path):
+    run_cli(tmp_path, "MODELS=lstm,transformer", "LEARNING_RATE=None", "BATCH_SIZE=None", "LSTM.learning_rate=4e-3",
+            "LSTM.batch_size=4", "TRANSFORMER.learning_rate=1e-3", "TRANSFORMER.batch_size=12", "MAX_STEPS=6",
+            "RUN_NAME=own", "FINAL_EVAL_TOKENS=4096")
+    records = summary_of(tmp_path / "results" / "own")
+    for name, batch, rate in (("lstm", 4, 4e-3), ("transformer", 12, 1e-3)):
+        assert (records[name]["batch_size"], records[name]["learning_rate"]) == (batch, rate)
+        assert records[name]["train_tokens"] == 6 * batch * 32  # six steps of its own batch of SEQ_LEN=32
+    run = tmp_path / "results" / "own"
+    proc = run_script("compare.py", f"{run}:lstm", f"{run}:transformer", f"OUT={tmp_path / 'c.json'}")
+    assert "A - B" in proc.stdout
