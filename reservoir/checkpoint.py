@@ -18,6 +18,7 @@ import torch
 from . import device as dev
 from .files import atomic_write
 from .messages import OneLineError
+from .model_settings import PER_MODEL
 from .tokenizers import tokenizer_hash
 
 FORMAT = 1
@@ -32,7 +33,8 @@ def checkpoint_identity(name: str, config: dict, tokenizer, replicas: int | None
     """What a checkpoint of model ``name`` must match to belong to a run with ``config`` and ``tokenizer``:
     the model's settings, the tokenizer, SEQ_LEN and the seed; with ``replicas`` (training resumes:
     the data order and batch depend on it) that too."""
-    identity = {"model": name, "model_config": config[name.upper()], "vocab_size": tokenizer.vocab_size,
+    architecture = {k: v for k, v in config[name.upper()].items() if k not in PER_MODEL.values()}  # not its rate
+    identity = {"model": name, "model_config": architecture, "vocab_size": tokenizer.vocab_size,
                 "tokenizer_hash": tokenizer_hash(tokenizer), "seq_len": config["SEQ_LEN"], "seed": config["SEED"]}
     if replicas is not None:
         identity["replicas"] = replicas
@@ -76,8 +78,11 @@ def load_checkpoint(path: str | Path, expect: dict) -> dict:
     for key, wanted in expect.items():
         if key in SINCE_LATER and key not in payload:
             continue
-        if payload.get(key) != wanted:
-            raise CheckpointError(f"checkpoint {path} does not match this run: {key} is {payload.get(key)!r}, "
+        found = payload.get(key)
+        if key == "model_config" and isinstance(found, dict):  # written with its rate by 0.4.0 for a while
+            found = {k: v for k, v in found.items() if k not in PER_MODEL.values()}
+        if found != wanted:
+            raise CheckpointError(f"checkpoint {path} does not match this run: {key} is {found!r}, "
                                   f"the run has {wanted!r}; resume with the run's own settings or start a new run")
     return payload
 

@@ -51,3 +51,30 @@ def test_each_model_trains_records_and_is_compared_with_its_own_batch_and_rate(t
     run = tmp_path / "results" / "own"
     proc = run_script("compare.py", f"{run}:lstm", f"{run}:transformer", f"OUT={tmp_path / 'c.json'}")
     assert "A - B" in proc.stdout
+
+
+def test_a_checkpoint_written_before_the_per_model_keys_still_resumes_and_branches(tmp_path):
+    """Checkpoints record their model's block; one written before learning_rate and batch_size joined the blocks
+    must still match (they are training settings, checked by the run's own, not the architecture)."""
+    import torch
+
+    run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=12", "LR_SCHEDULE=wsd", "RUN_NAME=old", "CHECKPOINT_EVERY=0")
+    stable = tmp_path / "results" / "old" / "checkpoints" / "lstm-seed1337-stable.pt"
+    payload = torch.load(stable, weights_only=False)
+    assert set(payload["model_config"]) == {"embed_dim", "hidden", "layers", "dropout"}  # as checkpoints were
+    run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=24", "LR_SCHEDULE=wsd", "RUN_NAME=longer",
+            f"STABLE_FROM={tmp_path / 'results' / 'old'}")
+    assert summary_of(tmp_path / "results" / "longer")["lstm"]["fit"]["branched_at_flops"] > 0
+
+
+def test_a_checkpoint_that_recorded_its_blocks_rate_and_batch_still_matches(tmp_path):
+    import torch
+
+    run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=12", "LR_SCHEDULE=wsd", "RUN_NAME=old", "CHECKPOINT_EVERY=0")
+    stable = tmp_path / "results" / "old" / "checkpoints" / "lstm-seed1337-stable.pt"
+    payload = torch.load(stable, weights_only=False)
+    payload["model_config"].update({"learning_rate": None, "batch_size": None})  # as a few points wrote it
+    torch.save(payload, stable)
+    run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=24", "LR_SCHEDULE=wsd", "RUN_NAME=longer",
+            f"STABLE_FROM={tmp_path / 'results' / 'old'}")
+    assert summary_of(tmp_path / "results" / "longer")["lstm"]["fit"]["branched_at_flops"] > 0
