@@ -27,8 +27,8 @@ SHARED_CONFIG = {
     "SEED": 1337,  # seeds every random choice: data order, weights, reservoirs, sampling
     "SEEDS": None,  # train every model once per seed, e.g. SEEDS=1337,1338,1339 (mean ± sd reported); None: SEED
     # --- optimisation -----------------------------------------------------
-    "BATCH_SIZE": 32,  # sequences per step per device (before the TPU multiplier); None: each model's batch_size
-    "LEARNING_RATE": 3e-3,  # peak rate of gradient-trained models (before the TPU multiplier); None: each model's
+    "BATCH_SIZE": None,  # sequences per step per device (before the TPU multiplier); None: each model's batch_size
+    "LEARNING_RATE": None,  # peak rate of gradient-trained models (before the TPU multiplier); None: each model's
     "SEQ_LEN": 128,  # tokens per training window (each window holds SEQ_LEN + 1 tokens)
     "NUM_WORKERS": 0,  # DataLoader worker processes (forced to 0 on TPU)
     "TPU_BATCH_MULTIPLIER": 2,  # on TPU, BATCH_SIZE is multiplied by this
@@ -51,7 +51,7 @@ SHARED_CONFIG = {
     "MAX_STEPS": None,  # optimizer steps per model (None: no step limit)
     "TOKEN_BUDGET": None,  # training tokens per model, all devices together (None: no token limit)
     "TIME_BUDGET_S": 600.0,  # training wall-clock seconds per model, evaluation excluded: a safety cap (None: none)
-    "FLOP_BUDGET": 1e13,  # training FLOPs per model (products, reservoir/flops.py): load-independent (None: off)
+    "FLOP_BUDGET": 3.125e12,  # training FLOPs per model (products, reservoir/flops.py): load-independent (None: off)
     "EVAL_POINTS": 16,  # evaluations per model, log-spaced over its budget, the last one final (1: final only)
     "EVAL_EVERY": None,  # evaluate every this many steps instead of EVAL_POINTS (and always at the end)
     "LOG_EVERY": 25,  # fetch the loss from the device every this many steps (the only host sync in the loop)
@@ -83,45 +83,48 @@ SHARED_CONFIG = {
     "EVAL_MODE": "stream",  # 'stream': state carried, or overlapping windows | 'windows': windows from empty context
     "EVAL_STRIDE": None,  # stream mode: stride of windowed models' overlapping windows (None: SEQ_LEN // 2)
     # --- models: MODELS names them, each has one block of hyper-parameters (override as ESN.units=500)
-    "MODELS": ["ngram", "esn", "linear_reservoir", "lstm", "transformer"],  # trained and compared, in order
+    # Each family's block (its learning_rate and batch_size too) is its best configuration at the default budget
+    # in the frontier study (results/frontier-tinystories, one seed; python scaling.py REPORT=results)
+    "MODELS": ["ngram", "esn", "transformer", "lstm", "frozen_retention", "reservoir_attention",
+               "deep_linear_reservoir", "linear_reservoir"],  # trained and compared, in order
     "ESN": {"units": 1000, "spectral_radius": 0.9, "leak_rate": 0.3, "input_scaling": 1.0, "degree": 10,
             "rc_connectivity": 0.1, "input_connectivity": 0.1, "bias_scaling": 0.5, "washout": 0,
             "readout": "ridge", "ridge": 1.0, "readout_hidden": 256, "include_input": True,
-            "fit_stride": 1, "learning_rate": None,
-            "batch_size": None},  # echo state network; fit_stride: ridge-fit every n-th state (faster fit)
+            "fit_stride": 1, "learning_rate": 3e-3,
+            "batch_size": 32},  # echo state network; fit_stride: ridge-fit every n-th state (faster fit)
     "DEEP_ESN": {"units": 500, "layers": 2, "spectral_radius": 0.9, "leak_rate": 0.3, "input_scaling": 1.0,
                  "degree": 10, "rc_connectivity": 0.1, "input_connectivity": 0.1, "bias_scaling": 0.5,
                  "inter_scaling": 0.5, "inter_connectivity": 0.1, "washout": 0, "readout": "ridge", "ridge": 1.0,
                  "readout_hidden": 256, "include_input": True,
-                 "learning_rate": None, "batch_size": None},  # stacked reservoirs, readout over all layers
+                 "learning_rate": 3e-3, "batch_size": 32},  # stacked reservoirs, readout over all layers
     "LINEAR_RESERVOIR": {"units": 256, "r_min": 0.8, "r_max": 0.999, "max_phase": 6.283, "input_scaling": 1.0,
                          "embed_dim": 64, "readout_hidden": 512,
                          "train_recurrence": False,
-                         "learning_rate": None, "batch_size": None},  # fixed diagonal complex recurrence + MLP readout
-    "DEEP_LINEAR_RESERVOIR": {"layers": 4, "units": 128, "width": 128, "mix_hidden": 256, "embed_dim": 64,
+                         "learning_rate": 6e-3, "batch_size": 8},  # fixed diagonal complex recurrence + MLP readout
+    "DEEP_LINEAR_RESERVOIR": {"layers": 3, "units": 96, "width": 96, "mix_hidden": 192, "embed_dim": 64,
                               "taps": 4, "tau_min": 2.0, "tau_max": 1000.0, "max_phase": 3.1416,
-                              "dropout": 0.25, "train_recurrence": False, "learning_rate": None,
-                              "batch_size": None},  # frozen linear recurrences + trained mixing (deep SSM)
+                              "dropout": 0.25, "train_recurrence": False, "learning_rate": 6e-3,
+                              "batch_size": 16},  # frozen linear recurrences + trained mixing (deep SSM)
     "NVAR": {"delays": 4, "input_dim": 12, "readout": "ridge", "ridge": 1.0, "readout_hidden": 256,
              "include_input": True, "washout": 0,
-             "learning_rate": None, "batch_size": None},  # delayed inputs + quadratic monomials
-    "FROZEN_RETENTION": {"layers": 4, "heads": 4, "width": 128, "ffn_hidden": 512, "tau_min": 2.0,
+             "learning_rate": 3e-3, "batch_size": 32},  # delayed inputs + quadratic monomials
+    "FROZEN_RETENTION": {"layers": 2, "heads": 4, "width": 48, "ffn_hidden": 192, "tau_min": 2.0,
                          "tau_max": 1000.0, "rotation_base": 10000.0, "dropout": 0.0,
                          "train_recurrence": False, "conv_width": 0,
                          "write_gate": False,
-                         "learning_rate": None, "batch_size": None},  # RetNet retention, decays and rotations frozen
-    "RESERVOIR_ATTENTION": {"units": 256, "tau_min": 1.0, "tau_max": 1000.0, "max_phase": 3.1416,
-                            "input_scaling": 1.0, "width": 128, "layers": 2, "heads": 4, "dropout": 0.0,
-                            "reservoir": True, "train_recurrence": False, "learning_rate": None,
-                            "batch_size": None},  # frozen reservoir states + a trained attention readout
-    "TRANSFORMER": {"n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0, "recipe": "gpt2", "rotary": None,
+                         "learning_rate": 6e-3, "batch_size": 8},  # RetNet retention, decays and rotations frozen
+    "RESERVOIR_ATTENTION": {"units": 192, "tau_min": 1.0, "tau_max": 1000.0, "max_phase": 3.1416,
+                            "input_scaling": 1.0, "width": 64, "layers": 2, "heads": 4, "dropout": 0.0,
+                            "reservoir": True, "train_recurrence": False, "learning_rate": 6e-3,
+                            "batch_size": 16},  # frozen reservoir states + a trained attention readout
+    "TRANSFORMER": {"n_layer": 2, "n_head": 4, "n_embd": 48, "dropout": 0.0, "recipe": "++", "rotary": None,
                     "swiglu": None, "rmsnorm": None,
-                    "qk_norm": False, "learning_rate": None,
-                    "batch_size": None},  # recipe 'gpt2' | '++' (rotary, SwiGLU, RMSNorm); None parts: the recipe's
-    "LSTM": {"embed_dim": 64, "hidden": 256, "layers": 1, "dropout": 0.0,
-    "learning_rate": None, "batch_size": None},  # LSTM baseline
+                    "qk_norm": False, "learning_rate": 3e-3,
+                    "batch_size": 8},  # recipe 'gpt2' | '++' (rotary, SwiGLU, RMSNorm); None parts: the recipe's
+    "LSTM": {"embed_dim": 48, "hidden": 160, "layers": 1, "dropout": 0.0, "learning_rate": 6e-3,
+             "batch_size": 8},  # LSTM baseline
     "NGRAM": {"order": 5, "discount": 0.75,
-    "learning_rate": None, "batch_size": None},  # interpolated absolute-discounting n-gram (discount tuned)
+              "batch_size": 32},  # interpolated absolute-discounting n-gram (discount tuned); batch: its evaluation's
     # --- outputs ----------------------------------------------------------
     "RESULTS_DIR": "results",  # every run writes a new folder under here
     "RUN_NAME": None,  # name of the run folder; None means a timestamp
@@ -389,8 +392,8 @@ def validate(config: dict) -> dict:
                           "the run folder is always RESULTS_DIR/RUN_NAME")
     _check_model_blocks(checked)
     for key, own in PER_MODEL.items():  # None: each model's own, which every model of the run must then have
-        lacking = [m for m in checked["MODELS"] if checked[key] is None and (checked.get(str(m).upper()) or {})
-                   .get(own) is None]
+        lacking = [m for m in checked["MODELS"] if checked[key] is None
+                   and own in (checked.get(str(m).upper()) or {}) and checked[str(m).upper()][own] is None]
         if lacking:
             block = str(lacking[0]).upper()
             raise ConfigError(f"{key}=None means each model's own {block}.{own}, and {block}.{own} is None too: set "

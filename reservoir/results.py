@@ -643,7 +643,8 @@ def format_table(records: list[dict]) -> str:
     rows = [aggregate(group) for _, group in seed_groups(records)]
     compile_column = any(r.get("device_kind") == "tpu" or r.get("compile_over_budget") for r in records)
     seeds_column = any(r["seeds"] > 1 for r in rows)
-    head = (f"{'model':<18}" + (f"{'seeds':>6}" if seeds_column else "") + f"{'val bits/char ± 95%':>21}"
+    width = max([18, *(len(r["model"]) + 2 for r in rows)])  # names line up whatever their length
+    head = (f"{'model':<{width}}" + (f"{'seeds':>6}" if seeds_column else "") + f"{'val bits/char ± 95%':>21}"
             f"{'val ppl':>9}{'params (trained)':>22}{'trained':>20}{'train s':>9}{'tokens':>12}{'tok/s':>10}"
             f"{'FLOPs':>10}"
             f"{'epochs':>8}{'load':>9}{'bound by':>10}" + (f"{'compile s':>11}" if compile_column else ""))
@@ -654,7 +655,7 @@ def format_table(records: list[dict]) -> str:
         params = f"{r['params_total']:,} ({r['params_trainable']:,})"
         seeds = f"{r['scored_seeds']}/{r['seeds']}".rjust(6) if seeds_column else ""
         if r["val_bpc"] is None:  # diverged: no number to rank
-            lines.append(f"{r['model']:<18}{seeds}{'DIVERGED':>21}{'':>9}{params:>22}{r['trained'] or '':>20}"
+            lines.append(f"{r['model']:<{width}}{seeds}{'DIVERGED':>21}{'':>9}{params:>22}{r['trained'] or '':>20}"
                          f"{r['train_seconds']:>9.1f}"
                          f"{r['train_tokens']:>12,.0f}{'':>10}  at step {r.get('diverged_at_step')}: {r.get('reason')}")
             continue
@@ -665,7 +666,7 @@ def format_table(records: list[dict]) -> str:
         epochs = "" if r["epochs"] is None else f"{r['epochs']:.2f}"
         load = "" if r["runnable_mean"] is None else f"{r['runnable_mean']:.1f}/{r['cores']}"
         load += "!" if r["oversubscribed"] else ""
-        line = (f"{r['model']:<18}{seeds}{score:>21}{_ppl(r['val_ppl']):>9}{params:>22}{r['trained'] or '':>20}"
+        line = (f"{r['model']:<{width}}{seeds}{score:>21}{_ppl(r['val_ppl']):>9}{params:>22}{r['trained'] or '':>20}"
                 f"{r['train_seconds']:>9.1f}"
                 f"{r['train_tokens']:>12,.0f}{r['tokens_per_second']:>10,.0f}{flops:>10}{epochs:>8}{load:>9}"
                 f"{r['bound_by'] or '':>10}")

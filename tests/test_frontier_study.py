@@ -237,3 +237,31 @@ def test_a_study_of_tiny_shakespeare_lists_the_published_numbers_of_its_split(st
     report["corpus"] = "char tokenizer 0123, 1,003,854 training and 111,540 validation characters"
     text = format_study(report, "frontier.png")
     assert "| nanoGPT baby GPT (6 x 384, 10.7M parameters, block 256, GPU) | 1.47 | 2.120 |" in text
+
+
+def test_the_readme_quotes_the_committed_default_run_and_the_defaults_are_the_frontiers():
+    """The default run's table in the README is its committed records' table; the defaults it ran with are today's,
+    and each family's block is its envelope configuration at the default budget."""
+    from configs import SHARED_CONFIG
+    from reservoir.frontier import FAMILIES, SIZES, report_from_records
+    from reservoir.results import format_table, read_run_config, read_summary
+
+    run = ROOT / "results" / "default-run"
+    readme = (ROOT / "README.md").read_text()
+    quoted = readme.split("<!-- table: results/default-run -->\n```\n", 1)[1].split("\n```\n<!-- /table -->", 1)[0]
+    assert quoted == format_table(read_summary(run))
+    requested = read_run_config(run)["requested_config"]
+    for key in ("MODELS", "FLOP_BUDGET", "LEARNING_RATE", "BATCH_SIZE", "LR_SCHEDULE"):
+        assert requested[key] == SHARED_CONFIG[key], key
+    report = report_from_records(ROOT / "results" / "frontier-tinystories")
+    budget = SHARED_CONFIG["FLOP_BUDGET"]
+    at = {f: p for f, points in report["envelope"].items() for p in points if p["budget"] == budget}
+    transformer = report["reference"]  # the better recipe is "the transformer"
+    for family in ("lstm", "frozen_retention", "reservoir_attention", "deep_linear_reservoir", "linear_reservoir",
+                   transformer):
+        model, options = FAMILIES[family]
+        block = SHARED_CONFIG[model.upper()]
+        wanted = {**options, **SIZES[model][at[family]["size"]], "learning_rate": at[family]["learning_rate"],
+                  "batch_size": at[family]["batch_size"]}
+        assert {k: block[k] for k in wanted} == wanted, family
+        assert block == requested[model.upper()], family
