@@ -77,7 +77,7 @@ SIZES = {
 }
 DEFAULTS = {"FAMILIES": ["transformer", "transformer++", "lstm", "frozen_retention", "reservoir_attention",
                          "deep_linear_reservoir", "linear_reservoir"],
-            "SIZES": ["xs", "s", "m", "l"], "LEARNING_RATES": [1.5e-3, 3e-3, 6e-3], "BATCH_SIZES": [8, 16],
+            "SIZES": ["xs", "s", "m", "l"], "LEARNING_RATES": [1.5e-3, 3e-3, 6e-3, 1.2e-2], "BATCH_SIZES": [8, 16],
             "KEEP": 3, "WITHIN": 0.03, "ENVELOPE_SEEDS": 3, "MIN_STEPS": 300, "MAX_TOKENS_PER_PARAM": 300,
             "WORKERS": 2}  # WORKERS: two one-thread points beat one two-thread point on 2 cores (bench/README.md)
 DEFAULT_BUDGETS = (5e11, 1.25e12, 3.125e12, 7.8125e12, 1.953125e13)  # x2.5 apart

@@ -38,13 +38,15 @@ def test_gpus_sum_host_tensors_with_gloo_and_device_tensors_with_nccl():
 
 
 def test_cuda_gets_the_fused_optimizer_and_ddp_leaves_frozen_buffers_alone(monkeypatch):
+    from reservoir.model_settings import model_settings
     from reservoir.train import _optimizer
 
     cuda = dev.DeviceInfo("cuda", torch.device("cpu"), "fake GPU", "bf16")
     cpu = dev.DeviceInfo("cpu", torch.device("cpu"), "CPU", "fp32")
     assert dev.optimizer_options(cuda) == {"fused": True} and dev.optimizer_options(cpu) == {}
     model = build_model("linear_reservoir", 20, parse_overrides(["LINEAR_RESERVOIR.units=8"]))
-    assert _optimizer(model, parse_overrides([]), 0.95, dev.optimizer_options(cuda)).defaults["fused"] is True
+    settings = model_settings(parse_overrides([]), "linear_reservoir")  # what a fit of it is given
+    assert _optimizer(model, settings, 0.95, dev.optimizer_options(cuda)).defaults["fused"] is True
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
