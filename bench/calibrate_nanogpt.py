@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 NANOGPT_VAL_LOSS = 1.88  # nats per character, nanoGPT's README (CPU run)
 TOLERANCE = 0.05
-SETTINGS = ["DATASET=shakespeare", "MODELS=transformer", "TRANSFORMER.n_layer=4", "TRANSFORMER.n_head=4",
+SETTINGS = ["DATASET=shakespeare", "MODELS=transformer", "TRANSFORMER.recipe='gpt2'", "TRANSFORMER.n_layer=4",
+            "TRANSFORMER.n_head=4",
             "TRANSFORMER.n_embd=128", "TRANSFORMER.dropout=0.0", "SEQ_LEN=64", "BATCH_SIZE=12", "MAX_STEPS=2000",
             "LEARNING_RATE=1e-3", "WARMUP_STEPS=100", "MIN_LR_FRACTION=0.1", "ADAM_BETA2=0.99", "WEIGHT_DECAY=0.1",
             "GRAD_CLIP=1.0", "TIME_BUDGET_S=None", "FLOP_BUDGET=None", "FINAL_EVAL_TOKENS=None", "EVAL_POINTS=4",

@@ -29,7 +29,7 @@ PY = sys.executable
 # dense bf16 tensor-core peaks (TFLOP/s) from the vendors' data sheets, for MFU; others: measured
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0, "L40": 181.0}
 GPU_SIZES = ["SEQ_LEN=256", "BATCH_SIZE=64", "TRANSFORMER.n_layer=6", "TRANSFORMER.n_embd=384",
-             "TRANSFORMER.n_head=6"]
+             "TRANSFORMER.n_head=6", "TRANSFORMER.recipe='gpt2'"]  # nanoGPT's shape, as minimal_gpt.py builds it
 TINY_SIZES = ["SEQ_LEN=32", "BATCH_SIZE=8", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32",
               "TRANSFORMER.n_head=2", "ESN.units=64", "DEEP_ESN.units=32", "LSTM.hidden=64",
               "LINEAR_RESERVOIR.units=32", "DEEP_LINEAR_RESERVOIR.layers=2", "DEEP_LINEAR_RESERVOIR.units=16",

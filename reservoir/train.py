@@ -231,6 +231,7 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
     """Train ``model`` under the budget, evaluating and checkpointing as configured; resumes
     from ``run``'s checkpoint for ``name`` if there is one."""
     trainer = {"sgd": _train_sgd, "ridge": _fit_ridge, "counts": _fit_counts}[model.trainer]
+    config = model_settings(config, name)  # its own rate and batch where the run leaves them to each model
     model.use_time_scan(dev.time_scan(info))  # on XLA: recurrences compile one cell, not SEQ_LEN of them
     job = Fit(name, model, data, config, info, run, Evaluations.for_run(data, config),
               checkpoint_identity(name, config, data.tokenizer, info.replicas), Budget.from_config(config))
