@@ -29,6 +29,7 @@ from pathlib import Path
 from . import stopping
 from .files import atomic_write_text
 from .messages import OneLineError, say, warn
+from .model_settings import model_settings
 from .results import run_seeds
 
 # One declared search space per model, with the ranges reservoirpy's tutorials and the literature
@@ -351,7 +352,7 @@ def run_trials(study, sweep: Sweep, run_one, parse, refused: tuple[type[Exceptio
         return sum(r["val_bpc"] for r in records) / len(records)  # the mean over SEEDS
 
     if not study.trials:  # a new study first measures the settings it would replace
-        study.enqueue_trial(current_settings(parse([*fixed, f"MODELS={[model]}"]), space),
+        study.enqueue_trial(current_settings(model_settings(parse([*fixed, f"MODELS={[model]}"]), model), space),
                             user_attrs={"starting_settings": True}, skip_if_exists=True)  # workers race
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _worker_gone(trial):  # a killed worker (SIGKILL, a crash) left it RUNNING: it never ends by itself

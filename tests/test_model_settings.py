@@ -78,3 +78,16 @@ def test_a_checkpoint_that_recorded_its_blocks_rate_and_batch_still_matches(tmp_
     run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=24", "LR_SCHEDULE=wsd", "RUN_NAME=longer",
             f"STABLE_FROM={tmp_path / 'results' / 'old'}")
     assert summary_of(tmp_path / "results" / "longer")["lstm"]["fit"]["branched_at_flops"] > 0
+
+
+def test_a_sweeps_first_trial_is_the_models_own_rate(tmp_path):
+    """LEARNING_RATE is None by default: the sweep's starting settings are the model's own rate (its block's)."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    run_script("sweep.py", "MODEL=lstm", "TRIALS=1", "SWEEP_NAME=own", "DATASET=synthetic", "SYNTHETIC_STORIES=300",
+               "SEQ_LEN=32", "MAX_STEPS=3", "FLOP_BUDGET=None", "TIME_BUDGET_S=None", "LSTM.hidden=32",
+               "LSTM.learning_rate=4e-3", f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}")
+    journal = JournalStorage(JournalFileBackend(str(tmp_path / "results" / "sweeps" / "own" / "journal.log")))
+    [first] = optuna.load_study(study_name="own", storage=journal).trials
+    assert first.params["LEARNING_RATE"] == pytest.approx(4e-3) and first.user_attrs["starting_settings"]
