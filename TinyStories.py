@@ -16,6 +16,7 @@ from reservoir import device as dev
 from reservoir import stopping
 from reservoir.experiment import run_experiment
 from reservoir.messages import TAG, OneLineError, warn
+from reservoir.models import with_added_options
 from reservoir.results import (
     ResultsError,
     claim_run_folder,
@@ -40,7 +41,7 @@ def resolve_resume(config: dict, named=()) -> tuple[dict, object]:
         raise ResultsError(f"{resume_dir / 'config.json'} is damaged: it has no requested_config.{missing[0]}; start "
                            "a new run (or restore the run folder from a copy)")
     try:
-        return validate(resumed_config(saved["requested_config"], config, named)), resume_dir
+        return validate(resumed_config(with_added_options(saved["requested_config"]), config, named)), resume_dir
     except ConfigError as e:
         raise ResultsError(f"{resume_dir / 'config.json'} holds settings this version refuses ({e}); "
                            "start a new run") from None

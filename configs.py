@@ -298,8 +298,10 @@ def _validate_block(block: str, values: dict) -> dict:
             hint = f"; did you mean {block}.{match[0]}?" if match else f"; valid: {', '.join(defaults)}"
             raise ConfigError(f"unknown hyper-parameter {block}.{name}{hint}")
         label = f"{block}.{name}"
-        value = _coerce(label, value, _BLOCK_OPTIONAL[name](1) if name in _BLOCK_OPTIONAL and value is not None
-                        else defaults[name])
+        if name in _BLOCK_OPTIONAL and value is None:  # the run's LEARNING_RATE / BATCH_SIZE
+            checked[name] = None
+            continue
+        value = _coerce(label, value, _BLOCK_OPTIONAL[name](1) if name in _BLOCK_OPTIONAL else defaults[name])
         if name in _BLOCK_SWITCHES and value not in (None, True, False):
             raise ConfigError(f"{label} must be True, False or None (None: as {block}.recipe says), got {value!r}")
         if name in _BLOCK_CHOICES and value not in _BLOCK_CHOICES[name]:

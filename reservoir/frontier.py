@@ -361,6 +361,7 @@ class FrontierStudy:
         todo = [(c, b) for c in self.cells() for b in self.budgets
                 if (c.family, b) in winners and winners[(c.family, b)] == c.name and self.extra_seeds()
                 and not self.finished(self.folder(c, b, seeds=True), self.extra_seeds())]
+        todo.sort(key=lambda cell_budget: -cell_budget[1])  # the top budget's first: the claim and comparison
         if todo:
             say(f"frontier {self.name}: the envelope's {len(todo)} points on seeds {self.extra_seeds()}")
             self._run_all([(self.folder(c, b, seeds=True), self.seed_args(c, b)) for c, b in todo], run_points, None)

@@ -54,6 +54,8 @@ def test_a_micro_frontier_writes_its_envelopes_plot_and_tables(micro):
                     and r["size"] == "xs" and not r["envelope_seed"]}
         assert set(at_large) == {best["cell"]} and at_large[best["cell"]]["branched"]
         assert {"cell": next(r["cell"] for r in at_small if r is not best), "budget": 6e9} in report["not_run_pruned"]
+    seeded = [line for line in proc.stdout.splitlines() if line.endswith("-seeds.log)") and "started" in line]
+    assert "flops-6.00e09-seeds" in seeded[0] and "flops-3.00e09-seeds" in seeded[-1]  # the top budget's first
     spent = report["spent"]
     assert 0 < spent["flops"] < spent["flops_if_unbranched"]  # the branch did not pay for its stable phase again
     assert "lower envelope" in (study / "frontier.md").read_text() or "envelope" in proc.stdout

@@ -28,9 +28,10 @@ def test_a_run_wide_value_is_every_models_and_none_takes_each_models_own():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["MODELS=lstm,transformer", "LEARNING_RATE=None", "LSTM.learning_rate=1e-3"],
+    (["MODELS=lstm,transformer", "LEARNING_RATE=None", "LSTM.learning_rate=1e-3", "TRANSFORMER.learning_rate=None"],
      "LEARNING_RATE=None means each model's own TRANSFORMER.learning_rate, and TRANSFORMER.learning_rate is None"),
-    (["MODELS=ngram,lstm", "BATCH_SIZE=None"], "BATCH_SIZE=None means each model's own NGRAM.batch_size"),
+    (["MODELS=ngram,lstm", "BATCH_SIZE=None", "NGRAM.batch_size=None"],
+     "BATCH_SIZE=None means each model's own NGRAM.batch_size"),
     (["LSTM.batch_size=0"], "LSTM.batch_size must be > 0"),
     (["LSTM.batch_size=2.5"], "LSTM.batch_size must be an integer"),
     (["LSTM.learning_rate=fast"], "LSTM.learning_rate must be a finite number"),
@@ -91,3 +92,21 @@ def test_a_sweeps_first_trial_is_the_models_own_rate(tmp_path):
     journal = JournalStorage(JournalFileBackend(str(tmp_path / "results" / "sweeps" / "own" / "journal.log")))
     [first] = optuna.load_study(study_name="own", storage=journal).trials
     assert first.params["LEARNING_RATE"] == pytest.approx(4e-3) and first.user_attrs["starting_settings"]
+
+
+def test_resume_builds_an_older_run_as_it_was_not_with_todays_defaults(tmp_path):
+    """The transformer's default recipe is '++' now: a run recorded before the recipe existed resumes as GPT-2."""
+    import json
+
+    from reservoir.results import INTEGRITY_KEY, _integrity
+    from TinyStories import resolve_resume
+
+    run_cli(tmp_path, "MODELS=transformer", "TRANSFORMER.recipe=gpt2", "MAX_STEPS=2", "RUN_NAME=old")
+    path = tmp_path / "results" / "old" / "config.json"
+    content = json.loads(path.read_text())
+    for key in ("recipe", "rotary", "swiglu", "rmsnorm", "qk_norm"):  # as config.json was written before them
+        content["requested_config"]["TRANSFORMER"].pop(key)
+    content.pop(INTEGRITY_KEY)
+    path.write_text(json.dumps({**content, INTEGRITY_KEY: _integrity(content)}))
+    config, _ = resolve_resume(parse_overrides([f"RESULTS_DIR={tmp_path / 'results'}", "RESUME=old"]))
+    assert config["TRANSFORMER"]["recipe"] == "gpt2" and config["TRANSFORMER"]["qk_norm"] is False

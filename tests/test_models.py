@@ -496,8 +496,9 @@ def test_a_run_recorded_before_an_option_existed_builds_the_model_it_trained(blo
 
     name = block.lower()
     current = small_config()
+    current[block] = {**current[block], **ADDED_OPTIONS[block]}  # as those runs were built (not today's defaults)
     recorded = {**current, block: {k: v for k, v in current[block].items() if k not in ADDED_OPTIONS[block]}}
-    assert all(SHARED_CONFIG[block][k] == v for k, v in ADDED_OPTIONS[block].items())  # the defaults of today
+    assert set(ADDED_OPTIONS[block]) <= set(SHARED_CONFIG[block])
     ids = torch.randint(0, 30, (2, 17), generator=torch.Generator().manual_seed(0))
     old, new = build_model(name, 30, recorded).eval(), build_model(name, 30, current).eval()
     assert old.state_dict().keys() == new.state_dict().keys()

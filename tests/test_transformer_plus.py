@@ -87,12 +87,14 @@ def test_one_switch_selects_the_recipe_and_each_part_can_be_set_apart():
     assert mixed["rotary"] is False and mixed["swiglu"] and mixed["qk_norm"]
     model, _ = transformer("TRANSFORMER.recipe=++", "TRANSFORMER.rotary=False")
     assert model.pos is not None  # learned positions where rotary is switched off
-    gpt2, _ = transformer()
-    assert transformer_recipe(parse_overrides([])["TRANSFORMER"])["rotary"] is False  # GPT-2 stays the default
+    gpt2, _ = transformer("TRANSFORMER.recipe=gpt2")
+    assert transformer_recipe(parse_overrides(["TRANSFORMER.recipe=gpt2"])["TRANSFORMER"])["rotary"] is False
     assert isinstance(gpt2.blocks[0].ln1, torch.nn.LayerNorm)
+    # the default is the frontier's better recipe at the default budget (tests/test_frontier_study.py)
+    assert transformer_recipe(parse_overrides([])["TRANSFORMER"])["rotary"] is True
 
 
 def test_rotary_needs_heads_of_an_even_size():
     with pytest.raises(ConfigError, match="heads of an even size"):
         parse_overrides(["TRANSFORMER.recipe=++", "TRANSFORMER.n_embd=36", "TRANSFORMER.n_head=4"])
-    parse_overrides(["TRANSFORMER.n_embd=36", "TRANSFORMER.n_head=4"])  # learned positions: any head size
+    parse_overrides(["TRANSFORMER.recipe=gpt2", "TRANSFORMER.n_embd=36", "TRANSFORMER.n_head=4"])  # any head size

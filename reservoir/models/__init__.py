@@ -59,6 +59,13 @@ ADDED_OPTIONS = {"TRANSFORMER": {"recipe": "gpt2", "rotary": None, "swiglu": Non
                  "RESERVOIR_ATTENTION": {"train_recurrence": False}}
 
 
+def with_added_options(config: dict) -> dict:
+    """A recorded config with the options its blocks lack filled as those runs were built (RESUME validates it
+    next, which would otherwise fill them with today's defaults: the transformer's recipe is '++' now)."""
+    return {key: {**ADDED_OPTIONS[key], **value} if key in ADDED_OPTIONS and isinstance(value, dict) else value
+            for key, value in config.items()}
+
+
 def build_model(name: str, vocab_size: int, config: dict) -> LanguageModel:
     """The model ``name`` with hyper-parameters from ``config[name.upper()]``, seeded by SEED."""
     import torch
