@@ -123,8 +123,8 @@ SHARED_CONFIG = {
                     "batch_size": 8},  # recipe 'gpt2' | '++' (rotary, SwiGLU, RMSNorm); None parts: the recipe's
     "LSTM": {"embed_dim": 48, "hidden": 160, "layers": 1, "dropout": 0.0, "learning_rate": 6e-3,
              "batch_size": 8},  # LSTM baseline
-    "NGRAM": {"order": 5, "discount": 0.75,
-              "batch_size": 32},  # interpolated absolute-discounting n-gram (discount tuned); batch: its evaluation's
+    "NGRAM": {"order": 5, "discount": 0.75, "learning_rate": None,
+              "batch_size": 32},  # interpolated absolute-discounting n-gram (discount tuned); counted, no rate
     # --- outputs ----------------------------------------------------------
     "RESULTS_DIR": "results",  # every run writes a new folder under here
     "RUN_NAME": None,  # name of the run folder; None means a timestamp
@@ -394,8 +394,9 @@ def validate(config: dict) -> dict:
                           "the run folder is always RESULTS_DIR/RUN_NAME")
     _check_model_blocks(checked)
     for key, own in PER_MODEL.items():  # None: each model's own, which every model of the run must then have
-        lacking = [m for m in checked["MODELS"] if checked[key] is None
-                   and own in (checked.get(str(m).upper()) or {}) and checked[str(m).upper()][own] is None]
+        counted = ("ngram",) if own == "learning_rate" else ()  # the n-gram counts: it has no rate
+        lacking = [m for m in checked["MODELS"] if checked[key] is None and m not in counted
+                   and (checked.get(str(m).upper()) or {}).get(own) is None]
         if lacking:
             block = str(lacking[0]).upper()
             raise ConfigError(f"{key}=None means each model's own {block}.{own}, and {block}.{own} is None too: set "

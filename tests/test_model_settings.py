@@ -110,3 +110,12 @@ def test_resume_builds_an_older_run_as_it_was_not_with_todays_defaults(tmp_path)
     path.write_text(json.dumps({**content, INTEGRITY_KEY: _integrity(content)}))
     config, _ = resolve_resume(parse_overrides([f"RESULTS_DIR={tmp_path / 'results'}", "RESUME=old"]))
     assert config["TRANSFORMER"]["recipe"] == "gpt2" and config["TRANSFORMER"]["qk_norm"] is False
+
+
+def test_every_block_has_both_keys_and_the_ngram_needs_no_rate():
+    """Runs recorded since the per-model keys exist name both in every block: each must stay valid to RESUME."""
+    from configs import SHARED_CONFIG, model_blocks
+
+    assert all({"learning_rate", "batch_size"} <= set(SHARED_CONFIG[b]) for b in model_blocks())
+    config = parse_overrides(["DATASET=synthetic", "MODELS=ngram", "LEARNING_RATE=None", "NGRAM.learning_rate=None"])
+    assert model_settings(config, "ngram")["LEARNING_RATE"] is None
