@@ -105,8 +105,9 @@ def study_command(report: dict) -> str:
     that differ from the study's defaults."""
     defaults = {f"{k}={v!r}" for k, v in RUN_SETTINGS.items()}
     parts = ["python scaling.py FRONTIER=True", f"STUDY={report['study']}"]
-    if list(report["budgets"][: len(report["budgets"]) - bool(report.get("lead_budget"))]) != list(DEFAULT_BUDGETS):
-        parts.append("BUDGETS=" + ",".join(f"{b:g}" for b in report["budgets"] if b != report.get("lead_budget")))
+    grid_budgets = [b for b in report["budgets"] if b != report.get("lead_budget")]
+    if grid_budgets != list(DEFAULT_BUDGETS):
+        parts.append("BUDGETS=" + ",".join(f"{b:g}" for b in grid_budgets))
     for key, value in report["grid"].items():
         if value != DEFAULTS.get(key):
             parts.append(f"{key}=" + (",".join(map(str, value)) if isinstance(value, list) else str(value)))
