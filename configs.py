@@ -79,7 +79,8 @@ SHARED_CONFIG = {
     "TOKENIZER_TRAIN_CHARS": 20_000_000,  # BPE is trained on the first this many training characters (None: all)
     "EVAL_TOKENS": 32768,  # validation tokens per periodic evaluation, the same for every model and run
     "FINAL_EVAL_TOKENS": 262144,  # validation tokens of each model's final evaluation (None: the whole split)
-    "TRAIN_EVAL_TOKENS": 65536,  # training-split tokens the final evaluation also scores (train/val gap); None: off
+    "TRAIN_EVAL_TOKENS": 65536,  # training-split tokens the final evaluation also scores (train/val gap), at most
+    # as many as it scores of validation; None: off
     "EVAL_MODE": "stream",  # 'stream': state carried, or overlapping windows | 'windows': windows from empty context
     "EVAL_STRIDE": None,  # stream mode: stride of windowed models' overlapping windows (None: SEQ_LEN // 2)
     # --- models: MODELS names them, each has one block of hyper-parameters (override as ESN.units=500)

@@ -62,11 +62,13 @@ class Evaluations:
         if config["EVAL_MODE"] == "stream":  # the old number too, so runs of either mode compare
             windows = Evaluator(data, {**config, "EVAL_MODE": "windows"}, config["BATCH_SIZE"],
                                 config["FINAL_EVAL_TOKENS"])
-        train = None
+        final, train = Evaluator(data, config, config["BATCH_SIZE"], config["FINAL_EVAL_TOKENS"]), None
         if config.get("TRAIN_EVAL_TOKENS"):
-            train = Evaluator(data, config, config["BATCH_SIZE"], config["TRAIN_EVAL_TOKENS"], split="train")
-        return cls(Evaluator(data, config, config["BATCH_SIZE"], config["EVAL_TOKENS"]),
-                   Evaluator(data, config, config["BATCH_SIZE"], config["FINAL_EVAL_TOKENS"]), windows, train)
+            # no more training tokens than the final evaluation scores of validation: the two scores are then
+            # samples of one size, and a run with a small FINAL_EVAL_TOKENS is not slowed by the training split
+            train = Evaluator(data, config, config["BATCH_SIZE"], min(config["TRAIN_EVAL_TOKENS"], final.n),
+                              split="train")
+        return cls(Evaluator(data, config, config["BATCH_SIZE"], config["EVAL_TOKENS"]), final, windows, train)
 
     def score_final(self, model, info: dev.DeviceInfo, device: torch.device) -> dict:
         """The final evaluation with its interval; in stream mode also ``windows_val_bpc`` (± ``_ci95``); with
