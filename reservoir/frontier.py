@@ -365,6 +365,7 @@ class FrontierStudy:
         if todo:
             say(f"frontier {self.name}: the envelope's {len(todo)} points on seeds {self.extra_seeds()}")
             self._run_all([(self.folder(c, b, seeds=True), self.seed_args(c, b)) for c, b in todo], run_points, None)
+        self.compare_at_the_top(self.budgets)  # the grid's top budget, the claim: before the hours of the stages
         if self.stages["references"]:
             self._run_references(run_points)
         if self.stages["lead_budget"]:
@@ -460,9 +461,10 @@ class FrontierStudy:
                     stop.add(name)
         return stop
 
-    def compare_at_the_top(self) -> Path | None:
+    def compare_at_the_top(self, budgets: list[float] | None = None) -> Path | None:
         """The paired difference (compare.py, with its diagnostics) between the best reservoir family and "the
-        transformer" at the largest budget both reached on every seed, written to comparisons/ once."""
+        transformer" at the largest of ``budgets`` (default: the lead budget's too) both reached on every seed,
+        written to comparisons/ once."""
         from .comparison import Side, compare, describe
 
         report = self.report()
@@ -472,7 +474,8 @@ class FrontierStudy:
         reservoirs = [f for f in RESERVOIR_FAMILIES if full.get(f)]
         if reference is None or not reservoirs:
             return None
-        shared = [b for b in self.all_budgets() if b in full[reference] and any(b in full[f] for f in reservoirs)]
+        shared = [b for b in budgets or self.all_budgets()
+                  if b in full[reference] and any(b in full[f] for f in reservoirs)]
         if not shared:
             return None
         budget = shared[-1]

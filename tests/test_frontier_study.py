@@ -132,7 +132,7 @@ STAGED = ["STUDY=micro", "FAMILIES=transformer++,linear_reservoir", "SIZES=xs", 
 @pytest.mark.slow
 def test_the_leaders_references_and_comparison_run_after_the_grid_and_once(tmp_path):
     args = [*STAGED, f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}"]
-    run_script("scaling.py", *args, timeout=900)
+    proc = run_script("scaling.py", *args, timeout=900)
     study = tmp_path / "results" / "micro"
     report = json.loads((study / "frontier.json").read_text())
     assert report["budgets"] == [3e9, 6e9, 1.2e10] and report["lead_budget"] == 1.2e10
@@ -147,14 +147,18 @@ def test_the_leaders_references_and_comparison_run_after_the_grid_and_once(tmp_p
     orders = [references[f"ngram-{k}"]["val_bpc"] for k in range(1, 5)]
     assert orders == sorted(orders, reverse=True)  # more context, lower loss on this corpus
     assert all(summary_of(Path(r["folder"]))[r["model"]]["bound_by"] == "data" for r in references.values())
-    [comparison] = report["comparisons"]
-    assert comparison["budget"] == 1.2e10 and comparison["family_a"] == "linear_reservoir"
-    assert comparison["a"]["seeds"] == [1337, 1338] and "diagnostics" in comparison
-    made = next((study / "comparisons").glob("*.json")).stat().st_mtime_ns
+    # the grid's top budget as soon as its seeds are in (before the references and the leaders), then the lead's
+    grid_top, lead = report["comparisons"]
+    assert (grid_top["budget"], lead["budget"]) == (6e9, 1.2e10)
+    for comparison in (grid_top, lead):
+        assert comparison["family_a"] == "linear_reservoir" and comparison["family_b"] == "transformer++"
+        assert comparison["a"]["seeds"] == [1337, 1338] and "diagnostics" in comparison
+    assert proc.stdout.index("paired comparison at 6e+09") < proc.stdout.index("reference runs finished")
+    made = {f.name: f.stat().st_mtime_ns for f in (study / "comparisons").glob("*.json")}
     again = run_script("scaling.py", *args, timeout=900)
     assert "started" not in again.stdout and "0 runs to train" in again.stdout
     assert "10 reference runs finished, 0 to run" in again.stdout
-    assert next((study / "comparisons").glob("*.json")).stat().st_mtime_ns == made
+    assert {f.name: f.stat().st_mtime_ns for f in (study / "comparisons").glob("*.json")} == made
 
 
 def test_a_family_whose_kept_cells_outgrow_the_budget_gets_its_pruned_cells_back(tmp_path):
