@@ -31,6 +31,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .checkpoint import CheckpointError
 from .messages import OneLineError, say
 from .model_settings import model_settings
 from .results import ResultsError, read_json, read_run_config, read_summary, write_json_atomic
@@ -491,7 +492,13 @@ class FrontierStudy:
             return Side(folders, FAMILIES[family][0])
 
         say(f"frontier {self.name}: the paired comparison at {budget:.3g} FLOPs, {best} against {reference}")
-        result = compare(side(best), side(reference), diagnostics=True)
+        try:
+            result = compare(side(best), side(reference), diagnostics=True)
+        except CheckpointError as missing:  # records travel in git, checkpoints do not: the stages go on
+            say(f"frontier {self.name}: no paired comparison at {budget:.3g} FLOPs: {missing}. It scores the "
+                "points' checkpoints, which stay on the machine that trained them (never committed): run this "
+                "command there, or train those points again here (move their folders aside and run it again)")
+            return None
         result.update({"budget": budget, "family_a": best, "family_b": reference})
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out, result)
