@@ -15,7 +15,9 @@ phase: the point at the next budget continues the stable phase of the point befo
 and pays only its extension and its own cooldown. Successive halving bounds the cost: a cell goes on to
 the next budget only if its point is among the family's KEEP best there, or within WITHIN of the
 family's best; cells too large for the budgets so far join when their steps suffice. The envelope
-points are then re-run on ENVELOPE_SEEDS seeds in all (mean ± sd).
+points are then re-run on ENVELOPE_SEEDS seeds in all (mean ± sd). Stages a running study may add
+(STAGE_KEYS): the reference lines, the reservoir families' CONTROLS, the leaders at LEAD_BUDGET, and the
+paired comparison of the best reservoir family against the transformer.
 
 Each point is an ordinary run folder, RESULTS_DIR/STUDY/<cell>/flops-<budget>, run as its own
 TinyStories.py process on one thread (so its score does not depend on WORKERS); a study interrupted
@@ -37,9 +39,11 @@ from .model_settings import model_settings
 from .results import ResultsError, read_json, read_run_config, read_summary, write_json_atomic
 from .scaling import fit_curve, parse_budgets, point_name, positive_numbers, step_cost
 
-STAGE_KEYS = ("LEAD_BUDGET", "LEADERS", "REFERENCES")  # stages after the grid's: a running study may add them
+# stages after the grid's: a running study may add them
+STAGE_KEYS = ("LEAD_BUDGET", "LEADERS", "REFERENCES", "CONTROLS")
 FRONTIER_KEYS = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES", "KEEP", "WITHIN", "ENVELOPE_SEEDS",
                  "MIN_STEPS", "MAX_TOKENS_PER_PARAM", "WORKERS", *STAGE_KEYS)
+CONTROL_FOLDER = "controls"  # CONTROLS=True: <study>/controls/<cell>+<control>/flops-<top budget>
 COMPARISONS = "comparisons"  # the paired comparison at the top budget: <study>/comparisons/<budget>-<A>-vs-<B>.json
 STUDY_FILE = "frontier-study.json"  # the study's grid and settings: what REPORT rebuilds from, and re-runs check
 
@@ -98,6 +102,15 @@ RESERVOIR_FAMILIES = ("frozen_retention", "reservoir_attention", "deep_linear_re
 REFERENCE_RUNS = {**{f"ngram-{k}": ["MODELS=ngram", f"NGRAM.order={k}"] for k in range(1, 7)},
                   **{f"esn-{u}": ["MODELS=esn", f"ESN.units={u}"] for u in (500, 1000, 2000, 4000)}}
 ONE_PASS = ["FLOP_BUDGET=None", "TOKEN_BUDGET=1000000000000"]  # more tokens than any corpus: the data ends the fit
+# CONTROLS=True: what the frozen part is worth, at the grid's top budget. Each reservoir family's envelope
+# configuration there trained again with its frozen part trained too ("unfrozen"), or, for the attention readout,
+# with no reservoir under it ("attention-only": the readout over the same frozen input, no recurrence)
+CONTROLS = {
+    "frozen_retention": {"unfrozen": {"train_recurrence": True}},
+    "reservoir_attention": {"unfrozen": {"train_recurrence": True}, "attention-only": {"reservoir": False}},
+    "deep_linear_reservoir": {"unfrozen": {"train_recurrence": True}},
+    "linear_reservoir": {"unfrozen": {"train_recurrence": True}},
+}
 
 
 class FrontierError(OneLineError, ValueError):
@@ -126,9 +139,11 @@ class Cell:
         return {"name": self.name, "family": self.family, "model": self.model, "size": self.size,
                 "learning_rate": self.learning_rate, "batch_size": self.batch_size}
 
-    def settings(self) -> list[str]:
+    def settings(self, control: str | None = None) -> list[str]:
+        """TinyStories.py KEY=VALUE for the cell, or for one of its family's CONTROLS."""
         block = self.model.upper()
-        options = {**FAMILIES[self.family][1], **SIZES[self.model][self.size]}
+        options = {**FAMILIES[self.family][1], **SIZES[self.model][self.size],
+                   **(CONTROLS[self.family][control] if control else {})}
         return [f"MODELS={self.model}", *(f"{block}.{k}={v!r}" for k, v in options.items()),
                 f"LEARNING_RATE={self.learning_rate!r}", f"BATCH_SIZE={self.batch_size}"]
 
@@ -177,8 +192,9 @@ def parse_grid(own: dict[str, str]) -> dict:
 def parse_stages(own: dict[str, str], budgets: list[float], grid: dict) -> dict:
     """LEAD_BUDGET (a budget above the grid's: the leaders' top-budget envelope configurations carried there,
     every seed), LEADERS ('auto': the better transformer recipe and the best reservoir family at the top budget;
-    or family names) and REFERENCES (True: n-grams and the ESN as reference lines)."""
-    stages = {"lead_budget": None, "leaders": "auto", "references": False}
+    or family names), REFERENCES (True: n-grams and the ESN as reference lines) and CONTROLS (True: each
+    reservoir family's controls at the grid's top budget)."""
+    stages = {"lead_budget": None, "leaders": "auto", "references": False, "controls": False}
     if "LEAD_BUDGET" in own and str(own["LEAD_BUDGET"]).strip().lower() not in ("none", ""):
         lead = positive_numbers("LEAD_BUDGET", own["LEAD_BUDGET"], "4e13", FrontierError)
         if len(lead) != 1 or lead[0] <= budgets[-1]:
@@ -192,11 +208,12 @@ def parse_stages(own: dict[str, str], budgets: list[float], grid: dict) -> dict:
             raise FrontierError(f"LEADERS names {unknown[0]!r}, not one of the study's FAMILIES "
                                 f"({', '.join(grid['FAMILIES'])}); or LEADERS=auto")
         stages["leaders"] = leaders
-    if "REFERENCES" in own:
-        value = str(own["REFERENCES"]).strip().lower()
-        if value not in ("true", "false", "1", "0", "yes", "no"):
-            raise FrontierError(f"REFERENCES must be True or False, got {own['REFERENCES']!r}")
-        stages["references"] = value in ("true", "1", "yes")
+    for key in ("REFERENCES", "CONTROLS"):
+        if key in own:
+            value = str(own[key]).strip().lower()
+            if value not in ("true", "false", "1", "0", "yes", "no"):
+                raise FrontierError(f"{key} must be True or False, got {own[key]!r}")
+            stages[key.lower()] = value in ("true", "1", "yes")
     return stages
 
 
@@ -217,7 +234,8 @@ class FrontierStudy:
     grid: dict
     settings: list[str]  # TinyStories.py KEY=VALUE held for every point (the study's defaults first)
     config: dict  # the validated settings of the first cell's first point
-    stages: dict = field(default_factory=lambda: {"lead_budget": None, "leaders": "auto", "references": False})
+    stages: dict = field(default_factory=lambda: {"lead_budget": None, "leaders": "auto", "references": False,
+                                                  "controls": False})
     path: Path = field(init=False)
 
     def __post_init__(self):
@@ -369,6 +387,8 @@ class FrontierStudy:
         self.compare_at_the_top(self.budgets)  # the grid's top budget, the claim: before the hours of the stages
         if self.stages["references"]:
             self._run_references(run_points)
+        if self.stages.get("controls"):
+            self._run_controls(run_points)
         if self.stages["lead_budget"]:
             self._run_leaders(run_points, measure)
         self.compare_at_the_top()
@@ -384,6 +404,29 @@ class FrontierStudy:
             jobs.append((folder, [*self.settings, *options, *ONE_PASS, *where]))
         say(f"frontier {self.name}: {len(REFERENCE_RUNS) - len(jobs)} reference runs finished, {len(jobs)} to run")
         self._run_all(jobs, run_points, None)
+
+    def control_folder(self, cell: Cell, control: str, budget: float) -> Path:
+        return self.path / CONTROL_FOLDER / f"{cell.name}+{control}" / point_name(budget)
+
+    def _run_controls(self, run_points) -> None:
+        """Each reservoir family's controls at the grid's top budget, on its envelope configuration there and the
+        study's first seed, trained from step 0 (a control has no stable phase to branch off)."""
+        top, seed = self.budgets[-1], self.config["SEED"]
+        winners, cells = envelope_cells(self.records(), self.budgets), {c.name: c for c in self.cells()}
+        jobs = []
+        for family in self.grid["FAMILIES"]:
+            if (family, top) not in winners:
+                continue
+            cell = cells[winners[(family, top)]]
+            for control in CONTROLS.get(family, {}):
+                folder = self.control_folder(cell, control, top)
+                if self.finished(folder, [seed]):
+                    continue
+                where = [f"RESULTS_DIR={folder.parent}", f"FLOP_BUDGET={top!r}",
+                         f"RESUME={folder}" if (folder / "config.json").exists() else f"RUN_NAME={folder.name}"]
+                jobs.append((folder, [*self.settings, *cell.settings(control), *where]))
+        say(f"frontier {self.name}: the controls at {top:.3g} FLOPs: {len(jobs)} runs to train")
+        self._run_all(jobs, run_points, top)
 
     def leaders(self) -> list[Cell]:
         """The top budget's envelope cells of LEADERS (auto: "the transformer" and the best reservoir family)."""
@@ -511,7 +554,8 @@ class FrontierStudy:
 
     def report(self) -> dict:
         study = read_json(self.path / STUDY_FILE, "the study's grid")
-        return build_frontier(self.records(), study, collect_references(self.path), collect_comparisons(self.path))
+        return build_frontier(self.records(), study, collect_references(self.path), collect_comparisons(self.path),
+                              collect_controls(self.path, study["cells"], self.budgets))
 
 
 def measure_cells(study: FrontierStudy, parse_overrides):
@@ -648,6 +692,39 @@ def collect_comparisons(path: Path) -> list[dict]:
     return sorted(found, key=lambda c: c.get("budget") or 0)
 
 
+def collect_controls(path: Path, cells: list[dict], budgets: list[float]) -> list[dict]:
+    """One row per finished control run (CONTROLS=True) and seed: the cell it controls, the control, the scores.
+    A folder under controls/ that names no cell and control of the study is refused in one line."""
+    where = path / CONTROL_FOLDER
+    if not where.is_dir():
+        return []
+    by_name = {c["name"]: c for c in cells}
+    rows = []
+    for folder in sorted(where.iterdir()):
+        if not folder.is_dir() or folder.name == "logs":  # the controls' logs (scaling.run_points), not records
+            continue
+        name, _, control = folder.name.rpartition("+")
+        cell = by_name.get(name)
+        if cell is None or control not in CONTROLS.get(cell["family"], {}):
+            raise FrontierError(f"{folder} is not a control of this study (<cell>+<control>, the controls: "
+                                f"{', '.join(sorted({c for f in CONTROLS.values() for c in f}))}); move it out")
+        for budget in budgets:
+            point = folder / point_name(budget)
+            if not (point / "summary.json").exists():
+                continue
+            corpus = corpus_of(point)
+            for r in read_summary(point, "a control's summary"):
+                rows.append({"cell": name, "family": cell["family"], "control": control, "budget": budget,
+                             "options": CONTROLS[cell["family"]][control], "seed": r.get("seed"),
+                             "status": r.get("status"), "val_bpc": r.get("val_bpc"),
+                             "val_bpc_ci95": r.get("val_bpc_ci95"), "train_split_bpc": r.get("train_split_bpc"),
+                             "params_trained": r.get("params_trainable"), "train_flops": r.get("train_flops"),
+                             "epochs": r.get("epochs"), "trained": r.get("trained"),
+                             "train_seconds": r.get("train_seconds"), "data_source": r.get("data_source"),
+                             "corpus": corpus, "folder": str(point)})
+    return rows
+
+
 def envelope_cells(rows: list[dict], budgets: list[float]) -> dict:
     """{(family, budget): the cell with the lowest bits/char on the study's first seed}."""
     best: dict = {}
@@ -671,10 +748,10 @@ def _interpolated_compute(points: list[tuple[float, float]], loss: float) -> flo
 
 
 def build_frontier(rows: list[dict], study: dict, references: list[dict] | None = None,
-                   comparisons: list[dict] | None = None) -> dict:
-    """frontier.json's content from the point rows, the study's grid and its reference runs."""
-    references = references or []
-    corpora = sorted({r["corpus"] for r in [*rows, *references] if r.get("corpus")})
+                   comparisons: list[dict] | None = None, controls: list[dict] | None = None) -> dict:
+    """frontier.json's content from the point rows, the study's grid, its reference runs and its controls."""
+    references, controls = references or [], controls or []
+    corpora = sorted({r["corpus"] for r in [*rows, *references, *controls] if r.get("corpus")})
     if len(corpora) > 1:
         raise FrontierError(f"the records of study {study['study']} mix corpora ({' | '.join(corpora)}): one "
                             "frontier compares one corpus; keep each study's points in its own STUDY folder")
@@ -728,9 +805,23 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
                                                              for p in pts} for f, pts in envelope.items()},
             "isoflop": isoflop, "lr_sensitivity": lr_sensitivity, "reference": reference,
             "compute_multiplier": multipliers, "grid_points": rows, "references": references,
+            "controls": _against_envelope(controls, rows),
             "lead_budget": (study.get("stages") or {}).get("lead_budget"), "stages": study.get("stages"),
             "skipped": skipped,
             "not_run_pruned": pruned, "spent": spent}
+
+
+def _against_envelope(controls: list[dict], rows: list[dict]) -> list[dict]:
+    """Each control row with the point it controls: the same cell, budget and seed, unchanged."""
+    points = {(r["cell"], r["budget"], r["seed"]): r for r in rows}
+    out = []
+    for c in controls:
+        point = points.get((c["cell"], c["budget"], c["seed"]))
+        out.append({**c, "envelope_bpc": point["val_bpc"] if point else None,
+                    "envelope_params_trained": point["params_trained"] if point else None,
+                    "difference": c["val_bpc"] - point["val_bpc"] if point and None not in (
+                        c["val_bpc"], point["val_bpc"]) else None})
+    return out
 
 
 def _best_per(rows, family, budget, key):
@@ -793,13 +884,14 @@ def report_from_records(folder: Path) -> dict:
     try:
         rows = collect_records(folder, study["cells"], study_budgets(study))
         references = collect_references(folder)
+        controls = collect_controls(folder, study["cells"], study["budgets"])
     except ResultsError:
         raise
     except (KeyError, TypeError) as e:
         raise FrontierError(f"{folder / STUDY_FILE} is damaged ({e}); re-run the study's command") from None
-    return build_frontier(rows, study, references, collect_comparisons(folder))
+    return build_frontier(rows, study, references, collect_comparisons(folder), controls)
 
 
 __all__ = ["FrontierStudy", "FrontierError", "FrontierExit", "FAMILIES", "SIZES", "FRONTIER_KEYS", "Cell",
-           "build_frontier", "report_from_records", "collect_comparisons", "collect_references",
+           "build_frontier", "report_from_records", "collect_comparisons", "collect_controls", "collect_references",
            "envelope_cells", "parse_grid"]

@@ -118,6 +118,8 @@ def study_command(report: dict) -> str:
         parts.append("LEADERS=" + ",".join(stages["leaders"]))
     if stages.get("references"):
         parts.append("REFERENCES=True")
+    if stages.get("controls"):
+        parts.append("CONTROLS=True")
     parts += [a for a in report["settings"] if a not in defaults]
     return " ".join(parts)
 
@@ -263,6 +265,22 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
                              f"{_fmt(r.get('bpc_b'))} | {interval} |")
             lines += ["", "Positions count characters from the start of the story; a recall target is a character "
                       f"that continues a {diagnostics['recall_k']}-gram seen earlier in the same story."]
+    if report.get("controls"):
+        lines += ["", f"{h}# Controls: what the frozen part is worth", "",
+                  "Each reservoir family's envelope configuration at the grid's top budget trained again, same budget "
+                  "and seed, with its frozen part trained too (unfrozen) or with no reservoir under its readout "
+                  "(attention-only) (CONTROLS=True; `controls/`). A control below the envelope point (negative "
+                  "difference) means freezing cost that family loss at this budget. ± : the 95% interval of each "
+                  "run's validation bits/char over its scored tokens; seed to seed, the envelope points vary by the sd "
+                  "the envelope table gives.", "",
+                  "| family | budget | control | what changes | envelope point | control | control − envelope | "
+                  "trained parameters (control, envelope) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for c in report["controls"]:
+            ci = f" ± {c['val_bpc_ci95']:.3f}" if c.get("val_bpc_ci95") else ""
+            lines.append(f"| {c['family']} | {c['budget']:.3g} | {c['control']} (seed {c['seed']}) | "
+                         + ", ".join(f"{k}={v!r}" for k, v in c["options"].items())
+                         + f" | {_fmt(c['envelope_bpc'])} | {_fmt(c['val_bpc'])}{ci} | {_fmt(c['difference'], '+.3f')} "
+                         f"| {_fmt(c['params_trained'], ',')}, {_fmt(c['envelope_params_trained'], ',')} |")
     published = next((rows for (train, val), rows in PUBLISHED.items()
                       if f"{train:,} training and {val:,} validation characters" in (report.get("corpus") or "")), [])
     if published:

@@ -68,7 +68,23 @@ def test_report_md_is_rebuilt_from_the_committed_records_with_every_section(stud
     assert f"A − B = {comparison['bpc_difference']:+.4f} bits/char" in text
     ngram = json.loads((studies / "micro" / "references" / "ngram-3" / "summary.json").read_text())[0]
     assert f"| ngram-3 | {ngram['val_bpc']:.3f} | {ngram['train_split_bpc']:.3f} |" in text
+    # the control row: the envelope cell at the grid's top budget, unfrozen, against the same cell, budget and seed
+    control = _seed_scores(studies / "micro" / "controls" / "linear_reservoir-xs-lr0.004-b8+unfrozen" / "flops-6.00e09")
+    point = _seed_scores(studies / "micro" / "linear_reservoir-xs-lr0.004-b8" / "flops-6.00e09")
+    assert f"| linear_reservoir | 6e+09 | unfrozen (seed 1337) | train_recurrence=True | {point[0]:.3f} | " \
+           f"{control[0]:.3f}" in text and f"| {control[0] - point[0]:+.3f} |" in text
+    assert "CONTROLS=True" in text and "Controls: what the frozen part is worth" in text
     assert "micro" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_a_folder_under_controls_that_names_no_control_of_the_study_is_one_line(studies):
+    shutil.copytree(studies / "micro" / "controls" / "linear_reservoir-xs-lr0.004-b8+unfrozen",
+                    studies / "micro" / "controls" / "linear_reservoir-xs-lr0.004-b8+no-readout")
+    before = (studies / "REPORT.md").read_text() if (studies / "REPORT.md").exists() else None
+    proc = run_script("scaling.py", f"REPORT={studies}", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "+no-readout is not a control of this study" in proc.stderr and "move it out" in proc.stderr
+    assert ((studies / "REPORT.md").read_text() if (studies / "REPORT.md").exists() else None) == before
 
 
 def test_a_report_of_records_that_mix_corpora_is_one_line(studies, tmp_path):
@@ -111,6 +127,7 @@ def test_a_report_of_a_folder_with_no_study_or_no_records_is_one_line(tmp_path, 
     (["LEAD_BUDGET=1e10,2e10"], "LEAD_BUDGET must be one budget above"),
     (["LEADERS=lstm"], "LEADERS names 'lstm', not one of the study's FAMILIES"),
     (["REFERENCES=maybe"], "REFERENCES must be True or False"),
+    (["CONTROLS=some"], "CONTROLS must be True or False"),
 ])
 def test_bad_stage_keys_are_one_line_and_make_no_folder(tmp_path, args, message):
     proc = run_script("scaling.py", "FAMILIES=transformer++,linear_reservoir", "SIZES=xs", "BUDGETS=3e9,6e9",
@@ -123,7 +140,7 @@ def test_bad_stage_keys_are_one_line_and_make_no_folder(tmp_path, args, message)
 # --------------------------------------------------------------------- the stages after the grid, end to end
 
 STAGED = ["STUDY=micro", "FAMILIES=transformer++,linear_reservoir", "SIZES=xs", "LEARNING_RATES=4e-3",
-          "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "LEAD_BUDGET=1.2e10", "REFERENCES=True", "MIN_STEPS=20",
+          "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "LEAD_BUDGET=1.2e10", "REFERENCES=True", "CONTROLS=True", "MIN_STEPS=20",
           "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=2", "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32",
           "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=4096", "TRAIN_EVAL_TOKENS=4096", "SAMPLE_TOKENS=20",
           "WARMUP_STEPS=5"]  # the fixture's command (tests/fixtures/make_studies.sh)
@@ -147,6 +164,11 @@ def test_the_leaders_references_and_comparison_run_after_the_grid_and_once(tmp_p
     orders = [references[f"ngram-{k}"]["val_bpc"] for k in range(1, 5)]
     assert orders == sorted(orders, reverse=True)  # more context, lower loss on this corpus
     assert all(summary_of(Path(r["folder"]))[r["model"]]["bound_by"] == "data" for r in references.values())
+    # the controls: the reservoir family's envelope cell at the grid's top budget, its recurrence trained too
+    (control,) = report["controls"]
+    assert (control["family"], control["control"], control["budget"]) == ("linear_reservoir", "unfrozen", 6e9)
+    assert control["trained"] == "everything" and control["params_trained"] > control["envelope_params_trained"]
+    assert control["difference"] == control["val_bpc"] - control["envelope_bpc"] and control["seed"] == 1337
     # the grid's top budget as soon as its seeds are in (before the references and the leaders), then the lead's
     grid_top, lead = report["comparisons"]
     assert (grid_top["budget"], lead["budget"]) == (6e9, 1.2e10)
@@ -158,6 +180,7 @@ def test_the_leaders_references_and_comparison_run_after_the_grid_and_once(tmp_p
     again = run_script("scaling.py", *args, timeout=900)
     assert "started" not in again.stdout and "0 runs to train" in again.stdout
     assert "10 reference runs finished, 0 to run" in again.stdout
+    assert "the controls at 6e+09 FLOPs: 0 runs to train" in again.stdout
     assert {f.name: f.stat().st_mtime_ns for f in (study / "comparisons").glob("*.json")} == made
 
 
