@@ -399,9 +399,7 @@ class FrontierStudy:
             folder = self.path / "references" / name
             if self.finished(folder, [self.config["SEED"]]):
                 continue
-            where = [f"RESULTS_DIR={folder.parent}",
-                     f"RESUME={folder}" if (folder / "config.json").exists() else f"RUN_NAME={name}"]
-            jobs.append((folder, [*self.settings, *options, *ONE_PASS, *where]))
+            jobs.append((folder, [*self.settings, *options, *ONE_PASS, *_continue_or_start(folder)]))
         say(f"frontier {self.name}: {len(REFERENCE_RUNS) - len(jobs)} reference runs finished, {len(jobs)} to run")
         self._run_all(jobs, run_points, None)
 
@@ -422,9 +420,8 @@ class FrontierStudy:
                 folder = self.control_folder(cell, control, top)
                 if self.finished(folder, [seed]):
                     continue
-                where = [f"RESULTS_DIR={folder.parent}", f"FLOP_BUDGET={top!r}",
-                         f"RESUME={folder}" if (folder / "config.json").exists() else f"RUN_NAME={folder.name}"]
-                jobs.append((folder, [*self.settings, *cell.settings(control), *where]))
+                jobs.append((folder, [*self.settings, *cell.settings(control), f"FLOP_BUDGET={top!r}",
+                                      *_continue_or_start(folder)]))
         say(f"frontier {self.name}: the controls at {top:.3g} FLOPs: {len(jobs)} runs to train")
         self._run_all(jobs, run_points, top)
 
@@ -612,6 +609,12 @@ def _grid_changes(before: dict, now: dict) -> list[str]:
     return changed
 
 
+def _continue_or_start(folder: Path) -> list[str]:
+    """Where a stage's run writes: ``folder``, continued if a run already started there."""
+    return [f"RESULTS_DIR={folder.parent}",
+            f"RESUME={folder}" if (folder / "config.json").exists() else f"RUN_NAME={folder.name}"]
+
+
 def grid_cells(grid: dict) -> list[Cell]:
     return [Cell(f, s, lr, b) for f in grid["FAMILIES"] for s in grid["SIZES"] for lr in grid["LEARNING_RATES"]
             for b in grid["BATCH_SIZES"]]
@@ -629,6 +632,16 @@ def corpus_of(folder: Path) -> str:
             f"{data['val_chars']:,} validation characters")
 
 
+def _scores(record: dict, folder: Path) -> dict:
+    """The fields every row of a report takes from a run's record (grid points, references, controls)."""
+    return {"seed": record.get("seed"), "status": record.get("status"), "val_bpc": record.get("val_bpc"),
+            "val_bpc_ci95": record.get("val_bpc_ci95"), "train_split_bpc": record.get("train_split_bpc"),
+            "params_trained": record.get("params_trainable"), "train_flops": record.get("train_flops"),
+            "train_tokens": record.get("train_tokens"), "epochs": record.get("epochs"),
+            "train_seconds": record.get("train_seconds"), "data_source": record.get("data_source"),
+            "folder": str(folder)}
+
+
 def collect_records(path: Path, cells: list[dict], budgets: list[float]) -> list[dict]:
     """One row per point and seed that has a record: the cell, the budget, the scores, what it cost."""
     rows = []
@@ -641,19 +654,14 @@ def collect_records(path: Path, cells: list[dict], budgets: list[float]) -> list
                 corpus = corpus_of(folder)
                 for r in read_summary(folder, "a point's summary"):
                     fit = r.get("fit") or {}
-                    rows.append({"cell": cell["name"], "family": cell["family"], "size": cell["size"],
-                                 "learning_rate": cell["learning_rate"], "batch_size": cell["batch_size"],
-                                 "budget": budget, "seed": r.get("seed"), "envelope_seed": extra,
-                                 "status": r.get("status"), "val_bpc": r.get("val_bpc"),
+                    rows.append({**_scores(r, folder), "cell": cell["name"], "family": cell["family"],
+                                 "size": cell["size"], "learning_rate": cell["learning_rate"],
+                                 "batch_size": cell["batch_size"], "budget": budget, "envelope_seed": extra,
                                  "val_loss": r.get("val_loss"), "train_loss": r.get("train_loss"),
-                                 "train_split_bpc": r.get("train_split_bpc"), "val_bpc_ci95": r.get("val_bpc_ci95"),
-                                 "params_trained": r.get("params_trainable"), "train_flops": r.get("train_flops"),
-                                 "train_tokens": r.get("train_tokens"), "train_steps": r.get("train_steps"),
-                                 "epochs": r.get("epochs"), "train_seconds": r.get("train_seconds"),
-                                 "data_source": r.get("data_source"), "corpus": corpus,
+                                 "train_steps": r.get("train_steps"), "corpus": corpus,
                                  "spent_flops": (r.get("train_flops") or 0) - (fit.get("branched_at_flops") or 0),
                                  "spent_seconds": (r.get("train_seconds") or 0) - (fit.get("branched_at_seconds") or 0),
-                                 "branched": bool(fit.get("branched_at_flops")), "folder": str(folder)})
+                                 "branched": bool(fit.get("branched_at_flops"))})
     return rows
 
 
@@ -672,11 +680,7 @@ def collect_references(path: Path) -> list[dict]:
             continue
         corpus = corpus_of(folder)
         for r in read_summary(folder, "a reference run's summary"):
-            rows.append({"name": name, "model": r.get("model"), "seed": r.get("seed"), "val_bpc": r.get("val_bpc"),
-                         "val_bpc_ci95": r.get("val_bpc_ci95"), "train_split_bpc": r.get("train_split_bpc"),
-                         "train_flops": r.get("train_flops"), "params_trained": r.get("params_trainable"),
-                         "train_tokens": r.get("train_tokens"), "epochs": r.get("epochs"),
-                         "data_source": r.get("data_source"), "corpus": corpus, "folder": str(folder)})
+            rows.append({**_scores(r, folder), "name": name, "model": r.get("model"), "corpus": corpus})
     return rows
 
 
@@ -714,14 +718,9 @@ def collect_controls(path: Path, cells: list[dict], budgets: list[float]) -> lis
                 continue
             corpus = corpus_of(point)
             for r in read_summary(point, "a control's summary"):
-                rows.append({"cell": name, "family": cell["family"], "control": control, "budget": budget,
-                             "options": CONTROLS[cell["family"]][control], "seed": r.get("seed"),
-                             "status": r.get("status"), "val_bpc": r.get("val_bpc"),
-                             "val_bpc_ci95": r.get("val_bpc_ci95"), "train_split_bpc": r.get("train_split_bpc"),
-                             "params_trained": r.get("params_trainable"), "train_flops": r.get("train_flops"),
-                             "epochs": r.get("epochs"), "trained": r.get("trained"),
-                             "train_seconds": r.get("train_seconds"), "data_source": r.get("data_source"),
-                             "corpus": corpus, "folder": str(point)})
+                rows.append({**_scores(r, point), "cell": name, "family": cell["family"], "control": control,
+                             "budget": budget, "options": CONTROLS[cell["family"]][control],
+                             "trained": r.get("trained"), "corpus": corpus})
     return rows
 
 
