@@ -208,20 +208,24 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
             for b in budgets) + " |")
     rates = report["grid"]["LEARNING_RATES"]
     edge = {max(rates): " ↑", min(rates): " ↓"} if len(rates) > 1 else {}
+    sizes = sorted(report["grid"].get("SIZES", []), key=DEFAULTS["SIZES"].index)  # smallest preset first
+    size_edge = {sizes[0]: " ↓", sizes[-1]: " ↑"} if len(sizes) > 1 else {}
     lines += ["", "(* extrapolated along the reference's fitted curve; ≥ / ≤: beyond the reference's measured "
               "envelope.)", "", f"{h}# N_opt: the configuration each family chose", "",
               "Trained parameters of the envelope's configuration (size preset, peak learning rate, batch). ↑ / ↓: "
-              "the rate is the grid's largest / smallest, so a wider grid might still lower that point.", "",
-              head, rule]
+              "the preset or the rate is the grid's largest / smallest, so a wider grid might still lower that "
+              "point.", "", head, rule]
     for family in report["families"]:
         lines.append(f"| {family} | " + " | ".join(
             "–" if by.get(family, {}).get(b) is None else
-            f"{by[family][b]['params_trained']:,} ({by[family][b]['size']}, {by[family][b]['learning_rate']:g}"
-            f"{edge.get(by[family][b]['learning_rate'], '')}, {by[family][b]['batch_size']})" for b in budgets) + " |")
-    at_edge = sorted({f for f, points in by.items() for b, p in points.items() if b == max(points) and
-                      p["learning_rate"] in edge})
-    if at_edge:
-        lines += ["", f"At its largest budget the best rate of {', '.join(at_edge)} is at the grid's edge."]
+            f"{by[family][b]['params_trained']:,} ({by[family][b]['size']}{size_edge.get(by[family][b]['size'], '')}"
+            f", {by[family][b]['learning_rate']:g}{edge.get(by[family][b]['learning_rate'], '')}, "
+            f"{by[family][b]['batch_size']})" for b in budgets) + " |")
+    top = {f: points[max(points)] for f, points in by.items() if points}
+    for what, at_edge in (("best rate", sorted(f for f, p in top.items() if p["learning_rate"] in edge)),
+                          ("best size preset", sorted(f for f, p in top.items() if p["size"] in size_edge))):
+        if at_edge:
+            lines += ["", f"At its largest budget the {what} of {', '.join(at_edge)} is at the grid's edge."]
     lines += ["", f"{h}# Train against validation", "",
               "The envelope points: bits/char on the first tokens of the training split and on the validation split, "
               "scored the same way (TRAIN_EVAL_TOKENS), mean over the seeds that scored both (in brackets), and "

@@ -291,6 +291,21 @@ def test_a_study_of_tiny_shakespeare_lists_the_published_numbers_of_its_split(st
     assert "| nanoGPT baby GPT (6 x 384, 10.7M parameters, block 256, GPU) | 1.47 | 2.120 |" in text
 
 
+def test_a_size_preset_at_the_grid_s_edge_is_marked_like_a_rate_at_its_edge(studies):
+    """An envelope on the grid's smallest preset (Tiny Shakespeare's transformer at every budget) might still drop
+    on a smaller one: N_opt says so."""
+    from reservoir.frontier import report_from_records
+    from reservoir.report import format_study
+
+    report = report_from_records(studies / "micro")
+    assert report["grid"]["SIZES"] == ["xs"] and "xs ↓" not in format_study(report, "frontier.png")
+    report["grid"]["SIZES"] = ["s", "xs"]  # the order the command gave: the edge is by preset size, not position
+    text = format_study(report, "frontier.png")
+    params = report["envelope"]["transformer++"][0]["params_trained"]
+    assert f"{params:,} (xs ↓, " in text and "(xs ↑" not in text
+    assert "the best size preset of linear_reservoir, transformer++ is at the grid's edge" in text
+
+
 def test_the_readme_quotes_the_committed_default_run_and_the_defaults_are_the_frontiers():
     """The default run's table in the README is its committed records' table; the defaults it ran with are today's,
     and each family's block is its envelope configuration at the default budget."""
