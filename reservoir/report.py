@@ -268,7 +268,10 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
                 lines.append(f"| {r['split']} | {r['targets']:,} | {r['share']:.1%} | {_fmt(r['bpc_a'])} | "
                              f"{_fmt(r.get('bpc_b'))} | {interval} |")
             lines += ["", "Positions count characters from the start of the story; a recall target is a character "
-                      f"that continues a {diagnostics['recall_k']}-gram seen earlier in the same story."]
+                      f"that continues a {diagnostics['recall_k']}-gram seen earlier in the same story. A corpus "
+                      "without story boundaries (Tiny Shakespeare) is one story: nearly every target is past "
+                      "position 512, and recall reaches back through the whole validation text, beyond a "
+                      "transformer's block."]
     if report.get("controls"):
         lines += ["", f"{h}# Controls: what the frozen part is worth", "",
                   "Each reservoir family's envelope configuration at the grid's top budget trained again, same budget "

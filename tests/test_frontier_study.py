@@ -289,6 +289,7 @@ def test_a_study_of_tiny_shakespeare_lists_the_published_numbers_of_its_split(st
     report["corpus"] = "char tokenizer 0123, 1,003,854 training and 111,540 validation characters"
     text = format_study(report, "frontier.png")
     assert "| nanoGPT baby GPT (6 x 384, 10.7M parameters, block 256, GPU) | 1.47 | 2.120 |" in text
+    assert "A corpus without story boundaries (Tiny Shakespeare) is one story" in text  # the diagnostics' note
 
 
 def test_a_size_preset_at_the_grid_s_edge_is_marked_like_a_rate_at_its_edge(studies):
