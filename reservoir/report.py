@@ -164,6 +164,11 @@ def headline(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _edge_marks(ordered: list) -> dict:
+    """The marks of a grid's edges: ' ↓' on its smallest value, ' ↑' on its largest; none on a grid of one value."""
+    return {ordered[0]: " ↓", ordered[-1]: " ↑"} if len(ordered) > 1 else {}
+
+
 def format_study(report: dict, plot: str, level: int = 2) -> str:
     """A study's section: ``plot`` is the plot's path as the document links it."""
     h = "#" * level
@@ -206,10 +211,13 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
             "–" if at.get(b) is None or at[b]["multiplier"] is None else
             f"{BOUNDS.get(at[b]['how'], '')}{at[b]['multiplier']:.2f}{'*' if at[b]['how'] == 'extrapolated' else ''}"
             for b in budgets) + " |")
-    rates = report["grid"]["LEARNING_RATES"]
-    edge = {max(rates): " ↑", min(rates): " ↓"} if len(rates) > 1 else {}
-    sizes = sorted(report["grid"].get("SIZES", []), key=DEFAULTS["SIZES"].index)  # smallest preset first
-    size_edge = {sizes[0]: " ↓", sizes[-1]: " ↑"} if len(sizes) > 1 else {}
+    rate_edge = _edge_marks(sorted(report["grid"]["LEARNING_RATES"]))
+    size_edge = _edge_marks(sorted(report["grid"]["SIZES"], key=DEFAULTS["SIZES"].index))  # presets, smallest first
+
+    def configuration(p: dict) -> str:
+        return (f"{p['params_trained']:,} ({p['size']}{size_edge.get(p['size'], '')}, {p['learning_rate']:g}"
+                f"{rate_edge.get(p['learning_rate'], '')}, {p['batch_size']})")
+
     lines += ["", "(* extrapolated along the reference's fitted curve; ≥ / ≤: beyond the reference's measured "
               "envelope.)", "", f"{h}# N_opt: the configuration each family chose", "",
               "Trained parameters of the envelope's configuration (size preset, peak learning rate, batch). ↑ / ↓: "
@@ -217,12 +225,9 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
               "point.", "", head, rule]
     for family in report["families"]:
         lines.append(f"| {family} | " + " | ".join(
-            "–" if by.get(family, {}).get(b) is None else
-            f"{by[family][b]['params_trained']:,} ({by[family][b]['size']}{size_edge.get(by[family][b]['size'], '')}"
-            f", {by[family][b]['learning_rate']:g}{edge.get(by[family][b]['learning_rate'], '')}, "
-            f"{by[family][b]['batch_size']})" for b in budgets) + " |")
+            "–" if by.get(family, {}).get(b) is None else configuration(by[family][b]) for b in budgets) + " |")
     top = {f: points[max(points)] for f, points in by.items() if points}
-    for what, at_edge in (("best rate", sorted(f for f, p in top.items() if p["learning_rate"] in edge)),
+    for what, at_edge in (("best rate", sorted(f for f, p in top.items() if p["learning_rate"] in rate_edge)),
                           ("best size preset", sorted(f for f, p in top.items() if p["size"] in size_edge))):
         if at_edge:
             lines += ["", f"At its largest budget the {what} of {', '.join(at_edge)} is at the grid's edge."]
