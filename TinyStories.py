@@ -12,12 +12,12 @@ import functools
 import sys
 
 from configs import ConfigError, config_from_argv, given_settings, recorded_keys_missing, validate
-from reservoir import device as dev
-from reservoir import stopping
-from reservoir.experiment import run_experiment
-from reservoir.messages import TAG, OneLineError, warn
 from reservoir.models import with_added_options
-from reservoir.results import (
+from reservoir.platform import device as dev
+from reservoir.platform import stopping
+from reservoir.platform.messages import TAG, OneLineError, warn
+from reservoir.run.experiment import run_experiment
+from reservoir.run.results import (
     ResultsError,
     claim_run_folder,
     find_run_dir,

@@ -22,10 +22,10 @@ import sys
 from pathlib import Path
 
 from configs import ConfigError, parse_options
-from reservoir.comparison import Side, compare, describe
-from reservoir.diagnostics import format_diagnostics, plot_diagnostics
-from reservoir.files import atomic_write_text
-from reservoir.messages import TAG, OneLineError
+from reservoir.platform.files import atomic_write_text
+from reservoir.platform.messages import TAG, OneLineError
+from reservoir.studies.comparison import Side, compare, describe
+from reservoir.studies.diagnostics import format_diagnostics, plot_diagnostics
 
 KEYS = {
     "TOKENS": "validation targets scored (default: what both runs' final evaluations scored)",

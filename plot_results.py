@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from configs import ConfigError, parse_options, wants_help
-from reservoir.messages import OneLineError
-from reservoir.plots import PLOTS, plot_runs
+from reservoir.platform.messages import OneLineError
+from reservoir.run.plots import PLOTS, plot_runs
 
 KEYS = {"OUT": "where the PNGs go (default: the run's folder; several runs: <parent>/comparison)"}
 

@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 
 from configs import ConfigError, parse_options
-from reservoir import device as dev
-from reservoir.messages import TAG, OneLineError
-from reservoir.results import load_trained
-from reservoir.sampling import SampleSettings, write_stories
+from reservoir.platform import device as dev
+from reservoir.platform.messages import TAG, OneLineError
+from reservoir.run.results import load_trained
+from reservoir.run.sampling import SampleSettings, write_stories
 
 KEYS = {  # key: what it does (defaults come from the run)
     "MODEL": "which model of the run (default: its best finished model)",

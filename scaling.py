@@ -34,12 +34,12 @@ import sys
 import time
 from pathlib import Path
 
-from configs import parse_overrides, split_arguments, wants_help
-from reservoir.frontier import FRONTIER_KEYS, FrontierExit, FrontierStudy, measure_cells
-from reservoir.messages import TAG, OneLineError, say
-from reservoir.report import format_study, headline, write_from_records, write_study
-from reservoir.results import read_json
-from reservoir.scaling import (
+from configs import split_arguments, wants_help
+from reservoir.platform.messages import TAG, OneLineError, say
+from reservoir.run.results import read_json
+from reservoir.studies.frontier.report import format_study, headline, write_from_records, write_study
+from reservoir.studies.frontier.study import FRONTIER_KEYS, FrontierExit, FrontierStudy, measure_cells
+from reservoir.studies.ladder import (
     STUDY_KEYS,
     Study,
     StudyError,
@@ -128,9 +128,9 @@ def report_only(folder: str) -> int:
 
 
 def frontier(own: dict, settings: list[str]) -> int:
-    study = FrontierStudy.from_args(own, settings, parse_overrides)
+    study = FrontierStudy.from_args(own, settings)
     try:
-        study.run(run_points, measure_cells(study, parse_overrides))
+        study.run(run_points, measure_cells(study))
     except FrontierExit as e:
         print(f"{TAG} frontier stopped: {e}", file=sys.stderr, flush=True)
         return e.code
@@ -154,7 +154,7 @@ def main(argv: list[str]) -> int:
             return report_only(own["REPORT"])
         if own.pop("FRONTIER", "false").lower() in ("true", "1", "yes") or any(k in own for k in FRONTIER_KEYS):
             return frontier(own, settings)
-        study = Study.from_args(own, settings, parse_overrides)
+        study = Study.from_args(own, settings)
         study.run(run_point)
         report = study.report()
         path = write_report(report, study.path)

@@ -29,11 +29,11 @@ from configs import (
     split_arguments,
     wants_help,
 )
-from reservoir import stopping
-from reservoir.experiment import run_experiment
-from reservoir.messages import TAG, OneLineError
 from reservoir.models import ModelSettingsError
-from reservoir.sweeps import (
+from reservoir.platform import stopping
+from reservoir.platform.messages import TAG, OneLineError
+from reservoir.run.experiment import run_experiment
+from reservoir.studies.sweeps import (
     SEARCH_SPACES,
     Sweep,
     SweepError,
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
     try:
         sweep = parse_args(argv)
         study = open_study(sweep.name, sweep.storage, sweep.folder, sweep.seed, sweep.worker)
-        run_trials(study, sweep, lambda config, hook: run_experiment(config, on_evaluation=hook), parse_overrides,
+        run_trials(study, sweep, lambda config, hook: run_experiment(config, on_evaluation=hook),
                    refused=(ConfigError, ModelSettingsError))
         best = write_outputs(study, sweep.model, sweep.folder, sweep.fixed)
     except OneLineError as e:

@@ -20,7 +20,7 @@ import unittest
 import torch
 
 from configs import ConfigError, config_from_argv, default_config, parse_overrides
-from reservoir import device as dev
+from reservoir.platform import device as dev
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 _CONFIG = default_config()  # replaced by command-line overrides when run as a script
@@ -114,7 +114,7 @@ def check_device_detection():
 def check_auto_never_picks_xla_without_tpu_or_pjrt():
     if dev.tpu_chips_present():
         skip("this host has TPU chips, so 'auto' rightly picks XLA")
-    r = _run_python("from reservoir.device import resolve_kind; print(resolve_kind('auto'))",
+    r = _run_python("from reservoir.platform.device import resolve_kind; print(resolve_kind('auto'))",
                     {"PJRT_DEVICE": None})
     assert r.returncode == 0, r.stderr
     picked = r.stdout.strip().splitlines()[-1]
@@ -124,7 +124,7 @@ def check_auto_never_picks_xla_without_tpu_or_pjrt():
 
 def check_fallback_when_torch_xla_missing():
     snippet = _BLOCK_TORCH_XLA + textwrap.dedent("""
-        from reservoir.device import select_device, xla_installed, DeviceError
+        from reservoir.platform.device import select_device, xla_installed, DeviceError
         assert not xla_installed()
         info = select_device({"USE_TPU": True})
         print("KIND", info.kind)

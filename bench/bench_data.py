@@ -11,9 +11,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import parse_overrides  # noqa: E402
-from reservoir.corpus import read_stories  # noqa: E402
-from reservoir.data import prepare_data  # noqa: E402
-from reservoir.tokenizers import TOKENIZERS  # noqa: E402
+from reservoir.data.corpus import read_stories  # noqa: E402
+from reservoir.data.tokenizers import TOKENIZERS  # noqa: E402
+from reservoir.data.tokens import prepare_data  # noqa: E402
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared/data/tinystories/TinyStories-train-sample.txt"
 

@@ -37,7 +37,7 @@ def _rss_mb() -> float:
 
 
 def load():
-    from reservoir.tokenizers import CharTokenizer
+    from reservoir.data.tokenizers import CharTokenizer
 
     train_text = (SHARED / "TinyStories-train-sample.txt").read_text()[:TRAIN_CHARS]
     val_text = (SHARED / "TinyStories-valid-sample.txt").read_text()[:VAL_CHARS]

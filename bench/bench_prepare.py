@@ -21,7 +21,7 @@ CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
 from configs import parse_overrides
-from reservoir.data import prepare_data
+from reservoir.data.tokens import prepare_data
 start = time.perf_counter()
 data = prepare_data(parse_overrides({args!r}))
 seconds = time.perf_counter() - start

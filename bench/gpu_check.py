@@ -53,7 +53,7 @@ def device_facts(dry_run: bool) -> dict:
 
     facts = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "dry_run": dry_run}
     if torch.cuda.is_available():
-        from reservoir import device as dev
+        from reservoir.platform import device as dev
 
         facts.update(gpus=torch.cuda.device_count(), name=torch.cuda.get_device_name(0),
                      capability=".".join(map(str, torch.cuda.get_device_capability(0))),

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from configs import parse_overrides  # noqa: E402
-from reservoir.device import xla_usable  # noqa: E402
 from reservoir.models import MODEL_NAMES  # noqa: E402
+from reservoir.platform.device import xla_usable  # noqa: E402
 
 TINY_DATA = ["DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "BATCH_SIZE=8", "EVAL_TOKENS=2048",
              "TIME_BUDGET_S=None", "FLOP_BUDGET=None", "SAMPLE_TOKENS=30"]

@@ -15,7 +15,7 @@ from configs import (
     parse_overrides,
     split_arguments,
 )
-from reservoir import device as dev
+from reservoir.platform import device as dev
 from tests.conftest import ROOT
 
 
@@ -105,7 +105,7 @@ def test_every_error_a_script_reports_in_one_line_shares_one_base():
 
     import configs
     import reservoir
-    from reservoir.messages import OneLineError
+    from reservoir.platform.messages import OneLineError
 
     names = [m.name for m in pkgutil.iter_modules(reservoir.__path__) if not m.ispkg]
     modules = [configs] + [importlib.import_module(f"reservoir.{name}") for name in [*names, "models"]]

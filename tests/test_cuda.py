@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir import device as dev
 from reservoir.models import MODEL_NAMES
+from reservoir.platform import device as dev
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.cuda,
@@ -27,8 +27,8 @@ def test_every_model_trains_on_the_gpu_with_the_precision_its_hardware_has(tmp_p
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_cached_generation_on_the_gpu_writes_the_recomputed_story(name):
-    from reservoir.synthetic import synthetic_stories
-    from reservoir.tokenizers import CharTokenizer
+    from reservoir.data.synthetic import synthetic_stories
+    from reservoir.data.tokenizers import CharTokenizer
     from tests.test_models import _fitted
 
     stories = synthetic_stories(150, 0)

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir import corpus as sources
-from reservoir.corpus import EOT, DataError, load_corpus, read_stories
-from reservoir.data import TrainWindows, cached_tokens, eval_windows, prepare_data
-from reservoir.device import DeviceInfo, build_loader
-from reservoir.synthetic import synthetic_stories
-from reservoir.tokenizers import BPETokenizer, CharTokenizer
+from reservoir.data import corpus as sources
+from reservoir.data.corpus import EOT, DataError, load_corpus, read_stories
+from reservoir.data.synthetic import synthetic_stories
+from reservoir.data.tokenizers import BPETokenizer, CharTokenizer
+from reservoir.data.tokens import TrainWindows, cached_tokens, eval_windows, prepare_data
+from reservoir.platform.device import DeviceInfo, build_loader
 from tests.conftest import make_config
 
 # Real TinyStories text, where a folder of it is named by RESERVOIR_TINYSTORIES (.ci/run sets it when it has one)

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from reservoir import corpus as sources
-from reservoir import data
-from reservoir.corpus import EOT, DataError, Stories, iter_stories
-from reservoir.data import cached_tokens, prepare_data
-from reservoir.tokenizers import CharTokenizer
+from reservoir.data import corpus as sources
+from reservoir.data import tokens as data
+from reservoir.data.corpus import EOT, DataError, Stories, iter_stories
+from reservoir.data.tokenizers import CharTokenizer
+from reservoir.data.tokens import cached_tokens, prepare_data
 from tests.conftest import make_config
 
 STORIES = [f"Story {i}: Lily saw a bird \u00e9\u00e8 \U0001f426 and said \"hi\" {'x' * (i % 7)}." for i in range(60)]

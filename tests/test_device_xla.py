@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from reservoir import device as dev
+from reservoir.platform import device as dev
 
 pytestmark = pytest.mark.xla
 

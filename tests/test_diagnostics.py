@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from reservoir.diagnostics import recall_mask, story_positions
+from reservoir.studies.diagnostics import recall_mask, story_positions
 
 
 def test_positions_restart_after_every_end_of_story():

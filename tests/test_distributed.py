@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from reservoir.device import DeviceInfo, build_loader
+from reservoir.platform.device import DeviceInfo, build_loader
 from tests.conftest import ROOT
 
 COMMON = ["DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048", "TIME_BUDGET_S=None",

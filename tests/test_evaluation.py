@@ -9,11 +9,11 @@ import torch
 from torch.nn import functional as F
 
 from configs import parse_overrides
-from reservoir.data import TokenData
-from reservoir.device import DeviceInfo
-from reservoir.evaluation import Evaluator
+from reservoir.data.tokenizers import CharTokenizer
+from reservoir.data.tokens import TokenData
 from reservoir.models import build_model
-from reservoir.tokenizers import CharTokenizer
+from reservoir.platform.device import DeviceInfo
+from reservoir.run.evaluation import Evaluator
 
 CPU = DeviceInfo("cpu", torch.device("cpu"), "test", "fp32")
 TEXT = ("Once upon a time there was a cat. The cat sat on a mat and sang. " * 40).split(". ")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from reservoir.messages import PlainProgress
+from reservoir.platform.messages import PlainProgress
 from tests.conftest import ROOT, TINY, run_cli, run_script, summary_of
 
 
@@ -99,7 +99,7 @@ def test_a_killed_cache_write_is_removed_at_start_but_a_live_one_is_kept(tmp_pat
     import fcntl
     import os
 
-    from reservoir.data import prepare_data
+    from reservoir.data.tokens import prepare_data
 
     tokens = tmp_path / "cache" / "tokens"
     tokens.mkdir(parents=True)
@@ -124,8 +124,8 @@ def _stories_file(path, stories, separator, newline):
 
 @pytest.mark.parametrize("separator", ["\n<|endoftext|>\n", "\n\n"], ids=["tinystories-format", "plain"])
 def test_crlf_text_reads_exactly_as_lf_text(tmp_path, separator, capsys):
-    from reservoir.corpus import iter_stories
-    from reservoir.data import prepare_data
+    from reservoir.data.corpus import iter_stories
+    from reservoir.data.tokens import prepare_data
 
     stories = [f"Story {i}.\nThe cat sat on the mat, line two of {i}." for i in range(40)]
     runs = {}

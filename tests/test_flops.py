@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from configs import parse_overrides
-from reservoir import flops
 from reservoir.models import build_model
 from reservoir.models.ridge import GRAM_BLOCK
+from reservoir.run import flops
 
 VOCAB, BATCH, SEQ = 40, 4, 32
 

@@ -204,13 +204,12 @@ def test_a_family_whose_kept_cells_outgrow_the_budget_gets_its_pruned_cells_back
 def test_a_study_whose_records_came_without_checkpoints_says_why_it_cannot_compare_and_goes_on(studies, capsys):
     """Records travel in git, checkpoints do not: on a new machine the paired comparison cannot score the points,
     and the study says so in one line and goes on to its stages (the leaders, trained here, are compared)."""
-    from configs import parse_overrides
-    from reservoir.frontier import FrontierStudy
+    from reservoir.studies.frontier.study import FrontierStudy
 
     shutil.rmtree(studies / "micro" / "comparisons")
     own = {"STUDY": "micro", "FAMILIES": "transformer++,linear_reservoir", "SIZES": "xs", "LEARNING_RATES": "4e-3",
            "BATCH_SIZES": "8", "BUDGETS": "3e9,6e9", "LEAD_BUDGET": "1.2e10", "ENVELOPE_SEEDS": "2"}
-    study = FrontierStudy.from_args(own, ["DATASET=synthetic", f"RESULTS_DIR={studies}"], parse_overrides)
+    study = FrontierStudy.from_args(own, ["DATASET=synthetic", f"RESULTS_DIR={studies}"])
     assert study.compare_at_the_top(study.budgets) is None
     said = capsys.readouterr()
     assert "no paired comparison at 6e+09 FLOPs" in said.out + said.err
@@ -218,11 +217,10 @@ def test_a_study_whose_records_came_without_checkpoints_says_why_it_cannot_compa
 
 
 def test_a_stopped_study_counts_the_points_it_never_started_apart(tmp_path):
-    from configs import parse_overrides
-    from reservoir.frontier import FrontierExit, FrontierStudy
+    from reservoir.studies.frontier.study import FrontierExit, FrontierStudy
 
     study = FrontierStudy.from_args({"FAMILIES": "lstm", "SIZES": "xs", "BUDGETS": "3e9,6e9"},
-                                    ["DATASET=synthetic", f"RESULTS_DIR={tmp_path}"], parse_overrides)
+                                    ["DATASET=synthetic", f"RESULTS_DIR={tmp_path}"])
     jobs = [(tmp_path / str(k), []) for k in range(3)]
     with pytest.raises(FrontierExit) as stopped:
         study._run_all(jobs, lambda jobs, workers: [143, None, None], 3e9)
@@ -234,8 +232,8 @@ def test_a_stopped_study_counts_the_points_it_never_started_apart(tmp_path):
 def test_the_readme_quotes_the_committed_study_as_the_report_generates_it():
     """README's "What we found" table is the headline of the committed records, not typed by hand: after new
     records, `python scaling.py REPORT=results` and paste results/REPORT.md's headline into the README."""
-    from reservoir.frontier import report_from_records
-    from reservoir.report import headline
+    from reservoir.studies.frontier.report import headline
+    from reservoir.studies.frontier.study import report_from_records
 
     readme = (ROOT / "README.md").read_text()
     start, end = "<!-- headline: results/frontier-tinystories -->\n", "\n<!-- /headline -->"
@@ -260,7 +258,7 @@ def test_a_grid_list_may_grow_and_its_new_cells_join_the_study(tmp_path):
 
 
 def test_train_against_validation_uses_the_seeds_that_scored_the_training_split():
-    from reservoir.frontier import build_frontier
+    from reservoir.studies.frontier.study import build_frontier
 
     def row(seed, extra, val, train):
         return {"cell": "lstm-xs-lr0.006-b8", "family": "lstm", "size": "xs", "learning_rate": 6e-3, "batch_size": 8,
@@ -281,8 +279,8 @@ def test_train_against_validation_uses_the_seeds_that_scored_the_training_split(
 
 
 def test_a_study_of_tiny_shakespeare_lists_the_published_numbers_of_its_split(studies):
-    from reservoir.frontier import report_from_records
-    from reservoir.report import format_study
+    from reservoir.studies.frontier.report import format_study
+    from reservoir.studies.frontier.study import report_from_records
 
     report = report_from_records(studies / "micro")
     assert "Published numbers" not in format_study(report, "frontier.png")
@@ -295,8 +293,8 @@ def test_a_study_of_tiny_shakespeare_lists_the_published_numbers_of_its_split(st
 def test_a_size_preset_at_the_grid_s_edge_is_marked_like_a_rate_at_its_edge(studies):
     """An envelope on the grid's smallest preset (Tiny Shakespeare's transformer at every budget) might still drop
     on a smaller one: N_opt says so."""
-    from reservoir.frontier import report_from_records
-    from reservoir.report import format_study
+    from reservoir.studies.frontier.report import format_study
+    from reservoir.studies.frontier.study import report_from_records
 
     report = report_from_records(studies / "micro")
     assert report["grid"]["SIZES"] == ["xs"] and "xs ↓" not in format_study(report, "frontier.png")
@@ -311,8 +309,8 @@ def test_the_readme_quotes_the_committed_default_run_and_the_defaults_are_the_fr
     """The default run's table in the README is its committed records' table; the defaults it ran with are today's,
     and each family's block is its envelope configuration at the default budget."""
     from configs import SHARED_CONFIG
-    from reservoir.frontier import FAMILIES, SIZES, report_from_records
-    from reservoir.results import format_table, read_run_config, read_summary
+    from reservoir.run.results import format_table, read_run_config, read_summary
+    from reservoir.studies.frontier.study import FAMILIES, SIZES, report_from_records
 
     run = ROOT / "results" / "default-run"
     readme = (ROOT / "README.md").read_text()

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from configs import parse_overrides
-from reservoir import device as dev
 from reservoir.models import build_model
+from reservoir.platform import device as dev
 
 
 @pytest.mark.parametrize("capability, auto", [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
@@ -38,8 +38,8 @@ def test_gpus_sum_host_tensors_with_gloo_and_device_tensors_with_nccl():
 
 
 def test_cuda_gets_the_fused_optimizer_and_ddp_leaves_frozen_buffers_alone(monkeypatch):
-    from reservoir.model_settings import model_settings
-    from reservoir.train import _optimizer
+    from reservoir.models.settings import model_settings
+    from reservoir.run.train import _optimizer
 
     cuda = dev.DeviceInfo("cuda", torch.device("cpu"), "fake GPU", "bf16")
     cpu = dev.DeviceInfo("cpu", torch.device("cpu"), "CPU", "fp32")

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from configs import ConfigError, parse_overrides
-from reservoir import files
-from reservoir.results import ResultsError, Run, claim_run_folder, read_metrics
+from reservoir.platform import files
+from reservoir.run.results import ResultsError, Run, claim_run_folder, read_metrics
 from tests.conftest import ROOT, TINY, run_cli, summary_of
 
 # --------------------------------------------------------------------- 1. the NaN guard
@@ -341,7 +341,7 @@ def test_a_damaged_saved_config_is_a_one_line_error(tmp_path, damage, message):
 def test_a_non_main_process_uses_the_folder_its_launcher_claimed(tmp_path):
     """torch_xla.launch's processes cannot agree on a folder by broadcast (broadcast_object is the identity on
     XLA): the parent claims it and every process opens that one. World size faked at the DeviceInfo."""
-    from reservoir.device import DeviceInfo
+    from reservoir.platform.device import DeviceInfo
 
     config = parse_overrides(["TIME_BUDGET_S=1", f"RESULTS_DIR={tmp_path / 'results'}"])
     claim = claim_run_folder(config, None)
@@ -386,9 +386,9 @@ def test_validation_text_the_tokenizer_never_saw_is_counted_and_warned(tmp_path)
 def test_reordered_tokens_and_an_edited_tokenizer_are_caught(tmp_path, capsys):
     import numpy as np
 
-    from reservoir.corpus import Corpus, Stories
-    from reservoir.data import cached_tokens
-    from reservoir.tokenizers import CharTokenizer, load_or_train_tokenizer
+    from reservoir.data.corpus import Corpus, Stories
+    from reservoir.data.tokenizers import CharTokenizer, load_or_train_tokenizer
+    from reservoir.data.tokens import cached_tokens
 
     tok = CharTokenizer.train(["abcdef"])
     stories = ["abc", "fed"] * 50

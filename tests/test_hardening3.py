@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from configs import ConfigError, parse_overrides
-from reservoir.results import format_table
-from reservoir.train import Progress, WarmUp
+from reservoir.run.results import format_table
+from reservoir.run.train import Progress, WarmUp
 from tests.conftest import ROOT, run_cli, run_script, run_then_sigkill, summary_of
 
 
@@ -118,7 +118,7 @@ def test_a_kill_during_the_final_evaluation_does_not_train_again(tmp_path):
 
 
 def test_progress_lines_count_tokens_per_second_after_the_warm_up():
-    from reservoir.train import Budget
+    from reservoir.run.train import Budget
 
     warm = WarmUp("m", 0, 2, Budget(10, None, None), main=False)
     assert warm.rate(Progress(step=1, tokens=256, seconds=0.0), 256) is None  # still warming up: no rate
@@ -129,7 +129,7 @@ def test_progress_lines_count_tokens_per_second_after_the_warm_up():
 
 def test_a_study_point_with_its_data_moved_keeps_the_same_study(tmp_path):
     """Where a study's data and folders are may change between machines; its grid and settings may not."""
-    from reservoir.frontier import _placeless
+    from reservoir.studies.frontier.study import _placeless
 
     assert _placeless(["DATASET=/a/tinystories", "SEQ_LEN=128", "CACHE_DIR=x"]) == \
         _placeless(["DATASET=/b/tinystories", "SEQ_LEN=128", "CACHE_DIR=y"])
@@ -137,7 +137,7 @@ def test_a_study_point_with_its_data_moved_keeps_the_same_study(tmp_path):
 
 
 def _rewrite_config(run_dir, change, rehash: bool):
-    from reservoir.results import INTEGRITY_KEY, _integrity
+    from reservoir.run.results import INTEGRITY_KEY, _integrity
 
     path = run_dir / "config.json"
     content = json.loads(path.read_text())
@@ -181,7 +181,7 @@ def test_the_recorded_package_version_is_the_projects():
     import tomllib
 
     from reservoir import __version__
-    from reservoir.results import versions
+    from reservoir.run.results import versions
 
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == __version__
     assert versions()["reservoir_nlp"] == __version__
@@ -191,7 +191,7 @@ def test_a_signal_while_a_finished_point_exits_is_143_and_the_point_counts_as_fi
     """The point's process, killed by SIGTERM as it exits (Popen's -15), once made the study exit 241 and call
     the finished point stopped."""
     from configs import parse_overrides as parse
-    from reservoir.scaling import Study, StudyExit, exit_status
+    from reservoir.studies.ladder import Study, StudyExit, exit_status
 
     assert exit_status(-15) == 143 and exit_status(0) == 0 and exit_status(2) == 2
     study = Study.from_args({"BUDGETS": "1e5,2e5", "STUDY": "s"}, ["MODELS=ngram", "SEEDS=1", "DATASET=synthetic",

@@ -5,8 +5,8 @@ family its frontier configuration); a run-wide value is every model's."""
 import pytest
 
 from configs import ConfigError, parse_overrides
-from reservoir.device import adjust_config
-from reservoir.model_settings import model_settings
+from reservoir.models.settings import model_settings
+from reservoir.platform.device import adjust_config
 from tests.conftest import run_cli, run_script, summary_of
 
 
@@ -98,7 +98,7 @@ def test_resume_builds_an_older_run_as_it_was_not_with_todays_defaults(tmp_path)
     """The transformer's default recipe is '++' now: a run recorded before the recipe existed resumes as GPT-2."""
     import json
 
-    from reservoir.results import INTEGRITY_KEY, _integrity
+    from reservoir.run.results import INTEGRITY_KEY, _integrity
     from TinyStories import resolve_resume
 
     run_cli(tmp_path, "MODELS=transformer", "TRANSFORMER.recipe=gpt2", "MAX_STEPS=2", "RUN_NAME=old")

@@ -4,11 +4,11 @@ import torch
 from torch.nn import functional as F
 
 from configs import ConfigError, parse_overrides
+from reservoir.data.synthetic import synthetic_stories
+from reservoir.data.tokenizers import CharTokenizer
 from reservoir.models import ADDED_OPTIONS, ESN, MODEL_NAMES, LinearReservoir, build_model
 from reservoir.models.reservoirs import Reservoir, eigenvalues
 from reservoir.models.ridge import RidgeAccumulator, fit_probability_floor, floor_logits
-from reservoir.synthetic import synthetic_stories
-from reservoir.tokenizers import CharTokenizer
 
 SMALL = ["SEQ_LEN=32", "ESN.units=120", "DEEP_ESN.units=60", "LINEAR_RESERVOIR.units=32",
          "LINEAR_RESERVOIR.readout_hidden=64", "TRANSFORMER.n_layer=2", "TRANSFORMER.n_embd=32",
@@ -281,7 +281,7 @@ def test_esn_readout_ridge_is_calibrated_to_a_real_cross_entropy(corpus_ids):
 def test_gradient_checkpointing_gives_the_same_gradients(name):
     import copy
 
-    from reservoir import device as dev
+    from reservoir.platform import device as dev
 
     config = parse_overrides(["TRANSFORMER.n_layer=2", "TRANSFORMER.n_embd=32", "SEQ_LEN=16", "LSTM.hidden=32",
                               "LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.units=16",
@@ -410,7 +410,7 @@ def test_deep_linear_reservoir_loads_checkpoints_that_stored_its_input_norm():
 
 
 def test_a_checkpoint_from_another_model_version_is_one_line(tmp_path):
-    from reservoir.checkpoint import CheckpointError, restore_model
+    from reservoir.run.checkpoint import CheckpointError, restore_model
 
     model = build_model("lstm", 30, small_config())
     state = {**model.state_dict(), "head.extra": torch.zeros(3)}

@@ -32,7 +32,7 @@ def test_notebook_runs_top_to_bottom(tmp_path):
     images = [out for cell in nb.cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
     assert "0 failed" in text  # test_tpu_support.py's closing line
     assert "validation bits/char" in text  # the run's closing table
-    from reservoir.plots import PLOTS
+    from reservoir.run.plots import PLOTS
 
     assert len(images) == len(PLOTS)  # every plot of the run, shown inline
     runs = list((tmp_path / "results").iterdir())

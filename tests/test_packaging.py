@@ -23,7 +23,7 @@ def test_installed_package_imports_from_anywhere_with_the_runtime_dependencies(t
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                            "--target", str(target), str(source)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    snippet = ("import reservoir.models, reservoir.sampling, configs; "
+    snippet = ("import reservoir.models, reservoir.run.sampling, configs; "
                "from reservoir.models import build_model; "
                "m = build_model('esn', 20, configs.parse_overrides(['ESN.units=16'])); "
                "print(reservoir.__file__, type(m).__name__)")

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from configs import ConfigError, parse_overrides
-from reservoir import flops
-from reservoir.evaluation import EvalPoints
 from reservoir.models import build_model
-from reservoir.results import format_table, read_metrics
+from reservoir.run import flops
+from reservoir.run.evaluation import EvalPoints
+from reservoir.run.results import format_table, read_metrics
 from tests.conftest import ROOT, run_cli, run_then_sigkill
 
 PLOT = str(ROOT / "plot_results.py")
@@ -173,7 +173,7 @@ def table_cell(head: str, row: str, column: str) -> str:
     (2.6, 0.89, True),  # just over both thresholds
 ])
 def test_oversubscribed_needs_waiting_threads_and_a_lost_share(runnable, share, flagged):
-    from reservoir.machine import is_oversubscribed
+    from reservoir.platform.machine import is_oversubscribed
 
     assert is_oversubscribed(runnable, 2, share) is flagged
 
@@ -182,7 +182,7 @@ def _load_while_busy(peers: int, idle_priority: bool) -> dict:
     """The MachineLoad report of this process using every core for 3 s while ``peers`` busy loops run,
     at the lowest scheduling class (SCHED_IDLE: they get a core only when nothing else wants it) or at
     normal priority."""
-    from reservoir.machine import MachineLoad
+    from reservoir.platform.machine import MachineLoad
 
     def lowest():
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
@@ -286,7 +286,7 @@ def test_load_and_bound_by_are_read_by_column_when_a_warm_up_column_follows_them
 
 
 def test_plot_help_lists_every_plot_and_each_model_keeps_its_colour(tmp_path):
-    from reservoir import plots as plot_results
+    from reservoir.run import plots as plot_results
 
     help_text = subprocess.run([sys.executable, PLOT, "--help"], capture_output=True, text=True).stdout
     assert all(name in help_text for name in plot_results.PLOTS) and "OUT=DIR" in help_text
@@ -302,7 +302,7 @@ def test_plot_help_lists_every_plot_and_each_model_keeps_its_colour(tmp_path):
 
 
 def test_comparison_plots_give_each_data_source_its_panel_and_label_runs_by_name(tmp_path):
-    from reservoir import plots as plot_results
+    from reservoir.run import plots as plot_results
 
     run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "RUN_NAME=small", "PLOTS=False")
     run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "RUN_NAME=large", "SYNTHETIC_STORIES=400",

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from configs import given_settings, parse_overrides
-from reservoir.checkpoint import CheckpointError, load_checkpoint
-from reservoir.results import SUMMARY_FIELDS, ResultsError, find_run_dir, read_metrics, resumed_config
-from reservoir.train import Budget, learning_rate
+from reservoir.run.checkpoint import CheckpointError, load_checkpoint
+from reservoir.run.results import SUMMARY_FIELDS, ResultsError, find_run_dir, read_metrics, resumed_config
+from reservoir.run.train import Budget, learning_rate
 from tests.conftest import ALL_MODELS, ROOT, run_cli, run_then_sigkill, summary_of
 
 
@@ -190,7 +190,7 @@ def test_plot_script_compares_runs_and_reports_empty_ones(tmp_path):
 
 
 def test_the_training_clock_leaves_out_pauses_and_a_warm_up_holds_it(monkeypatch):
-    from reservoir import train
+    from reservoir.run import train
 
     now = [100.0]
     monkeypatch.setattr(train.time, "perf_counter", lambda: now[0])  # the wall clock is the system edge

@@ -6,9 +6,9 @@ import shutil
 import pytest
 import torch
 
-from reservoir.results import load_trained
-from reservoir.sampling import SampleSettings, decode_story, write_stories
-from reservoir.tokenizers import CharTokenizer
+from reservoir.data.tokenizers import CharTokenizer
+from reservoir.run.results import load_trained
+from reservoir.run.sampling import SampleSettings, decode_story, write_stories
 from tests.conftest import ALL_MODELS, run_cli, run_script
 
 MODELS = ALL_MODELS

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from configs import ConfigError, parse_overrides, split_arguments
-from reservoir.corpus import DataError, load_corpus
-from reservoir.scaling import (
+from reservoir.data.corpus import DataError, load_corpus
+from reservoir.studies.ladder import (
     STUDY_KEYS,
     Study,
     StudyError,
@@ -62,11 +62,10 @@ def test_a_ladder_reads_as_typed():
 def test_a_study_refuses_what_it_sets_itself_and_checks_settings_before_running(tmp_path):
     for arg in ("FLOP_BUDGET=1e9", "run_name=x", "RESUME=latest"):
         with pytest.raises(StudyError, match="set by the study"):
-            Study.from_args(*split_arguments([arg], STUDY_KEYS), parse_overrides)
+            Study.from_args(*split_arguments([arg], STUDY_KEYS))
     with pytest.raises(ConfigError, match="unknown model"):
-        Study.from_args(*split_arguments(["MODELS=esn,transfromer"], STUDY_KEYS), parse_overrides)
-    study = Study.from_args(*split_arguments([f"RESULTS_DIR={tmp_path}", "STUDY=s", "BUDGETS=1e9,2e9"], STUDY_KEYS),
-                             parse_overrides)
+        Study.from_args(*split_arguments(["MODELS=esn,transfromer"], STUDY_KEYS))
+    study = Study.from_args(*split_arguments([f"RESULTS_DIR={tmp_path}", "STUDY=s", "BUDGETS=1e9,2e9"], STUDY_KEYS))
     assert study.path == tmp_path / "s" and study.config["SEEDS"] == [1337, 1338]
     assert study.config["TIME_BUDGET_S"] is None and "ngram" in study.config["MODELS"]
     assert f"RUN_NAME={point_name(1e9)}" in study.point_args(1e9)

@@ -160,7 +160,7 @@ def test_a_search_override_replaces_the_declared_space(tmp_path):
 
 
 def test_every_declared_search_key_is_a_real_setting():
-    from reservoir.sweeps import SEARCH_SPACES, normalise_key
+    from reservoir.studies.sweeps import SEARCH_SPACES, normalise_key
     from sweep import known_keys
 
     keys = known_keys()

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from configs import ConfigError, parse_overrides
-from reservoir.results import read_metrics
+from reservoir.run.results import read_metrics
 from tests.conftest import run_cli
 
 TRACKED = ["MODELS=['ngram','transformer']", "MAX_STEPS=20", "EVAL_EVERY=10", "LOG_EVERY=5", "PLOTS=False",
@@ -105,7 +105,7 @@ class _Hide(importlib.abc.MetaPathFinder):
 
 
 def test_missing_wandb_package_is_a_one_line_error_at_start(monkeypatch):
-    from reservoir.tracking import TrackingError, check_available
+    from reservoir.run.tracking import TrackingError, check_available
 
     for name in [m for m in sys.modules if m == "wandb" or m.startswith("wandb.")]:
         monkeypatch.delitem(sys.modules, name)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from configs import ConfigError, parse_overrides
-from reservoir import flops
 from reservoir.models import build_model
 from reservoir.models.baselines import rotate, swiglu_hidden, transformer_recipe
+from reservoir.run import flops
 
 VOCAB, SEQ = 40, 32
 

@@ -67,7 +67,7 @@ def test_scanned_recurrences_match_the_cpu_forms():
         import sys, json, torch
         sys.path.insert(0, ".")
         from configs import parse_overrides
-        from reservoir import device as dev
+        from reservoir.platform import device as dev
         from reservoir.models import build_model
         config = parse_overrides(["TIME_BUDGET_S=1", "LSTM.layers=2", "LSTM.hidden=48", "LSTM.embed_dim=16",
                                   "ESN.units=64", "DEEP_ESN.units=32"])
@@ -208,7 +208,7 @@ import sys; sys.path.insert(0, '.')
 import copy, json, torch
 from torch.nn import functional as F
 from configs import parse_overrides
-from reservoir import device as dev
+from reservoir.platform import device as dev
 from reservoir.models import build_model
 config = parse_overrides(['USE_TPU=True', 'TRANSFORMER.n_layer=2', 'TRANSFORMER.n_embd=32', 'SEQ_LEN=16',
                           'LINEAR_RESERVOIR.units=16', 'LSTM.hidden=32',

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 
-from ..messages import OneLineError
-from .attention_readout import ReservoirAttention
-from .base import LanguageModel
-from .baselines import LSTM, NGram, Transformer
-from .reservoirs import ESN, NVAR, DeepESN, DeepLinearReservoir, LinearReservoir, ReservoirLM
-from .retention import FrozenRetention
+from reservoir.models.attention_readout import ReservoirAttention
+from reservoir.models.base import LanguageModel
+from reservoir.models.baselines import LSTM, NGram, Transformer
+from reservoir.models.reservoirs import ESN, NVAR, DeepESN, DeepLinearReservoir, LinearReservoir, ReservoirLM
+from reservoir.models.retention import FrozenRetention
+from reservoir.platform.messages import OneLineError
 
 __all__ = ["LanguageModel", "ReservoirLM", "ESN", "DeepESN", "LinearReservoir", "DeepLinearReservoir",
            "NVAR", "FrozenRetention", "ReservoirAttention", "Transformer", "LSTM",

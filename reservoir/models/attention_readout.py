@@ -21,9 +21,15 @@ import math
 import torch
 from torch import nn
 
-from .base import LanguageModel
-from .baselines import TransformerBlock, gpt2_init
-from .reservoirs import diagonal_scan, eigenvalues, hold_eigenvalues, hold_input_weights, multi_timescale_eigenvalues
+from reservoir.models.base import LanguageModel
+from reservoir.models.baselines import TransformerBlock, gpt2_init
+from reservoir.models.reservoirs import (
+    diagonal_scan,
+    eigenvalues,
+    hold_eigenvalues,
+    hold_input_weights,
+    multi_timescale_eigenvalues,
+)
 
 
 class ReservoirAttention(LanguageModel):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import LanguageModel
+from reservoir.models.base import LanguageModel
 
 
 def gpt2_init(module: nn.Module) -> None:

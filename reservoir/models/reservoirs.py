@@ -15,8 +15,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .base import LanguageModel
-from .ridge import RidgeAccumulator, fit_probability_floor, floor_logits
+from reservoir.models.base import LanguageModel
+from reservoir.models.ridge import RidgeAccumulator, fit_probability_floor, floor_logits
 
 
 def _sparse_matrix(rows: int, cols: int, connectivity: float, generator: torch.Generator) -> torch.Tensor:

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import LanguageModel
-from .baselines import gpt2_init
+from reservoir.models.base import LanguageModel
+from reservoir.models.baselines import gpt2_init
 
 
 def head_decays(heads: int, tau_min: float, tau_max: float) -> torch.Tensor:

@@ -9,15 +9,15 @@ settings) and sweep.py (once per trial) call it.
 
 from __future__ import annotations
 
-from . import device as dev
-from . import stopping
-from .data import prepare_data
-from .messages import TAG, say, warn
-from .model_settings import model_settings
-from .models import build_model, check_vocabulary
-from .results import Run, format_table, run_seeds
-from .tracking import check_available
-from .train import check_batches, diverged_record, fit, sample_stories, summary_record
+from reservoir.data.tokens import prepare_data
+from reservoir.models import build_model, check_vocabulary
+from reservoir.models.settings import model_settings
+from reservoir.platform import device as dev
+from reservoir.platform import stopping
+from reservoir.platform.messages import TAG, say, warn
+from reservoir.run.results import Run, format_table, run_seeds
+from reservoir.run.tracking import check_available
+from reservoir.run.train import check_batches, diverged_record, fit, sample_stories, summary_record
 
 
 def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claimed=None, on_evaluation=None) -> Run:
@@ -60,7 +60,7 @@ def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claime
         print(f"\n{TAG} {run.path}: validation bits/char on {data.description}, {info.name}\n"
               f"{format_table(run.summaries())}", flush=True)
         if config["PLOTS"]:
-            from .plots import plot_runs  # matplotlib: only when plots are asked for
+            from reservoir.run.plots import plot_runs  # matplotlib: only when plots are asked for
 
             for png in plot_runs([run.path]):
                 say(f"plot: {png}")

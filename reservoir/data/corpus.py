@@ -16,9 +16,9 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import atomic_write
-from .messages import OneLineError, progress, say, warn
-from .synthetic import synthetic_stories
+from reservoir.data.synthetic import synthetic_stories
+from reservoir.platform.files import atomic_write
+from reservoir.platform.messages import OneLineError, progress, say, warn
 
 EOT = "<|endoftext|>"  # the end of a story, in TinyStories' raw files and in every tokenizer
 EOT_MARK = "\ue000"  # a private-use character standing for EOT inside joined text

@@ -1,7 +1,7 @@
 """Hyper-parameter sweeps on Optuna: every model family tuned the same way, on one machine or many.
 
     study = open_study(sweep.name, sweep.storage, sweep.folder, sweep.seed, sweep.worker)  # storage: the workers' hub
-    run_trials(study, sweep, run_experiment, parse_overrides)    # sweep: a Sweep (model, trials, space, ...)
+    run_trials(study, sweep, run_experiment)    # sweep: a Sweep (model, trials, space, ...)
     best = write_outputs(study, sweep.model, sweep.folder, sweep.fixed)   # best.json + Optuna's plots
 
 A trial is an ordinary run (its own results folder under ``results/sweeps/<name>/trials/``);
@@ -26,11 +26,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import stopping
-from .files import atomic_write_text
-from .messages import OneLineError, say, warn
-from .model_settings import model_settings
-from .results import run_seeds
+from reservoir.config import parse_overrides
+from reservoir.models.settings import model_settings
+from reservoir.platform import stopping
+from reservoir.platform.files import atomic_write_text
+from reservoir.platform.messages import OneLineError, say, warn
+from reservoir.run.results import run_seeds
 
 # One declared search space per model, with the ranges reservoirpy's tutorials and the literature
 # use (log-uniform spectral radius 1e-2..10, leak rate 1e-3..1, input scaling 1e-2..10, ridge 1e-8..10;
@@ -295,7 +296,7 @@ class Sweep:
     seed: int  # the fixed settings' SEED: seeds the sampler (with the worker's index)
 
 
-def run_trials(study, sweep: Sweep, run_one, parse, refused: tuple[type[Exception], ...] = ()) -> None:
+def run_trials(study, sweep: Sweep, run_one, refused: tuple[type[Exception], ...] = ()) -> None:
     """Run trials until the study holds ``sweep.trials`` finished ones (all workers together); a trial
     that was interrupted (a stop, a lost storage, a dead worker) does not count and is run again.
 
@@ -315,7 +316,7 @@ def run_trials(study, sweep: Sweep, run_one, parse, refused: tuple[type[Exceptio
         args = [*fixed, f"MODELS={[model]}", f"RESULTS_DIR={run_dir}", f"RUN_NAME=trial-{trial.number:04d}",
                 "PLOTS=False", "RESUME=None", *[f"{k}={v!r}" for k, v in params.items()]]
         try:
-            config = parse(args)
+            config = parse_overrides(args)
         except refused as e:  # settings the search space allows but this data cannot build (say, n-gram keys)
             warn(f"trial {trial.number}: {e}; recorded as failed")
             return math.nan
@@ -352,7 +353,8 @@ def run_trials(study, sweep: Sweep, run_one, parse, refused: tuple[type[Exceptio
         return sum(r["val_bpc"] for r in records) / len(records)  # the mean over SEEDS
 
     if not study.trials:  # a new study first measures the settings it would replace
-        study.enqueue_trial(current_settings(model_settings(parse([*fixed, f"MODELS={[model]}"]), model), space),
+        starting = model_settings(parse_overrides([*fixed, f"MODELS={[model]}"]), model)
+        study.enqueue_trial(current_settings(starting, space),
                             user_attrs={"starting_settings": True}, skip_if_exists=True)  # workers race
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _worker_gone(trial):  # a killed worker (SIGKILL, a crash) left it RUNNING: it never ends by itself

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .messages import OneLineError
+from reservoir.platform.messages import OneLineError
 
 _OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .messages import TAG, OneLineError, warn
+from reservoir.platform.messages import TAG, OneLineError, warn
 
 _GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips appear on the PCI bus with Google's vendor id
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import atomic_write_text
-from .frontier import (
+from reservoir.platform.files import atomic_write_text
+from reservoir.run.results import write_json_atomic
+from reservoir.studies.frontier.study import (
     BOUNDS,
     DEFAULT_BUDGETS,
     DEFAULTS,
@@ -30,8 +31,7 @@ from .frontier import (
     FrontierError,
     report_from_records,
 )
-from .results import write_json_atomic
-from .scaling import curve, log_axes, save_figure
+from reservoir.studies.ladder import curve, log_axes, save_figure
 
 GOAL = 0.05  # the goal the study measures: the best reservoir envelope within 5% of the transformer's
 REPEATED = 2.0  # epochs from which train against validation is a claim's caveat (Muennighoff et al. 2023)

@@ -25,19 +25,26 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from . import device as dev
-from . import flops, stopping
-from .checkpoint import CheckpointError, checkpoint_identity, load_checkpoint, restore_model, save_checkpoint
-from .corpus import DataError
-from .data import TokenData, TrainWindows, eval_windows
-from .evaluation import EvalPoints, Evaluations
-from .machine import MachineLoad
-from .messages import OneLineError, progress, say, warn
-from .model_settings import model_settings
-from .models.base import LanguageModel
-from .results import Run
-from .sampling import SampleSettings, write_stories
-from .stopping import Diverged, Stopped
+from reservoir.data.corpus import DataError
+from reservoir.data.tokens import TokenData, TrainWindows, eval_windows
+from reservoir.models.base import LanguageModel
+from reservoir.models.settings import model_settings
+from reservoir.platform import device as dev
+from reservoir.platform import stopping
+from reservoir.platform.machine import MachineLoad
+from reservoir.platform.messages import OneLineError, progress, say, warn
+from reservoir.platform.stopping import Diverged, Stopped
+from reservoir.run import flops
+from reservoir.run.checkpoint import (
+    CheckpointError,
+    checkpoint_identity,
+    load_checkpoint,
+    restore_model,
+    save_checkpoint,
+)
+from reservoir.run.evaluation import EvalPoints, Evaluations
+from reservoir.run.results import Run
+from reservoir.run.sampling import SampleSettings, write_stories
 
 CALIBRATION_TOKENS = 16384  # training tail held out from the ridge fit to calibrate its probabilities
 WARMUP_STEPS = 2  # steps timed as warm-up (compilation on XLA) and not charged to a time budget

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .corpus import EOT, DataError, Stories, load_corpus
-from .files import atomic_write, atomic_write_text, remove_stale_temporaries
-from .messages import progress, warn
-from .tokenizers import content_hash, load_or_train_tokenizer, tokenizer_hash
+from reservoir.data.corpus import EOT, DataError, Stories, load_corpus
+from reservoir.data.tokenizers import content_hash, load_or_train_tokenizer, tokenizer_hash
+from reservoir.platform.files import atomic_write, atomic_write_text, remove_stale_temporaries
+from reservoir.platform.messages import progress, warn
 
 UNKNOWN_WARNING_SHARE = 0.001  # warn when more validation tokens than this share are <unk>
 

@@ -1,6 +1,6 @@
 """The budget ladder: every model trained at several FLOP budgets, a curve fitted per model.
 
-    study = Study.from_args(*split_arguments(args, STUDY_KEYS), parse_overrides)  # STUDY_KEYS, then run settings
+    study = Study.from_args(*split_arguments(args, STUDY_KEYS))  # STUDY_KEYS, then run settings
     study.run(run_point)                            # each budget an ordinary run folder (resumed if interrupted)
     report = study.report()                         # scaling.json: points, fits, gaps, crossovers
     plot_scaling(report, study.path / "scaling.png")
@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .messages import OneLineError, say, warn
-from .results import ResultsError, read_json, read_summary, run_seeds, write_json_atomic
+from reservoir.config import parse_overrides
+from reservoir.platform.messages import OneLineError, say, warn
+from reservoir.run.results import ResultsError, read_json, read_summary, run_seeds, write_json_atomic
 
 STUDY_KEYS = ("BUDGETS", "STUDY")
 DEFAULT_BUDGETS = (2.5e12, 5e12, 1e13, 2e13, 4e13)  # ~2 h for the default models and seeds on 2 CPU cores
@@ -93,7 +94,7 @@ class Study:
         self.path = Path(self.config["RESULTS_DIR"]) / self.name
 
     @classmethod
-    def from_args(cls, own: dict[str, str], settings: list[str], parse_overrides) -> Study:
+    def from_args(cls, own: dict[str, str], settings: list[str]) -> Study:
         """The study of a command line: ``own``, its STUDY_KEYS (as configs.split_arguments parts them
         from the rest), and ``settings``, the run settings that ``parse_overrides(args) -> config`` checks."""
         budgets = parse_budgets(own["BUDGETS"]) if "BUDGETS" in own else list(DEFAULT_BUDGETS)
@@ -169,10 +170,10 @@ def step_cost(name: str, config: dict, data=None) -> tuple[float | None, int]:
     """(FLOPs of one training step of model ``name`` under ``config``, reservoir/flops.py; None for a model not
     trained by gradient steps) and its trained parameters, on ``data`` (prepared from ``config`` when not
     given: cached for the points)."""
-    from . import flops
-    from .data import prepare_data
-    from .model_settings import model_settings
-    from .models import build_model
+    from reservoir.data.tokens import prepare_data
+    from reservoir.models import build_model
+    from reservoir.models.settings import model_settings
+    from reservoir.run import flops
 
     data = data or prepare_data(config)
     config = model_settings(config, name)

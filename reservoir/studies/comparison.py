@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import device as dev
-from .data import prepare_data
-from .diagnostics import diagnose
-from .evaluation import BOOTSTRAP_SAMPLES, Evaluator
-from .model_settings import model_settings
-from .results import ResultsError, load_trained, read_json, read_run_config
-from .tokenizers import tokenizer_hash
+from reservoir.data.tokenizers import tokenizer_hash
+from reservoir.data.tokens import prepare_data
+from reservoir.models.settings import model_settings
+from reservoir.platform import device as dev
+from reservoir.run.evaluation import BOOTSTRAP_SAMPLES, Evaluator
+from reservoir.run.results import ResultsError, load_trained, read_json, read_run_config
+from reservoir.studies.diagnostics import diagnose
 
 SAME_DATA_KEYS = ("tokenizer_hash", "val_tokens", "val_chars", "val_stories")
 REQUIRED_DATA_KEYS = ("tokenizer_hash", "val_tokens")

@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 
-from .messages import warn
+from reservoir.platform.messages import warn
 
 _requested: str | None = None
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .corpus import EOT
-from .messages import warn
+from reservoir.data.corpus import EOT
+from reservoir.platform.messages import warn
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ from pathlib import Path
 
 import torch
 
-from . import device as dev
-from .checkpoint import CheckpointError, checkpoint_identity, load_checkpoint, restore_model
-from .files import append_line, atomic_write_text, remove_stale_temporaries
-from .messages import OneLineError, warn
-from .models import build_model
-from .tokenizers import TOKENIZERS, tokenizer_hash
-from .tracking import Trackers
+from reservoir.data.tokenizers import TOKENIZERS, tokenizer_hash
+from reservoir.models import build_model
+from reservoir.platform import device as dev
+from reservoir.platform.files import append_line, atomic_write_text, remove_stale_temporaries
+from reservoir.platform.messages import OneLineError, warn
+from reservoir.run.checkpoint import CheckpointError, checkpoint_identity, load_checkpoint, restore_model
+from reservoir.run.tracking import Trackers
 
 SUMMARY_FIELDS = ("model", "trained", "params_total", "params_trainable", "train_seconds", "train_tokens",
                   "tokens_per_second", "val_loss", "val_ppl", "val_bpc", "device", "precision", "data_source",
@@ -420,7 +420,7 @@ def resume_outlook(run_dir: Path | None, config: dict) -> str:
 
 
 def versions() -> dict:
-    from . import __version__
+    from reservoir import __version__
 
     out = {"python": platform.python_version(), "torch": torch.__version__, "torch_xla": None,
            "reservoir_nlp": __version__}

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .messages import OneLineError
+from reservoir.platform.messages import OneLineError
 
 TEMP_PREFIX, TEMP_SUFFIX = ".", ".tmp"  # temporaries are .<name>.<random>.tmp beside their target
 

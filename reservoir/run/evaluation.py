@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from . import device as dev
-from .data import TokenData
+from reservoir.data.tokens import TokenData
+from reservoir.platform import device as dev
 
 BOOTSTRAP_SAMPLES = 1000
 MIN_BLOCKS = 20  # fewer stories than this in the scored text: fixed-size blocks instead

@@ -43,7 +43,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from .device import sequential_scan
+from reservoir.platform.device import sequential_scan
 
 CONVENTION = ("products only, 2 FLOPs per multiply-add: dense matrix products by shape, sparse ones by "
               "non-zeros, attention over the full T x T square (backward 2x forward), the ridge solve; "

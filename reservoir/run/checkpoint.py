@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from . import device as dev
-from .files import atomic_write
-from .messages import OneLineError
-from .model_settings import PER_MODEL
-from .tokenizers import tokenizer_hash
+from reservoir.data.tokenizers import tokenizer_hash
+from reservoir.models.settings import PER_MODEL
+from reservoir.platform import device as dev
+from reservoir.platform.files import atomic_write
+from reservoir.platform.messages import OneLineError
 
 FORMAT = 1
 SINCE_LATER = ("replicas", "seed")  # identity keys older checkpoints lack: checked only where present

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpus import EOT, EOT_MARK, Corpus, DataError
-from .files import atomic_write_text
-from .messages import say, warn
+from reservoir.data.corpus import EOT, EOT_MARK, Corpus, DataError
+from reservoir.platform.files import atomic_write_text
+from reservoir.platform.messages import say, warn
 
 
 def _sha256(*parts: bytes | str) -> str:

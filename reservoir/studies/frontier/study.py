@@ -1,6 +1,6 @@
 """The fair frontier: every family at its best at every budget (lower envelopes, IsoFLOP profiles).
 
-    study = FrontierStudy.from_args(own, settings, parse_overrides)   # FRONTIER_KEYS, then run settings
+    study = FrontierStudy.from_args(own, settings)   # FRONTIER_KEYS, then run settings
     study.run(run_points)        # run_points([args, ...], workers) -> [exit code, ...]
     report = study.report()      # frontier.json: envelopes, grid, IsoFLOP profiles, N_opt, fits, multipliers
     write_study(report, study.path)   # reservoir/report.py: frontier.json, frontier.md and frontier.png
@@ -33,11 +33,12 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import CheckpointError
-from .messages import OneLineError, say
-from .model_settings import model_settings
-from .results import ResultsError, read_json, read_run_config, read_summary, write_json_atomic
-from .scaling import fit_curve, parse_budgets, point_name, positive_numbers, step_cost
+from reservoir.config import parse_overrides
+from reservoir.models.settings import model_settings
+from reservoir.platform.messages import OneLineError, say
+from reservoir.run.checkpoint import CheckpointError
+from reservoir.run.results import ResultsError, read_json, read_run_config, read_summary, write_json_atomic
+from reservoir.studies.ladder import fit_curve, parse_budgets, point_name, positive_numbers, step_cost
 
 # stages after the grid's: a running study may add them
 STAGE_KEYS = ("LEAD_BUDGET", "LEADERS", "REFERENCES", "CONTROLS")
@@ -242,7 +243,7 @@ class FrontierStudy:
         self.path = Path(self.config["RESULTS_DIR"]) / self.name
 
     @classmethod
-    def from_args(cls, own: dict[str, str], settings: list[str], parse_overrides) -> FrontierStudy:
+    def from_args(cls, own: dict[str, str], settings: list[str]) -> FrontierStudy:
         grid = parse_grid(own)
         budgets = parse_budgets(own["BUDGETS"]) if "BUDGETS" in own else list(DEFAULT_BUDGETS)
         name = own.get("STUDY") or "frontier"
@@ -506,7 +507,7 @@ class FrontierStudy:
         """The paired difference (compare.py, with its diagnostics) between the best reservoir family and "the
         transformer" at the largest of ``budgets`` (default: the lead budget's too) both reached on every seed,
         written to comparisons/ once."""
-        from .comparison import Side, compare, describe
+        from reservoir.studies.comparison import Side, compare, describe
 
         report = self.report()
         reference, seeds = report["reference"], [self.config["SEED"], *self.extra_seeds()]
@@ -555,10 +556,10 @@ class FrontierStudy:
                               collect_controls(self.path, study["cells"], self.budgets))
 
 
-def measure_cells(study: FrontierStudy, parse_overrides):
+def measure_cells(study: FrontierStudy):
     """``measure(cell)`` for ``FrontierStudy.plan``: each cell's model built on the study's data (prepared
     once, cached for the points) and one training step counted (scaling.step_cost)."""
-    from .data import prepare_data
+    from reservoir.data.tokens import prepare_data
 
     data = prepare_data(study.config)
     seen: dict = {}
