@@ -17,14 +17,8 @@ from reservoir.platform import device as dev
 from reservoir.platform import stopping
 from reservoir.platform.messages import TAG, OneLineError, warn
 from reservoir.run.experiment import run_experiment
-from reservoir.run.results import (
-    ResultsError,
-    claim_run_folder,
-    find_run_dir,
-    read_run_config,
-    resume_outlook,
-    resumed_config,
-)
+from reservoir.run.folders import claim_run_folder, find_run_dir, resume_outlook, resumed_config
+from reservoir.run.records import ResultsError, read_run_config
 
 
 def resolve_resume(config: dict, named=()) -> tuple[dict, object]:

@@ -21,8 +21,8 @@ from pathlib import Path
 from configs import ConfigError, parse_options
 from reservoir.platform import device as dev
 from reservoir.platform.messages import TAG, OneLineError
-from reservoir.run.results import load_trained
 from reservoir.run.sampling import SampleSettings, write_stories
+from reservoir.run.trained import load_trained
 
 KEYS = {  # key: what it does (defaults come from the run)
     "MODEL": "which model of the run (default: its best finished model)",

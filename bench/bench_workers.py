@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reservoir.studies.frontier.study import Cell  # noqa: E402
+from reservoir.studies.frontier.grid import Cell  # noqa: E402
 
 CASES = [("transformer", "xs"), ("transformer", "l"), ("transformer++", "m"), ("frozen_retention", "m"),
          ("linear_reservoir", "m"), ("lstm", "m")]

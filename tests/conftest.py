@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from configs import parse_overrides  # noqa: E402
+from reservoir.config import parse_overrides  # noqa: E402
 from reservoir.models import MODEL_NAMES  # noqa: E402
 from reservoir.platform.device import xla_usable  # noqa: E402
 

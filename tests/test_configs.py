@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from configs import (
+from reservoir.config import (
     SHARED_CONFIG,
     ConfigError,
     given_settings,
@@ -22,7 +22,7 @@ from tests.conftest import ROOT
 def test_every_key_is_documented_and_listed_in_help():
     comments = key_comments()
     undocumented = [k for k in SHARED_CONFIG if not comments.get(k)]
-    assert not undocumented, f"keys without a comment in configs.py: {undocumented}"
+    assert not undocumented, f"keys without a comment in reservoir/config.py: {undocumented}"
     text = help_text()
     for key, value in SHARED_CONFIG.items():
         assert f"{key}" in text and repr(value) in text
@@ -107,8 +107,8 @@ def test_every_error_a_script_reports_in_one_line_shares_one_base():
     import reservoir
     from reservoir.platform.messages import OneLineError
 
-    names = [m.name for m in pkgutil.iter_modules(reservoir.__path__) if not m.ispkg]
-    modules = [configs] + [importlib.import_module(f"reservoir.{name}") for name in [*names, "models"]]
+    names = [m.name for m in pkgutil.walk_packages(reservoir.__path__, "reservoir.")]
+    modules = [configs] + [importlib.import_module(name) for name in names]
     errors = {cls for module in modules for _, cls in inspect.getmembers(module, inspect.isclass)
               if cls.__module__ == module.__name__ and issubclass(cls, Exception) and cls.__name__.endswith("Error")}
     assert {"ConfigError", "DataError", "ResultsError", "CheckpointError", "StorageError", "DeviceError",

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from configs import parse_overrides
+from reservoir.config import parse_overrides
 from reservoir.data.tokenizers import CharTokenizer
 from reservoir.data.tokens import TokenData
 from reservoir.models import build_model

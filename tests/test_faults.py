@@ -90,7 +90,7 @@ def test_a_progress_line_without_a_total_counts_instead_of_dividing(capsys):
 
 
 def _cfg(tmp_path, *args):
-    from configs import parse_overrides
+    from reservoir.config import parse_overrides
 
     return parse_overrides([f"CACHE_DIR={tmp_path / 'cache'}", "TIME_BUDGET_S=1", "SEQ_LEN=16", *args])
 
@@ -145,7 +145,7 @@ def test_crlf_text_reads_exactly_as_lf_text(tmp_path, separator, capsys):
 
 
 def test_an_ngram_whose_keys_would_overflow_is_refused_before_any_folder(tmp_path):
-    from configs import ConfigError, parse_overrides
+    from reservoir.config import ConfigError, parse_overrides
 
     with pytest.raises(ConfigError, match=r"NGRAM.order=6 with a vocabulary of 4096 tokens .* NGRAM.order<=5"):
         parse_overrides(["TOKENIZER=bpe", "VOCAB_SIZE=4096", "MODELS=['ngram']", "NGRAM.order=6", "MAX_STEPS=1"])

@@ -4,7 +4,7 @@ written here from the model's sizes (reservoir/flops.py states the convention: p
 import pytest
 import torch
 
-from configs import parse_overrides
+from reservoir.config import parse_overrides
 from reservoir.models import build_model
 from reservoir.models.ridge import GRAM_BLOCK
 from reservoir.run import flops

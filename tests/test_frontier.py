@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from reservoir.studies.frontier.study import FrontierError, build_frontier, parse_grid
+from reservoir.studies.frontier.analysis import build_frontier
+from reservoir.studies.frontier.grid import FrontierError, parse_grid
 from tests.conftest import ROOT, run_script
 
 # 2 families x 2 sizes x 2 rates x 2 budgets on the synthetic corpus: seconds per point
@@ -156,9 +157,9 @@ def test_a_grid_whose_every_cell_is_skipped_is_one_line(tmp_path):
 
 
 def test_the_grid_defaults_span_eight_times_in_parameters_per_family():
-    from configs import parse_overrides
+    from reservoir.config import parse_overrides
     from reservoir.models import build_model
-    from reservoir.studies.frontier.study import FAMILIES, SIZES, Cell
+    from reservoir.studies.frontier.grid import FAMILIES, SIZES, Cell
 
     grid = parse_grid({})
     for family in grid["FAMILIES"]:

@@ -232,8 +232,8 @@ def test_a_stopped_study_counts_the_points_it_never_started_apart(tmp_path):
 def test_the_readme_quotes_the_committed_study_as_the_report_generates_it():
     """README's "What we found" table is the headline of the committed records, not typed by hand: after new
     records, `python scaling.py REPORT=results` and paste results/REPORT.md's headline into the README."""
+    from reservoir.studies.frontier.analysis import report_from_records
     from reservoir.studies.frontier.report import headline
-    from reservoir.studies.frontier.study import report_from_records
 
     readme = (ROOT / "README.md").read_text()
     start, end = "<!-- headline: results/frontier-tinystories -->\n", "\n<!-- /headline -->"
@@ -258,7 +258,7 @@ def test_a_grid_list_may_grow_and_its_new_cells_join_the_study(tmp_path):
 
 
 def test_train_against_validation_uses_the_seeds_that_scored_the_training_split():
-    from reservoir.studies.frontier.study import build_frontier
+    from reservoir.studies.frontier.analysis import build_frontier
 
     def row(seed, extra, val, train):
         return {"cell": "lstm-xs-lr0.006-b8", "family": "lstm", "size": "xs", "learning_rate": 6e-3, "batch_size": 8,
@@ -279,8 +279,8 @@ def test_train_against_validation_uses_the_seeds_that_scored_the_training_split(
 
 
 def test_a_study_of_tiny_shakespeare_lists_the_published_numbers_of_its_split(studies):
+    from reservoir.studies.frontier.analysis import report_from_records
     from reservoir.studies.frontier.report import format_study
-    from reservoir.studies.frontier.study import report_from_records
 
     report = report_from_records(studies / "micro")
     assert "Published numbers" not in format_study(report, "frontier.png")
@@ -293,8 +293,8 @@ def test_a_study_of_tiny_shakespeare_lists_the_published_numbers_of_its_split(st
 def test_a_size_preset_at_the_grid_s_edge_is_marked_like_a_rate_at_its_edge(studies):
     """An envelope on the grid's smallest preset (Tiny Shakespeare's transformer at every budget) might still drop
     on a smaller one: N_opt says so."""
+    from reservoir.studies.frontier.analysis import report_from_records
     from reservoir.studies.frontier.report import format_study
-    from reservoir.studies.frontier.study import report_from_records
 
     report = report_from_records(studies / "micro")
     assert report["grid"]["SIZES"] == ["xs"] and "xs ↓" not in format_study(report, "frontier.png")
@@ -308,9 +308,11 @@ def test_a_size_preset_at_the_grid_s_edge_is_marked_like_a_rate_at_its_edge(stud
 def test_the_readme_quotes_the_committed_default_run_and_the_defaults_are_the_frontiers():
     """The default run's table in the README is its committed records' table; the defaults it ran with are today's,
     and each family's block is its envelope configuration at the default budget."""
-    from configs import SHARED_CONFIG
-    from reservoir.run.results import format_table, read_run_config, read_summary
-    from reservoir.studies.frontier.study import FAMILIES, SIZES, report_from_records
+    from reservoir.config import SHARED_CONFIG
+    from reservoir.run.records import read_run_config, read_summary
+    from reservoir.run.tables import format_table
+    from reservoir.studies.frontier.analysis import report_from_records
+    from reservoir.studies.frontier.grid import FAMILIES, SIZES
 
     run = ROOT / "results" / "default-run"
     readme = (ROOT / "README.md").read_text()

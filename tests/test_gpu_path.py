@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from configs import parse_overrides
+from reservoir.config import parse_overrides
 from reservoir.models import build_model
 from reservoir.platform import device as dev
 

@@ -12,9 +12,11 @@ import time
 import pytest
 import torch
 
-from configs import ConfigError, parse_overrides
+from reservoir.config import ConfigError, parse_overrides
 from reservoir.platform import files
-from reservoir.run.results import ResultsError, Run, claim_run_folder, read_metrics
+from reservoir.run.folders import claim_run_folder
+from reservoir.run.records import ResultsError, read_metrics
+from reservoir.run.writer import Run
 from tests.conftest import ROOT, TINY, run_cli, summary_of
 
 # --------------------------------------------------------------------- 1. the NaN guard

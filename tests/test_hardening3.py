@@ -8,8 +8,8 @@ import shutil
 import pytest
 import torch
 
-from configs import ConfigError, parse_overrides
-from reservoir.run.results import format_table
+from reservoir.config import ConfigError, parse_overrides
+from reservoir.run.tables import format_table
 from reservoir.run.train import Progress, WarmUp
 from tests.conftest import ROOT, run_cli, run_script, run_then_sigkill, summary_of
 
@@ -129,7 +129,7 @@ def test_progress_lines_count_tokens_per_second_after_the_warm_up():
 
 def test_a_study_point_with_its_data_moved_keeps_the_same_study(tmp_path):
     """Where a study's data and folders are may change between machines; its grid and settings may not."""
-    from reservoir.studies.frontier.study import _placeless
+    from reservoir.studies.frontier.grid import _placeless
 
     assert _placeless(["DATASET=/a/tinystories", "SEQ_LEN=128", "CACHE_DIR=x"]) == \
         _placeless(["DATASET=/b/tinystories", "SEQ_LEN=128", "CACHE_DIR=y"])
@@ -137,7 +137,7 @@ def test_a_study_point_with_its_data_moved_keeps_the_same_study(tmp_path):
 
 
 def _rewrite_config(run_dir, change, rehash: bool):
-    from reservoir.run.results import INTEGRITY_KEY, _integrity
+    from reservoir.run.records import INTEGRITY_KEY, _integrity
 
     path = run_dir / "config.json"
     content = json.loads(path.read_text())
@@ -166,7 +166,7 @@ def test_deleting_the_integrity_key_does_not_switch_the_check_off_nor_fill_missi
 
 
 def test_a_run_recorded_before_the_new_optimizer_keys_resumes_as_it_trained(tmp_path):
-    from configs import ADDED_KEYS
+    from reservoir.config import ADDED_KEYS
 
     run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=4", "RUN_NAME=old")
     run_dir = tmp_path / "results" / "old"
@@ -181,7 +181,7 @@ def test_the_recorded_package_version_is_the_projects():
     import tomllib
 
     from reservoir import __version__
-    from reservoir.run.results import versions
+    from reservoir.run.writer import versions
 
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == __version__
     assert versions()["reservoir_nlp"] == __version__
@@ -190,8 +190,9 @@ def test_the_recorded_package_version_is_the_projects():
 def test_a_signal_while_a_finished_point_exits_is_143_and_the_point_counts_as_finished(tmp_path):
     """The point's process, killed by SIGTERM as it exits (Popen's -15), once made the study exit 241 and call
     the finished point stopped."""
-    from configs import parse_overrides as parse
-    from reservoir.studies.ladder import Study, StudyExit, exit_status
+    from reservoir.config import parse_overrides as parse
+    from reservoir.studies.ladder import Study, StudyExit
+    from reservoir.studies.runner import exit_status
 
     assert exit_status(-15) == 143 and exit_status(0) == 0 and exit_status(2) == 2
     study = Study.from_args({"BUDGETS": "1e5,2e5", "STUDY": "s"}, ["MODELS=ngram", "SEEDS=1", "DATASET=synthetic",

@@ -4,7 +4,7 @@ family its frontier configuration); a run-wide value is every model's."""
 
 import pytest
 
-from configs import ConfigError, parse_overrides
+from reservoir.config import ConfigError, parse_overrides
 from reservoir.models.settings import model_settings
 from reservoir.platform.device import adjust_config
 from tests.conftest import run_cli, run_script, summary_of
@@ -98,7 +98,7 @@ def test_resume_builds_an_older_run_as_it_was_not_with_todays_defaults(tmp_path)
     """The transformer's default recipe is '++' now: a run recorded before the recipe existed resumes as GPT-2."""
     import json
 
-    from reservoir.run.results import INTEGRITY_KEY, _integrity
+    from reservoir.run.records import INTEGRITY_KEY, _integrity
     from TinyStories import resolve_resume
 
     run_cli(tmp_path, "MODELS=transformer", "TRANSFORMER.recipe=gpt2", "MAX_STEPS=2", "RUN_NAME=old")
@@ -114,7 +114,7 @@ def test_resume_builds_an_older_run_as_it_was_not_with_todays_defaults(tmp_path)
 
 def test_every_block_has_both_keys_and_the_ngram_needs_no_rate():
     """Runs recorded since the per-model keys exist name both in every block: each must stay valid to RESUME."""
-    from configs import SHARED_CONFIG, model_blocks
+    from reservoir.config import SHARED_CONFIG, model_blocks
 
     assert all({"learning_rate", "batch_size"} <= set(SHARED_CONFIG[b]) for b in model_blocks())
     config = parse_overrides(["DATASET=synthetic", "MODELS=ngram", "LEARNING_RATE=None", "NGRAM.learning_rate=None"])

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from configs import ConfigError, parse_overrides
+from reservoir.config import ConfigError, parse_overrides
 from reservoir.data.synthetic import synthetic_stories
 from reservoir.data.tokenizers import CharTokenizer
 from reservoir.models import ADDED_OPTIONS, ESN, MODEL_NAMES, LinearReservoir, build_model
@@ -341,7 +341,7 @@ def test_deep_linear_reservoir_taps_see_exactly_the_last_tokens():
 
 
 def test_deep_linear_reservoir_rejects_inverted_time_constants():
-    from configs import ConfigError
+    from reservoir.config import ConfigError
 
     with pytest.raises(ConfigError, match="tau_min <= tau_max"):
         parse_overrides(["DEEP_LINEAR_RESERVOIR.tau_min=50", "DEEP_LINEAR_RESERVOIR.tau_max=10"])
@@ -492,7 +492,7 @@ def test_the_unfrozen_control_trains_what_the_reservoir_freezes_from_the_same_st
 @pytest.mark.parametrize("block", sorted(ADDED_OPTIONS))
 def test_a_run_recorded_before_an_option_existed_builds_the_model_it_trained(block):
     """compare.py on a run of reservoir_attention recorded before train_recurrence failed with KeyError."""
-    from configs import SHARED_CONFIG
+    from reservoir.config import SHARED_CONFIG
 
     name = block.lower()
     current = small_config()

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from configs import ConfigError, parse_overrides
+from reservoir.config import ConfigError, parse_overrides
 from reservoir.models import build_model
 from reservoir.run import flops
 from reservoir.run.evaluation import EvalPoints
-from reservoir.run.results import format_table, read_metrics
+from reservoir.run.records import read_metrics
+from reservoir.run.tables import format_table
 from tests.conftest import ROOT, run_cli, run_then_sigkill
 
 PLOT = str(ROOT / "plot_results.py")

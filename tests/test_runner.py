@@ -9,9 +9,10 @@ import sys
 import pytest
 import torch
 
-from configs import given_settings, parse_overrides
+from reservoir.config import given_settings, parse_overrides
 from reservoir.run.checkpoint import CheckpointError, load_checkpoint
-from reservoir.run.results import SUMMARY_FIELDS, ResultsError, find_run_dir, read_metrics, resumed_config
+from reservoir.run.folders import find_run_dir, resumed_config
+from reservoir.run.records import SUMMARY_FIELDS, ResultsError, read_metrics
 from reservoir.run.train import Budget, learning_rate
 from tests.conftest import ALL_MODELS, ROOT, run_cli, run_then_sigkill, summary_of
 

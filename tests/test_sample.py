@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from reservoir.data.tokenizers import CharTokenizer
-from reservoir.run.results import load_trained
 from reservoir.run.sampling import SampleSettings, decode_story, write_stories
+from reservoir.run.trained import load_trained
 from tests.conftest import ALL_MODELS, run_cli, run_script
 
 MODELS = ALL_MODELS

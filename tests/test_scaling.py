@@ -12,19 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from configs import ConfigError, parse_overrides, split_arguments
+from reservoir.config import ConfigError, parse_overrides, split_arguments
 from reservoir.data.corpus import DataError, load_corpus
-from reservoir.studies.ladder import (
-    STUDY_KEYS,
-    Study,
-    StudyError,
-    build_report,
-    crossovers,
-    curve,
-    fit_curve,
-    parse_budgets,
-    point_name,
-)
+from reservoir.studies.budgets import StudyError, parse_budgets, point_name
+from reservoir.studies.curves import crossovers, curve, fit_curve
+from reservoir.studies.ladder import STUDY_KEYS, Study, build_report
 from tests.conftest import ROOT, TINY, run_script
 
 SHAKESPEARE = Path(os.environ.get("RESERVOIR_SHAKESPEARE", "/nonexistent"))  # .ci/run sets it where it has the file

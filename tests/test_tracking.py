@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from configs import ConfigError, parse_overrides
-from reservoir.run.results import read_metrics
+from reservoir.config import ConfigError, parse_overrides
+from reservoir.run.records import read_metrics
 from tests.conftest import run_cli
 
 TRACKED = ["MODELS=['ngram','transformer']", "MAX_STEPS=20", "EVAL_EVERY=10", "LOG_EVERY=5", "PLOTS=False",

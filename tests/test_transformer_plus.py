@@ -5,7 +5,7 @@ cache, and the options' validation."""
 import pytest
 import torch
 
-from configs import ConfigError, parse_overrides
+from reservoir.config import ConfigError, parse_overrides
 from reservoir.models import build_model
 from reservoir.models.baselines import rotate, swiglu_hidden, transformer_recipe
 from reservoir.run import flops

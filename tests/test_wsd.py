@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from configs import ConfigError, parse_overrides
+from reservoir.config import ConfigError, parse_overrides
 from reservoir.run.train import adam_beta2, learning_rate
 from tests.conftest import run_cli, run_then_sigkill, summary_of
 
@@ -113,7 +113,7 @@ def test_a_wsd_budget_too_small_for_its_warm_up_and_cooldown_is_one_line(tmp_pat
 
 
 def test_a_study_refuses_a_point_record_edited_after_its_run_wrote_it(tmp_path):
-    from reservoir.run.results import ResultsError, read_summary
+    from reservoir.run.records import ResultsError, read_summary
 
     run_cli(tmp_path, "MODELS=ngram,lstm", "MAX_STEPS=3", "RUN_NAME=point")
     point = tmp_path / "results" / "point"

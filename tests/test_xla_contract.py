@@ -66,7 +66,7 @@ def test_scanned_recurrences_match_the_cpu_forms():
     script = textwrap.dedent("""
         import sys, json, torch
         sys.path.insert(0, ".")
-        from configs import parse_overrides
+        from reservoir.config import parse_overrides
         from reservoir.platform import device as dev
         from reservoir.models import build_model
         config = parse_overrides(["TIME_BUDGET_S=1", "LSTM.layers=2", "LSTM.hidden=48", "LSTM.embed_dim=16",
@@ -207,7 +207,7 @@ def test_bf16_and_gradient_checkpointing_on_xla():
 import sys; sys.path.insert(0, '.')
 import copy, json, torch
 from torch.nn import functional as F
-from configs import parse_overrides
+from reservoir.config import parse_overrides
 from reservoir.platform import device as dev
 from reservoir.models import build_model
 config = parse_overrides(['USE_TPU=True', 'TRANSFORMER.n_layer=2', 'TRANSFORMER.n_embd=32', 'SEQ_LEN=16',
@@ -253,14 +253,14 @@ print(json.dumps(out))
 
 def test_transformer_weights_stay_tied_on_xla():
     script = ("import sys; sys.path.insert(0, '.');"
-              "from configs import parse_overrides; from reservoir import device as dev;"
+              "from reservoir.config import parse_overrides; from reservoir import device as dev;"
               "from reservoir.models import build_model;"
               "info = dev.select_device({'USE_TPU': True});"
               "m = build_model('transformer', 40, parse_overrides(['TRANSFORMER.n_embd=32'])).to(info.device);"
               "print(m.head.weight is m.tok.weight, sum(p.numel() for p in m.parameters()))")
     tied, count = python(["-c", script]).stdout.split()
     sys.path.insert(0, str(ROOT))
-    from configs import parse_overrides
+    from reservoir.config import parse_overrides
     from reservoir.models import build_model
 
     on_cpu = build_model("transformer", 40, parse_overrides(["TRANSFORMER.n_embd=32"]))

@@ -33,13 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from configs import parse_overrides  # noqa: E402
+from reservoir.config import parse_overrides  # noqa: E402
 from reservoir.data.tokens import prepare_data  # noqa: E402
 from reservoir.models import build_model  # noqa: E402
 from reservoir.platform import device as dev  # noqa: E402
 from reservoir.run import train  # noqa: E402
-from reservoir.run.results import Run  # noqa: E402
 from reservoir.run.tracking import Trackers  # noqa: E402
+from reservoir.run.writer import Run  # noqa: E402
 
 BASE = ["USE_TPU=True", "MAX_STEPS=1", "DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=2",
         "EVAL_TOKENS=128", "TIME_BUDGET_S=None", "CHECKPOINT_EVERY=0", "CHECKPOINT_EVERY_S=0", "WARMUP_STEPS=2"]

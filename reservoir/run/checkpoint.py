@@ -96,3 +96,10 @@ def restore_model(model: torch.nn.Module, payload: dict, path: str | Path) -> No
         detail = " ".join(str(e).split())[:300]
         raise CheckpointError(f"checkpoint {path} holds a model that this version of the code cannot load "
                               f"({detail}); use the code version that wrote it, or start a new run") from None
+
+
+def checkpoint_file(run_dir: Path, model: str, seed: int | None, seeds: list[int] | None) -> Path:
+    """Where ``model``'s checkpoint for ``seed`` lives: ``<model>.pt`` for the run's first seed (so a
+    one-seed run and sample.py's default read the same file), ``<model>-seed<N>.pt`` for the others."""
+    name = model if seed is None or not seeds or seed == seeds[0] else f"{model}-seed{seed}"
+    return Path(run_dir) / "checkpoints" / f"{name}.pt"

@@ -15,9 +15,11 @@ from reservoir.models.settings import model_settings
 from reservoir.platform import device as dev
 from reservoir.platform import stopping
 from reservoir.platform.messages import TAG, say, warn
-from reservoir.run.results import Run, format_table, run_seeds
+from reservoir.run.records import run_seeds
+from reservoir.run.tables import format_table
 from reservoir.run.tracking import check_available
 from reservoir.run.train import check_batches, diverged_record, fit, sample_stories, summary_record
+from reservoir.run.writer import Run
 
 
 def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claimed=None, on_evaluation=None) -> Run:

@@ -22,7 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from reservoir.models import MODEL_NAMES  # noqa: E402
-from reservoir.run.results import aggregate, read_json, read_metrics, seed_groups  # noqa: E402
+from reservoir.run.records import read_json, read_metrics  # noqa: E402
+from reservoir.run.tables import aggregate, seed_groups  # noqa: E402
 
 PLOTS = {  # file: what it shows (also the --help text)
     "bpc_vs_tokens.png": "validation bits/char against training tokens (mean over seeds, band: min to max)",

@@ -43,8 +43,8 @@ from reservoir.run.checkpoint import (
     save_checkpoint,
 )
 from reservoir.run.evaluation import EvalPoints, Evaluations
-from reservoir.run.results import Run
 from reservoir.run.sampling import SampleSettings, write_stories
+from reservoir.run.writer import Run
 
 CALIBRATION_TOKENS = 16384  # training tail held out from the ridge fit to calibrate its probabilities
 WARMUP_STEPS = 2  # steps timed as warm-up (compilation on XLA) and not charged to a time budget

@@ -26,7 +26,8 @@ from reservoir.data.tokens import prepare_data
 from reservoir.models.settings import model_settings
 from reservoir.platform import device as dev
 from reservoir.run.evaluation import BOOTSTRAP_SAMPLES, Evaluator
-from reservoir.run.results import ResultsError, load_trained, read_json, read_run_config
+from reservoir.run.records import ResultsError, read_json, read_run_config
+from reservoir.run.trained import load_trained
 from reservoir.studies.diagnostics import diagnose
 
 SAME_DATA_KEYS = ("tokenizer_hash", "val_tokens", "val_chars", "val_stories")

@@ -19,67 +19,34 @@ compute to scale: it is reported and drawn as a reference line, not fitted.
 
 from __future__ import annotations
 
-import math
 import statistics
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from reservoir.config import parse_overrides
-from reservoir.platform.messages import OneLineError, say, warn
-from reservoir.run.results import ResultsError, read_json, read_summary, run_seeds, write_json_atomic
+from reservoir.platform.messages import say, warn
+from reservoir.run.records import ResultsError, read_json, read_summary, run_seeds, write_json_atomic
+from reservoir.studies.budgets import StudyError, parse_budgets, point_name, step_cost
+from reservoir.studies.curves import crossovers, curve, fit_curve, log_axes, save_figure
+from reservoir.studies.runner import exit_status
 
 STUDY_KEYS = ("BUDGETS", "STUDY")
+
+
 DEFAULT_BUDGETS = (2.5e12, 5e12, 1e13, 2e13, 4e13)  # ~2 h for the default models and seeds on 2 CPU cores
+
+
 DEFAULT_SETTINGS = {  # what a study sets unless the command line says otherwise
     "MODELS": ["transformer", "lstm", "deep_linear_reservoir", "linear_reservoir", "esn", "ngram"],
     "SEEDS": [1337, 1338],
     "TIME_BUDGET_S": None,  # compute alone ends every fit: the ladder does not depend on the machine's load
     "PLOTS": False,  # one plot for the study instead of a set per point
 }
+
+
 REFERENCE = "transformer"  # gaps are measured to this model
-MIN_FIT_POINTS = 3  # distinct compute-bound budgets a curve needs (it has three parameters)
-
-
-class StudyError(OneLineError, ValueError):
-    """A study that cannot run as asked: reported as one line."""
-
-
-def positive_numbers(key: str, value, example: str, error=None, integers: bool = False) -> list:
-    """``KEY=1e12,2e12`` (or a Python list) as numbers, each finite and > 0 (whole with ``integers``); a
-    one-line ``error`` (StudyError) naming ``key`` and an ``example`` otherwise."""
-    items = value if isinstance(value, (list, tuple)) else [v for v in str(value).strip("[]() ").split(",")
-                                                            if v.strip()]
-    numbers = []
-    for item in items:
-        try:
-            number = float(item) if isinstance(item, str) else item
-        except ValueError:
-            number = None
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) \
-                or number <= 0 or (integers and int(number) != number):
-            raise (error or StudyError)(f"{key} must be positive {'integers' if integers else 'numbers'}, got "
-                                        f"{item!r}; e.g. {key}={example}")
-        numbers.append(int(number) if integers else float(number))
-    return numbers
-
-
-def parse_budgets(value) -> list[float]:
-    """BUDGETS=1e12,2e12,... (or a Python list) in FLOPs: at least two, each > 0, strictly increasing."""
-    budgets = positive_numbers("BUDGETS", value, "1e12,4e12,1.6e13")
-    if len(budgets) < 2:
-        raise StudyError(f"BUDGETS needs at least two budgets for a ladder, got {len(budgets)}; "
-                         "e.g. BUDGETS=1e12,4e12,1.6e13")
-    if any(b <= a for a, b in zip(budgets, budgets[1:], strict=False)):
-        raise StudyError(f"BUDGETS must increase strictly, got {', '.join(f'{b:g}' for b in budgets)}")
-    return budgets
-
-
-def point_name(budget: float) -> str:
-    """The run folder of one budget: flops-2.50e12."""
-    return "flops-" + f"{budget:.2e}".replace("+", "")
 
 
 @dataclass
@@ -166,40 +133,12 @@ class Study:
                             {"study": self.name, "path": str(self.path), "settings": self.settings})
 
 
-def step_cost(name: str, config: dict, data=None) -> tuple[float | None, int]:
-    """(FLOPs of one training step of model ``name`` under ``config``, reservoir/flops.py; None for a model not
-    trained by gradient steps) and its trained parameters, on ``data`` (prepared from ``config`` when not
-    given: cached for the points)."""
-    from reservoir.data.tokens import prepare_data
-    from reservoir.models import build_model
-    from reservoir.models.settings import model_settings
-    from reservoir.run import flops
-
-    data = data or prepare_data(config)
-    config = model_settings(config, name)
-    model = build_model(name, data.tokenizer.vocab_size, config)
-    params = model.param_counts()["params_trainable"]
-    if model.trainer != "sgd":
-        return None, params
-    return flops.sgd_step(model, data.tokenizer.vocab_size, config["BATCH_SIZE"], config["SEQ_LEN"],
-                          config["GRAD_ACCUM"]).per_step, params
-
-
-def exit_status(code: int) -> int:
-    """A child's return code as a shell's exit status: killed by signal N (Popen's -N) is 128 + N (SIGTERM:
-    143), never -N, which sys.exit would turn into 256 - N (241)."""
-    return 128 - code if code < 0 else code
-
-
 class StudyExit(Exception):
     """A point ended without finishing: the study stops there, with the point's exit code."""
 
     def __init__(self, code: int, message: str):
         super().__init__(message)
         self.code = code
-
-
-# --------------------------------------------------------------------- the report
 
 
 def _points(records: list[dict], models: list[str], budgets: list[float]) -> dict:
@@ -232,56 +171,6 @@ def _points(records: list[dict], models: list[str], budgets: list[float]) -> dic
             })
         table[model] = rows
     return table
-
-
-def curve(compute, e: float, a: float, alpha: float, c0: float):
-    """L(C) = E + A·(C / C₀)^(−α)."""
-    return e + a * (np.asarray(compute, dtype=float) / c0) ** (-alpha)
-
-
-def fit_curve(compute: list[float], bpc: list[float], c0: float) -> dict:
-    """E, A, α (± one standard error) of L(C) through the points, with residuals; or why not."""
-    from scipy.optimize import OptimizeWarning, curve_fit
-
-    x, y = np.asarray(compute, dtype=float), np.asarray(bpc, dtype=float)
-    if len(set(np.round(np.log(x), 6))) < MIN_FIT_POINTS:
-        return {"converged": False, "reason": f"fewer than {MIN_FIT_POINTS} compute-bound budgets"}
-    p0 = (0.9 * y.min(), max(y.max() - 0.9 * y.min(), 1e-3), 0.3)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", OptimizeWarning)
-            params, cov = curve_fit(lambda c, e, a, alpha: curve(c, e, a, alpha, c0), x, y, p0=p0,
-                                    bounds=([0.0, 0.0, 0.0], [np.inf, np.inf, 5.0]), maxfev=20000)
-    except (RuntimeError, ValueError, OptimizeWarning) as e:
-        return {"converged": False, "reason": f"curve_fit did not converge ({e})"}
-    errors = np.sqrt(np.diag(cov)) if np.all(np.isfinite(cov)) else np.full(3, np.nan)
-    residuals = y - curve(x, *params, c0)
-    return {"converged": True, "E": float(params[0]), "A": float(params[1]), "alpha": float(params[2]),
-            "E_se": _finite(errors[0]), "A_se": _finite(errors[1]), "alpha_se": _finite(errors[2]), "C0": c0,
-            "residuals": [float(r) for r in residuals], "rms_residual": float(np.sqrt(np.mean(residuals**2))),
-            "points": len(y)}
-
-
-def _finite(value) -> float | None:
-    return float(value) if np.isfinite(value) else None
-
-
-def crossovers(fits: dict, low: float, high: float) -> list[dict]:
-    """Budgets where two fitted curves cross, searched from the ladder's lowest budget up to 100x its highest
-    (the question is who wins with more compute; past the ladder a crossover is extrapolated)."""
-    grid = np.geomspace(low, high * 100, 2000)
-    found = []
-    names = [m for m, f in fits.items() if f.get("converged")]
-    for i, first in enumerate(names):
-        for second in names[i + 1:]:
-            a, b = fits[first], fits[second]
-            diff = curve(grid, a["E"], a["A"], a["alpha"], a["C0"]) - curve(grid, b["E"], b["A"], b["alpha"], b["C0"])
-            for k in np.flatnonzero(np.sign(diff[:-1]) * np.sign(diff[1:]) < 0):
-                at = float(math.exp((math.log(grid[k]) + math.log(grid[k + 1])) / 2))
-                better = first if diff[k + 1] < 0 else second
-                found.append({"models": [first, second], "budget": at, "better_above": better,
-                              "within_ladder": bool(low <= at <= high)})
-    return found
 
 
 def build_report(records: list[dict], budgets: list[float], models: list[str], about: dict) -> dict:
@@ -363,19 +252,6 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------- the plot
-
-
-def log_axes(ax, xlabel: str, ylabel: str, legend_size: int) -> None:
-    """A study plot's panel: log x, labels, a light grid, a legend where it has labelled lines."""
-    ax.set_xscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=legend_size)
-
-
 def plot_scaling(report: dict, path: Path) -> Path:
     """Bits/char against training FLOPs (points ± sd, fitted curves, data-bound models as lines), and
     each model's gap to the transformer in percent."""
@@ -414,16 +290,3 @@ def plot_scaling(report: dict, path: Path) -> Path:
     loss_ax.set_title(f"study {report.get('study', '')}: bits/char against compute")
     gap_ax.set_title(f"each model's gap to the {report['reference_model']} at the same budget")
     return save_figure(fig, path, dpi=120)
-
-
-def save_figure(fig, path: Path, dpi: int) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return Path(path)
-
-
-__all__ = ["Study", "StudyError", "StudyExit", "parse_budgets", "point_name", "fit_curve", "curve",
-           "crossovers", "build_report", "write_report", "read_report", "format_report", "plot_scaling"]

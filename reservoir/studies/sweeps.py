@@ -31,7 +31,7 @@ from reservoir.models.settings import model_settings
 from reservoir.platform import stopping
 from reservoir.platform.files import atomic_write_text
 from reservoir.platform.messages import OneLineError, say, warn
-from reservoir.run.results import run_seeds
+from reservoir.run.records import run_seeds
 
 # One declared search space per model, with the ranges reservoirpy's tutorials and the literature
 # use (log-uniform spectral radius 1e-2..10, leak rate 1e-3..1, input scaling 1e-2..10, ridge 1e-8..10;

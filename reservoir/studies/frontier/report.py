@@ -20,18 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from reservoir.platform.files import atomic_write_text
-from reservoir.run.results import write_json_atomic
-from reservoir.studies.frontier.study import (
-    BOUNDS,
-    DEFAULT_BUDGETS,
-    DEFAULTS,
-    RESERVOIR_FAMILIES,
-    RUN_SETTINGS,
-    STUDY_FILE,
-    FrontierError,
-    report_from_records,
-)
-from reservoir.studies.ladder import curve, log_axes, save_figure
+from reservoir.run.records import write_json_atomic
+from reservoir.studies.curves import curve, log_axes, save_figure
+from reservoir.studies.frontier.analysis import BOUNDS, report_from_records
+from reservoir.studies.frontier.grid import DEFAULT_BUDGETS, DEFAULTS, RESERVOIR_FAMILIES, RUN_SETTINGS, FrontierError
+from reservoir.studies.frontier.records import STUDY_FILE
 
 GOAL = 0.05  # the goal the study measures: the best reservoir envelope within 5% of the transformer's
 REPEATED = 2.0  # epochs from which train against validation is a claim's caveat (Muennighoff et al. 2023)

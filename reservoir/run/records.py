@@ -1,0 +1,181 @@
+"""A run's records as it wrote them, read back and checked.
+
+    results/<run>/config.json      effective config, versions, device, data, world size; an integrity hash
+    results/<run>/summary.json     one record per finished model and seed, each with its integrity hash
+    results/<run>/metrics.jsonl    one line per evaluation (model, step, tokens, seconds, losses, val_bpc)
+    results/<run>/train_log.jsonl  one line per training-loss read (model, step, tokens, seconds, train_loss, lr)
+
+``read_run_config`` and ``read_summary`` refuse an edited or damaged record in one line; ``SUMMARY_FIELDS``
+and ``point_scores`` are the one definition of what a point's record holds for the studies and reports.
+Every JSON file is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+from reservoir.platform.files import atomic_write_text
+from reservoir.platform.messages import OneLineError, warn
+
+# what every record of summary.json holds (a model's fit adds its own facts beside these)
+SUMMARY_FIELDS = ("model", "trained", "params_total", "params_trainable", "train_seconds", "train_tokens",
+                  "tokens_per_second", "val_loss", "val_ppl", "val_bpc", "device", "precision", "data_source",
+                  "tokenizer", "vocab_size", "seed")
+# what a study's report row takes from a record: {row field: record field} (a row says "params_trained")
+SCORE_FIELDS = {"seed": "seed", "status": "status", "val_bpc": "val_bpc", "val_bpc_ci95": "val_bpc_ci95",
+                "train_split_bpc": "train_split_bpc", "params_trained": "params_trainable",
+                "train_flops": "train_flops", "train_tokens": "train_tokens", "epochs": "epochs",
+                "train_seconds": "train_seconds", "data_source": "data_source"}
+
+
+def point_scores(record: dict, folder: Path) -> dict:
+    """The fields every row of a study's report takes from a run's record (grid points, references,
+    controls), and the folder the record belongs to."""
+    return {**{row: record.get(field) for row, field in SCORE_FIELDS.items()}, "folder": str(folder)}
+
+
+class ResultsError(OneLineError, ValueError):
+    """A results folder that cannot be used as asked: reported as one line."""
+
+
+def run_seeds(config: dict) -> list[int]:
+    """The seeds every model is trained with: SEEDS, or just SEED."""
+    return list(config.get("SEEDS") or [config["SEED"]])
+
+
+def finite_or_none(obj):
+    """``obj`` with every NaN or infinity replaced by None: result files stay valid JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    atomic_write_text(path, json.dumps(finite_or_none(obj), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def read_json(path: Path, what: str):
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ResultsError(f"{path} is missing: is {Path(path).parent} a ReservoirNLP run folder?") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{path} ({what}) is not valid JSON ({e}); the run folder is damaged") from None
+
+
+INTEGRITY_KEY = "integrity"  # config.json's hash of its own content, written with it
+
+
+def _integrity(content: dict) -> str:
+    body = {k: v for k, v in content.items() if k != INTEGRITY_KEY}
+    text = json.dumps(finite_or_none(body), sort_keys=True, ensure_ascii=False, allow_nan=False,
+                      separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class RecordedConfig(dict):
+    """A run's config.json as read: a key it lacks is a one-line ResultsError naming the file and the
+    key (``effective_config.MODELS``), never a KeyError traceback in whatever reads it."""
+
+    def __init__(self, content: dict, where: Path, trail: str = ""):
+        super().__init__(content)
+        self.where, self.trail = where, trail
+
+    def __getitem__(self, key):
+        try:
+            value = super().__getitem__(key)
+        except KeyError:
+            raise ResultsError(f"{self.where} is damaged: it has no {self.trail}{key}; start a new run (or "
+                               "restore the run folder from a copy)") from None
+        return RecordedConfig(value, self.where, f"{self.trail}{key}.") if isinstance(value, dict) else value
+
+
+_UNCHECKED_SAID: set[Path] = set()
+
+
+def read_summary(run_dir: Path, what: str = "the run's summary") -> list[dict]:
+    """A run's summary.json for a study or report to build on: each record must still match the integrity
+    hash the run wrote with it, so an edited score is refused in one line, not reported. (The hash guards
+    against accidents and stray edits, not against someone who recomputes it.) Records written before
+    summaries carried a hash are used with one warning."""
+    path = Path(run_dir) / "summary.json"
+    records = read_json(path, what)
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ResultsError(f"{path} is damaged: it is not a list of records; re-run that point (delete the folder)")
+    for record in records:
+        _verify(record, path, "summaries", f"{path}: the record of {record.get('model')} (seed {record.get('seed')}) "
+                "was edited after its run wrote it (its integrity hash no longer matches); undo the edit, or delete "
+                "that run folder and run the same command again to redo it")
+    return records
+
+
+def _verify(content: dict, path: Path, older: str, edited: str) -> None:
+    """Refuse ``content`` whose integrity hash no longer matches it (``edited``: the one-line error); content
+    written before ``older`` carried a hash is used, with one warning per file."""
+    recorded = content.get(INTEGRITY_KEY)
+    if recorded is None:
+        if path not in _UNCHECKED_SAID:
+            _UNCHECKED_SAID.add(path)
+            warn(f"{path} was written before {older} recorded an integrity hash: used without that check")
+    elif recorded != _integrity(content):
+        raise ResultsError(edited)
+
+
+def read_run_config(run_dir: Path) -> RecordedConfig:
+    """A run's config.json, trusted only as the run wrote it: its integrity hash must match (an edited
+    or damaged file is refused in one line), and a key it lacks is a one-line error when read."""
+    path = Path(run_dir) / "config.json"
+    content = read_json(path, "the run's config")
+    if not isinstance(content, dict):
+        raise ResultsError(f"{path} is damaged: it is not a JSON object; start a new run")
+    if INTEGRITY_KEY not in content and (content.get("versions") or {}).get("reservoir_nlp"):
+        raise ResultsError(f"{path} has lost its integrity hash, though the version that wrote it "
+                           f"({content['versions']['reservoir_nlp']}) writes one: a run folder is trusted only as "
+                           "the run wrote it; restore the folder from a copy, or start a new run")
+    _verify(content, path, "runs", f"{path} was edited or damaged after the run wrote it (its integrity hash no "
+            "longer matches): a run folder is trusted only as the run wrote it; undo the edit, or start a new run "
+            "with the settings you want")
+    return RecordedConfig(content, path)
+
+
+def read_metrics(run_dir: Path, file: str = "metrics.jsonl", repair: bool = False) -> list[dict]:
+    """The evaluations (or, with ``file="train_log.jsonl"``, the training-loss reads) of a run.
+
+    A last line without its newline is a write that was cut off (a full disk, a kill): it is
+    left out, and with ``repair`` cut off the file, saying so. Any other bad row is an error.
+    """
+    path = Path(run_dir) / file
+    if not path.exists():
+        return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ResultsError(f"{path} is not UTF-8 text; the run folder is damaged") from None
+    lines = text.split("\n")
+    torn = lines.pop()  # '' when the file ends with a newline, else a cut-off last write
+    if torn.strip():
+        if repair:
+            with open(path, "r+b") as f:
+                f.truncate(len(text.encode("utf-8")) - len(torn.encode("utf-8")))
+            warn(f"{path}: its last line was cut off (an interrupted write) and has been removed")
+    rows = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise ResultsError(f"{path} line {n} is not valid JSON; the run folder is damaged") from None
+        if not (isinstance(row, dict) and isinstance(row.get("model"), str) and isinstance(row.get("step"), int)
+                and not isinstance(row.get("step"), bool)):
+            raise ResultsError(f"{path} line {n} is not a metrics row (an object with a model name and an "
+                               "integer step); the run folder is damaged")
+        rows.append(row)
+    return rows

@@ -1,0 +1,188 @@
+"""What a frontier study's rows say: each family's lower envelope, IsoFLOP profiles, N_opt, the curves
+fitted, the compute multipliers against the transformer and the controls against their envelope.
+``report_from_records`` builds it all from a study's records alone (no checkpoints needed).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from reservoir.run.records import ResultsError, read_json
+from reservoir.studies.curves import fit_curve
+from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, FrontierError
+from reservoir.studies.frontier.records import (
+    STUDY_FILE,
+    collect_comparisons,
+    collect_controls,
+    collect_records,
+    collect_references,
+    study_budgets,
+)
+
+BOUNDS = {"at least": "≥ ", "at most": "≤ "}
+
+
+def envelope_cells(rows: list[dict], budgets: list[float]) -> dict:
+    """{(family, budget): the cell with the lowest bits/char on the study's first seed}."""
+    best: dict = {}
+    for r in rows:
+        if r["envelope_seed"] or r["val_bpc"] is None:
+            continue
+        key = (r["family"], r["budget"])
+        if key not in best or r["val_bpc"] < best[key][0]:
+            best[key] = (r["val_bpc"], r["cell"])
+    return {key: cell for key, (_, cell) in best.items()}
+
+
+def _interpolated_compute(points: list[tuple[float, float]], loss: float) -> float | None:
+    """The compute at which a decreasing envelope (compute, loss) reaches ``loss``, log-log interpolated
+    between its points; None outside their range."""
+    for (c1, l1), (c2, l2) in zip(points, points[1:], strict=False):
+        if min(l1, l2) <= loss <= max(l1, l2) and l1 != l2:
+            t = (math.log(loss) - math.log(l1)) / (math.log(l2) - math.log(l1))
+            return math.exp(math.log(c1) + t * (math.log(c2) - math.log(c1)))
+    return None
+
+
+def build_frontier(rows: list[dict], study: dict, references: list[dict] | None = None,
+                   comparisons: list[dict] | None = None, controls: list[dict] | None = None) -> dict:
+    """frontier.json's content from the point rows, the study's grid, its reference runs and its controls."""
+    references, controls = references or [], controls or []
+    corpora = sorted({r["corpus"] for r in [*rows, *references, *controls] if r.get("corpus")})
+    if len(corpora) > 1:
+        raise FrontierError(f"the records of study {study['study']} mix corpora ({' | '.join(corpora)}): one "
+                            "frontier compares one corpus; keep each study's points in its own STUDY folder")
+    sources = sorted({r["data_source"] for r in [*rows, *references] if r.get("data_source")})
+    if not rows:
+        raise FrontierError(f"study {study['study']} has no point records yet: run it first (python scaling.py "
+                            "FAMILIES=... STUDY=...)")
+    budgets, families = study_budgets(study), study["grid"]["FAMILIES"]
+    winners = envelope_cells(rows, budgets)
+    envelope: dict = {f: [] for f in families}
+    for (family, budget), cell in sorted(winners.items(), key=lambda kv: kv[0][1]):
+        seeds = [r for r in rows if r["cell"] == cell and r["budget"] == budget and r["val_bpc"] is not None]
+        bpc = [r["val_bpc"] for r in seeds]
+        first = next(r for r in seeds if not r["envelope_seed"])
+        split = [r for r in seeds if r.get("train_split_bpc") is not None]  # seeds that scored the training split
+        envelope[family].append({
+            "budget": budget, "cell": cell, "size": first["size"], "learning_rate": first["learning_rate"],
+            "batch_size": first["batch_size"], "params_trained": first["params_trained"],
+            "bpc": first["val_bpc"], "bpc_mean": statistics.fmean(bpc), "bpc_sd": statistics.stdev(bpc)
+            if len(bpc) > 1 else None, "seeds": [r["seed"] for r in seeds], "bpc_per_seed": bpc,
+            "train_loss": first["train_loss"], "val_loss": first["val_loss"], "epochs": first["epochs"],
+            "val_bpc_ci95": first.get("val_bpc_ci95"),
+            "train_split_bpc": statistics.fmean(r["train_split_bpc"] for r in split) if split else None,
+            "val_bpc_of_split_seeds": statistics.fmean(r["val_bpc"] for r in split) if split else None,
+            "split_seeds": [r["seed"] for r in split],
+            "train_flops": first["train_flops"], "steps": first["train_steps"]})
+    isoflop = {f: {repr(b): sorted(({"size": s, "params_trained": p, "bpc": v} for s, p, v in _best_per(
+        rows, f, b, "size")), key=lambda x: x["params_trained"]) for b in budgets} for f in families}
+    lr_sensitivity = {f: {repr(b): sorted(({"learning_rate": lr, "bpc": v} for lr, _, v in _best_per(
+        rows, f, b, "learning_rate")), key=lambda x: x["learning_rate"]) for b in budgets} for f in families}
+    fits = {}
+    for family, points in envelope.items():
+        fits[family] = fit_curve([p["budget"] for p in points], [p["bpc_mean"] for p in points], budgets[0]) \
+            if points else {"converged": False, "reason": "no points"}
+    reference = _reference(envelope)
+    multipliers = _multipliers(envelope, fits, reference)
+    spent = {"points": sum(1 for r in rows), "flops": sum(r["spent_flops"] for r in rows),
+             "train_cpu_hours": sum(r["spent_seconds"] for r in rows) / 3600,
+             "flops_if_unbranched": sum(r["train_flops"] or 0 for r in rows)}
+    ran = {r["cell"] + "@" + repr(r["budget"]) for r in rows if not r["envelope_seed"]}
+    plan = study.get("plan", {})
+    skipped = [{"cell": c, "budget": float(b), "reason": why} for c, row in plan.items() for b, why in row.items()
+               if why is not None]
+    pruned = [{"cell": c, "budget": float(b)} for c, row in plan.items() for b, why in row.items()
+              if why is None and f"{c}@{b}" not in ran]
+    return {"study": study["study"], "budgets": budgets, "families": families, "grid": study["grid"],
+            "settings": study["settings"], "data_source": sources[0] if sources else None,
+            "corpus": corpora[0] if corpora else None, "comparisons": comparisons or [],
+            "curve": "bits/char = E + A * (C / C0) ** -alpha over the envelope's points",
+            "envelope": envelope, "fits": fits, "n_opt": {f: {repr(p["budget"]): p["params_trained"]
+                                                             for p in pts} for f, pts in envelope.items()},
+            "isoflop": isoflop, "lr_sensitivity": lr_sensitivity, "reference": reference,
+            "compute_multiplier": multipliers, "grid_points": rows, "references": references,
+            "controls": _against_envelope(controls, rows),
+            "lead_budget": (study.get("stages") or {}).get("lead_budget"), "stages": study.get("stages"),
+            "skipped": skipped,
+            "not_run_pruned": pruned, "spent": spent}
+
+
+def _against_envelope(controls: list[dict], rows: list[dict]) -> list[dict]:
+    """Each control row with the point it controls: the same cell, budget and seed, unchanged."""
+    points = {(r["cell"], r["budget"], r["seed"]): r for r in rows}
+    out = []
+    for c in controls:
+        point = points.get((c["cell"], c["budget"], c["seed"]))
+        out.append({**c, "envelope_bpc": point["val_bpc"] if point else None,
+                    "envelope_params_trained": point["params_trained"] if point else None,
+                    "difference": c["val_bpc"] - point["val_bpc"] if point and None not in (
+                        c["val_bpc"], point["val_bpc"]) else None})
+    return out
+
+
+def _best_per(rows, family, budget, key):
+    """(value of ``key``, params, best bits/char over the other grid axes) for one family and budget."""
+    best: dict = {}
+    for r in rows:
+        if r["family"] == family and r["budget"] == budget and not r["envelope_seed"] and r["val_bpc"] is not None:
+            if r[key] not in best or r["val_bpc"] < best[r[key]][1]:
+                best[r[key]] = (r["params_trained"], r["val_bpc"])
+    return [(k, p, v) for k, (p, v) in best.items()]
+
+
+def _reference(envelope: dict) -> str | None:
+    """The transformer recipe whose envelope is lower (at the most budgets both reached): 'the transformer'."""
+    present = [f for f in REFERENCE_FAMILIES if envelope.get(f)]
+    if len(present) < 2:
+        return present[0] if present else None
+    a, b = ({p["budget"]: p["bpc_mean"] for p in envelope[f]} for f in present)
+    shared = set(a) & set(b)
+    wins = sum(a[x] < b[x] for x in shared)
+    return present[0] if wins * 2 >= len(shared) else present[1]
+
+
+def _multipliers(envelope: dict, fits: dict, reference: str | None) -> dict:
+    """Per family and budget: the FLOPs the reference's envelope needs to reach the family's envelope loss,
+    over the budget (> 1: the family is worth more compute than the transformer). Interpolated between the
+    reference's points; from its fitted curve outside them (marked extrapolated); None where neither reaches."""
+    if reference is None:
+        return {}
+    ref_points = [(p["budget"], p["bpc_mean"]) for p in envelope[reference]]
+    fit = fits.get(reference, {})
+    out = {}
+    for family, points in envelope.items():
+        rows = []
+        for p in points:
+            needed, how = _interpolated_compute(ref_points, p["bpc_mean"]), "interpolated"
+            if needed is None and fit.get("converged") and p["bpc_mean"] > fit["E"]:
+                needed, how = fit["C0"] * ((p["bpc_mean"] - fit["E"]) / fit["A"]) ** (-1 / fit["alpha"]), \
+                    "extrapolated"
+            if needed is None and ref_points:  # past the reference's measured range: a bound, not a value
+                if p["bpc_mean"] < min(loss for _, loss in ref_points):
+                    needed, how = max(c for c, _ in ref_points), "at least"
+                else:
+                    needed, how = min(c for c, _ in ref_points), "at most"
+            rows.append({"budget": p["budget"], "bpc": p["bpc_mean"], "reference_flops": needed,
+                         "multiplier": needed / p["budget"] if needed else None, "how": how})
+        out[family] = rows
+    return out
+
+
+def report_from_records(folder: Path) -> dict:
+    """A study's report from its committed records alone (no checkpoints needed)."""
+    folder = Path(folder)
+    if not (folder / STUDY_FILE).exists():
+        raise FrontierError(f"{folder} holds no {STUDY_FILE}: not a frontier study folder (REPORT=results/<study>)")
+    study = read_json(folder / STUDY_FILE, "the study's grid")
+    try:
+        rows = collect_records(folder, study["cells"], study_budgets(study))
+        references = collect_references(folder)
+        controls = collect_controls(folder, study["cells"], study["budgets"])
+    except ResultsError:
+        raise
+    except (KeyError, TypeError) as e:
+        raise FrontierError(f"{folder / STUDY_FILE} is damaged ({e}); re-run the study's command") from None
+    return build_frontier(rows, study, references, collect_comparisons(folder), controls)

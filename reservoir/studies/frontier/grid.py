@@ -1,0 +1,250 @@
+"""A frontier study's vocabulary and grid: the families, their size presets, the study's keys and
+defaults, the stages' runs (references, controls), and the grid parsed from a command line.
+
+A cell is one family at one size preset, learning rate and batch size; ``Cell.settings()`` is what
+TinyStories.py is given for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reservoir.platform.messages import OneLineError
+from reservoir.studies.budgets import positive_numbers
+
+# stages after the grid's: a running study may add them
+STAGE_KEYS = ("LEAD_BUDGET", "LEADERS", "REFERENCES", "CONTROLS")
+
+
+FRONTIER_KEYS = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES", "KEEP", "WITHIN", "ENVELOPE_SEEDS",
+                 "MIN_STEPS", "MAX_TOKENS_PER_PARAM", "WORKERS", *STAGE_KEYS)
+
+
+# family -> (model, the options that make it that family)
+FAMILIES = {
+    "transformer": ("transformer", {"recipe": "gpt2"}),
+    "transformer++": ("transformer", {"recipe": "++"}),
+    "lstm": ("lstm", {}),
+    "frozen_retention": ("frozen_retention", {}),
+    "reservoir_attention": ("reservoir_attention", {}),
+    "deep_linear_reservoir": ("deep_linear_reservoir", {}),
+    "linear_reservoir": ("linear_reservoir", {}),
+}
+
+
+# size presets per model, smallest first; trained parameters on TinyStories' 77 characters in the comments
+SIZES = {
+    "transformer": {"xs": {"n_layer": 2, "n_embd": 48}, "s": {"n_layer": 3, "n_embd": 64},  # 66k, 163k
+                    "m": {"n_layer": 4, "n_embd": 96}, "l": {"n_layer": 4, "n_embd": 128}},  # 467k, 820k
+    "lstm": {"xs": {"embed_dim": 32, "hidden": 96}, "s": {"embed_dim": 48, "hidden": 160},  # 60k, 150k
+             "m": {"embed_dim": 64, "hidden": 256}, "l": {"embed_dim": 64, "hidden": 384}},  # 354k, 726k
+    "frozen_retention": {"xs": {"layers": 2, "width": 48, "ffn_hidden": 192},  # 65k
+                         "s": {"layers": 3, "width": 64, "ffn_hidden": 256},  # 167k
+                         "m": {"layers": 4, "width": 96, "ffn_hidden": 384},  # 491k
+                         "l": {"layers": 4, "width": 128, "ffn_hidden": 512}},  # 868k
+    "reservoir_attention": {"xs": {"units": 128, "width": 48, "layers": 1},  # 51k
+                            "s": {"units": 192, "width": 64, "layers": 2},  # 139k
+                            "m": {"units": 256, "width": 96, "layers": 2},  # 294k
+                            "l": {"units": 256, "width": 128, "layers": 3}},  # 688k
+    "deep_linear_reservoir": {"xs": {"layers": 2, "units": 64, "width": 64, "mix_hidden": 128},  # 93k
+                              "s": {"layers": 3, "units": 96, "width": 96, "mix_hidden": 192},  # 260k
+                              "m": {"layers": 4, "units": 128, "width": 128, "mix_hidden": 256},  # 575k
+                              "l": {"layers": 4, "units": 192, "width": 192, "mix_hidden": 384}},  # 1.25M
+    "linear_reservoir": {"xs": {"units": 128, "embed_dim": 32, "readout_hidden": 128},  # 50k
+                         "s": {"units": 192, "embed_dim": 48, "readout_hidden": 256},  # 135k
+                         "m": {"units": 256, "embed_dim": 64, "readout_hidden": 512},  # 341k
+                         "l": {"units": 384, "embed_dim": 64, "readout_hidden": 1024}},  # 939k
+}
+
+
+DEFAULTS = {"FAMILIES": ["transformer", "transformer++", "lstm", "frozen_retention", "reservoir_attention",
+                         "deep_linear_reservoir", "linear_reservoir"],
+            "SIZES": ["xs", "s", "m", "l"], "LEARNING_RATES": [1.5e-3, 3e-3, 6e-3, 1.2e-2], "BATCH_SIZES": [8, 16],
+            "KEEP": 3, "WITHIN": 0.03, "ENVELOPE_SEEDS": 3, "MIN_STEPS": 300, "MAX_TOKENS_PER_PARAM": 300,
+            "WORKERS": 2}  # WORKERS: two one-thread points beat one two-thread point on 2 cores (bench/README.md)
+
+
+DEFAULT_BUDGETS = (5e11, 1.25e12, 3.125e12, 7.8125e12, 1.953125e13)  # x2.5 apart
+
+
+RUN_SETTINGS = {  # what every point sets unless the command line says otherwise
+    "LR_SCHEDULE": "wsd",  # budgets branch off one stable phase
+    "TIME_BUDGET_S": None,  # compute alone ends every fit: points do not depend on the machine's load
+    "PLOTS": False,
+    "EVAL_POINTS": 4,
+}
+
+
+OWN_SETTINGS = ("MODELS", "LEARNING_RATE", "BATCH_SIZE", "FLOP_BUDGET", "RUN_NAME", "RESUME", "STABLE_FROM",
+                "SEEDS")  # set by the study per point
+
+
+REFERENCE_FAMILIES = ("transformer", "transformer++")  # the better envelope of the two is "the transformer"
+
+
+RESERVOIR_FAMILIES = ("frozen_retention", "reservoir_attention", "deep_linear_reservoir", "linear_reservoir")
+
+
+# REFERENCES=True: reference lines beside the envelopes, each one pass over the training data (no FLOP cap):
+# n-grams of order 1 (the unigram level) to 6, and the ESN across reservoir sizes (data-bound)
+REFERENCE_RUNS = {**{f"ngram-{k}": ["MODELS=ngram", f"NGRAM.order={k}"] for k in range(1, 7)},
+                  **{f"esn-{u}": ["MODELS=esn", f"ESN.units={u}"] for u in (500, 1000, 2000, 4000)}}
+
+
+ONE_PASS = ["FLOP_BUDGET=None", "TOKEN_BUDGET=1000000000000"]  # more tokens than any corpus: the data ends the fit
+
+
+# CONTROLS=True: what the frozen part is worth, at the grid's top budget. Each reservoir family's envelope
+# configuration there trained again with its frozen part trained too ("unfrozen"), or, for the attention readout,
+# with no reservoir under it ("attention-only": the readout over the same frozen input, no recurrence)
+CONTROLS = {
+    "frozen_retention": {"unfrozen": {"train_recurrence": True}},
+    "reservoir_attention": {"unfrozen": {"train_recurrence": True}, "attention-only": {"reservoir": False}},
+    "deep_linear_reservoir": {"unfrozen": {"train_recurrence": True}},
+    "linear_reservoir": {"unfrozen": {"train_recurrence": True}},
+}
+
+
+class FrontierError(OneLineError, ValueError):
+    """A frontier study or report that cannot run as asked: reported as one line."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration of a family: a size preset, a learning rate, a batch size."""
+
+    family: str
+    size: str
+    learning_rate: float
+    batch_size: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-{self.size}-lr{self.learning_rate:g}-b{self.batch_size}"
+
+    @property
+    def model(self) -> str:
+        return FAMILIES[self.family][0]
+
+    def record(self) -> dict:
+        """The cell as the study file lists it (what REPORT reads back)."""
+        return {"name": self.name, "family": self.family, "model": self.model, "size": self.size,
+                "learning_rate": self.learning_rate, "batch_size": self.batch_size}
+
+    def settings(self, control: str | None = None) -> list[str]:
+        """TinyStories.py KEY=VALUE for the cell, or for one of its family's CONTROLS."""
+        block = self.model.upper()
+        options = {**FAMILIES[self.family][1], **SIZES[self.model][self.size],
+                   **(CONTROLS[self.family][control] if control else {})}
+        return [f"MODELS={self.model}", *(f"{block}.{k}={v!r}" for k, v in options.items()),
+                f"LEARNING_RATE={self.learning_rate!r}", f"BATCH_SIZE={self.batch_size}"]
+
+
+def _number_list(key: str, value, kind) -> list:
+    example = ",".join(map(str, DEFAULTS[key])) if isinstance(DEFAULTS[key], list) else str(DEFAULTS[key])
+    numbers = positive_numbers(key, value, example, FrontierError, integers=kind is int)
+    if not numbers:
+        raise FrontierError(f"{key} is empty: the grid needs at least one; e.g. {key}={example}")
+    return numbers
+
+
+def _name_list(key: str, value) -> list[str]:
+    items = value if isinstance(value, (list, tuple)) else [v.strip() for v in str(value).strip("[]() ").split(",")]
+    items = [str(v).strip().strip("'\"") for v in items if str(v).strip()]
+    if not items:
+        raise FrontierError(f"{key} is empty: the grid needs at least one; e.g. {key}={','.join(DEFAULTS[key][:2])}")
+    return items
+
+
+def parse_grid(own: dict[str, str]) -> dict:
+    """The study keys of a command line (text values) as the grid: refused in one line when a family or a
+    size preset does not exist, a rate or batch is not positive, or a count is out of range."""
+    grid = dict(DEFAULTS)
+    if "FAMILIES" in own:
+        grid["FAMILIES"] = _name_list("FAMILIES", own["FAMILIES"])
+    if "SIZES" in own:
+        grid["SIZES"] = _name_list("SIZES", own["SIZES"])
+    for key, kind in (("LEARNING_RATES", float), ("BATCH_SIZES", int)):
+        if key in own:
+            grid[key] = _number_list(key, own[key], kind)
+    for key, kind in (("KEEP", int), ("ENVELOPE_SEEDS", int), ("MIN_STEPS", int), ("MAX_TOKENS_PER_PARAM", float),
+                      ("WORKERS", int), ("WITHIN", float)):
+        if key in own:
+            grid[key] = _number_list(key, own[key], kind)[0] if key != "WITHIN" else _fraction(own[key])
+    for family in grid["FAMILIES"]:
+        if family not in FAMILIES:
+            raise FrontierError(f"unknown family {family!r} in FAMILIES (families: {', '.join(FAMILIES)})")
+        missing = [s for s in grid["SIZES"] if s not in SIZES[FAMILIES[family][0]]]
+        if missing:
+            raise FrontierError(f"size preset {missing[0]!r} does not exist for {family} (its presets: "
+                                f"{', '.join(SIZES[FAMILIES[family][0]])})")
+    return grid
+
+
+def parse_stages(own: dict[str, str], budgets: list[float], grid: dict) -> dict:
+    """LEAD_BUDGET (a budget above the grid's: the leaders' top-budget envelope configurations carried there,
+    every seed), LEADERS ('auto': the better transformer recipe and the best reservoir family at the top budget;
+    or family names), REFERENCES (True: n-grams and the ESN as reference lines) and CONTROLS (True: each
+    reservoir family's controls at the grid's top budget)."""
+    stages = {"lead_budget": None, "leaders": "auto", "references": False, "controls": False}
+    if "LEAD_BUDGET" in own and str(own["LEAD_BUDGET"]).strip().lower() not in ("none", ""):
+        lead = positive_numbers("LEAD_BUDGET", own["LEAD_BUDGET"], "4e13", FrontierError)
+        if len(lead) != 1 or lead[0] <= budgets[-1]:
+            raise FrontierError(f"LEAD_BUDGET must be one budget above the largest of BUDGETS ({budgets[-1]:g}), got "
+                                f"{own['LEAD_BUDGET']!r}; e.g. LEAD_BUDGET=4e13")
+        stages["lead_budget"] = lead[0]
+    if "LEADERS" in own and str(own["LEADERS"]).strip().strip("'\"").lower() != "auto":
+        leaders = _name_list("LEADERS", own["LEADERS"])
+        unknown = [f for f in leaders if f not in grid["FAMILIES"]]
+        if unknown:
+            raise FrontierError(f"LEADERS names {unknown[0]!r}, not one of the study's FAMILIES "
+                                f"({', '.join(grid['FAMILIES'])}); or LEADERS=auto")
+        stages["leaders"] = leaders
+    for key in ("REFERENCES", "CONTROLS"):
+        if key in own:
+            value = str(own[key]).strip().lower()
+            if value not in ("true", "false", "1", "0", "yes", "no"):
+                raise FrontierError(f"{key} must be True or False, got {own[key]!r}")
+            stages[key.lower()] = value in ("true", "1", "yes")
+    return stages
+
+
+def _fraction(text) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise FrontierError(f"WITHIN must be a fraction in [0, 1) of the family's best, got {text!r}; e.g. WITHIN=0.03")
+    return value
+
+
+LOCATIONS = ("RESULTS_DIR", "CACHE_DIR", "DATA_DIR", "DATASET", "TRAIN_PATH", "VAL_PATH")  # may differ per machine
+
+
+def _placeless(settings: list[str]) -> list[str]:
+    """A study's settings less where its data and folders are: the same study continues on another machine."""
+    return [a for a in settings if a.partition("=")[0].strip().upper() not in LOCATIONS]
+
+
+GROWABLE = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES")  # new values: new cells, which join the study
+
+
+FREE = ("WORKERS",)  # how the study runs, not what it measures
+
+
+def _grid_changes(before: dict, now: dict) -> list[str]:
+    """The grid keys a continued study may not take: a list that lost a value, any other changed key."""
+    changed = []
+    for key in sorted(set(before) | set(now)):
+        if key in FREE or before.get(key) == now.get(key):
+            continue
+        if key in GROWABLE and isinstance(before.get(key), list) and set(before[key]) <= set(now.get(key) or []):
+            continue
+        changed.append(f"{key} ({before.get(key)!r} there, {now.get(key)!r} here)")
+    return changed
+
+
+def grid_cells(grid: dict) -> list[Cell]:
+    return [Cell(f, s, lr, b) for f in grid["FAMILIES"] for s in grid["SIZES"] for lr in grid["LEARNING_RATES"]
+            for b in grid["BATCH_SIZES"]]

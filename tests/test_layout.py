@@ -1,0 +1,89 @@
+"""The house: reservoir/ is grouped by the stage of a result's life, and imports only go down a floor."""
+
+import ast
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "reservoir"
+# lowest first: a module may import its own floor or one below it, never one above
+FLOORS = ["reservoir", "reservoir.platform", "reservoir.data", "reservoir.models", "reservoir.config",
+          "reservoir.run", "reservoir.studies", "reservoir.studies.frontier"]
+
+
+def module_name(path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def floor(module: str) -> int:
+    return max(i for i, f in enumerate(FLOORS) if module == f or module.startswith(f + "."))
+
+
+def imports_of(path, module: str) -> set[str]:
+    """Every reservoir module ``path`` imports, at the top or inside a function, resolved to a module."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("reservoir")}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            if not base.startswith("reservoir"):
+                continue
+            for alias in node.names:  # `from reservoir.run import flops` imports the module reservoir.run.flops
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if (ROOT / (candidate.replace(".", "/") + ".py")).exists()
+                          or (ROOT / candidate.replace(".", "/")).is_dir() else base)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p, module_name(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_no_module_imports_one_on_a_higher_floor():
+    upward = [f"{m} (floor {floor(m)}) imports {i} (floor {floor(i)})"
+              for m, imported in graph().items() for i in sorted(imported) if floor(i) > floor(m)]
+    assert upward == []
+
+
+def test_the_package_has_no_import_cycle():
+    edges = {m: {i for i in imported if i != m} for m, imported in graph().items()}
+    # a package's __init__ re-exports its modules: an edge into the package itself is not a cycle of code
+    edges = {m: {i for i in out if not m.startswith(i + ".")} for m, out in edges.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m, trail):
+        state[m] = 1
+        for i in sorted(edges.get(m, ())):
+            if state.get(i) == 1:
+                cycles.append(" -> ".join([*trail[trail.index(i):], i]))
+            elif i in edges and not state.get(i):
+                visit(i, [*trail, i])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if not state.get(m):
+            visit(m, [m])
+    assert cycles == []
+
+
+def test_every_folder_is_a_package_that_names_its_public_parts():
+    for folder in [p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__"]:
+        init = folder / "__init__.py"
+        assert init.exists(), f"{folder} has no __init__.py"
+        assert "__all__" in init.read_text(encoding="utf-8"), f"{init} names no public names (__all__)"
+
+
+def test_the_stages_import_from_any_folder(tmp_path):
+    code = ("import reservoir.run, reservoir.studies.frontier, reservoir.data, reservoir.platform; "
+            "from reservoir.studies.frontier import FrontierStudy, report_from_records; "
+            "from reservoir.run import run_experiment, load_trained; print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
