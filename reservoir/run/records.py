@@ -101,18 +101,22 @@ _UNCHECKED_SAID: set[Path] = set()
 
 
 def read_summary(run_dir: Path, what: str = "the run's summary") -> list[dict]:
-    """A run's summary.json for a study or report to build on: each record must still match the integrity
-    hash the run wrote with it, so an edited score is refused in one line, not reported. (The hash guards
-    against accidents and stray edits, not against someone who recomputes it.) Records written before
-    summaries carried a hash are used with one warning."""
+    """A run's summary.json for a study or report to build on, checked (``check_summary``)."""
     path = Path(run_dir) / "summary.json"
-    records = read_json(path, what)
+    return check_summary(read_json(path, what), path)
+
+
+def check_summary(records, where) -> list[dict]:
+    """``records`` (a summary.json's content, read from ``where``) as a study may use them: each record must
+    still match the integrity hash the run wrote with it, so an edited score is refused in one line, not
+    reported. (The hash guards against accidents and stray edits, not against someone who recomputes it.)
+    Records written before summaries carried a hash are used with one warning."""
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        raise ResultsError(f"{path} is damaged: it is not a list of records; re-run that point (delete the folder)")
+        raise ResultsError(f"{where} is damaged: it is not a list of records; re-run that point (delete the folder)")
     for record in records:
-        _verify(record, path, "summaries", f"{path}: the record of {record.get('model')} (seed {record.get('seed')}) "
-                "was edited after its run wrote it (its integrity hash no longer matches); undo the edit, or delete "
-                "that run folder and run the same command again to redo it")
+        _verify(record, where, "summaries", f"{where}: the record of {record.get('model')} (seed "
+                f"{record.get('seed')}) was edited after its run wrote it (its integrity hash no longer matches); "
+                "undo the edit, or delete that run folder and run the same command again to redo it")
     return records
 
 
@@ -129,20 +133,25 @@ def _verify(content: dict, path: Path, older: str, edited: str) -> None:
 
 
 def read_run_config(run_dir: Path) -> RecordedConfig:
-    """A run's config.json, trusted only as the run wrote it: its integrity hash must match (an edited
-    or damaged file is refused in one line), and a key it lacks is a one-line error when read."""
+    """A run's config.json, trusted only as the run wrote it (``check_run_config``)."""
     path = Path(run_dir) / "config.json"
-    content = read_json(path, "the run's config")
+    return check_run_config(read_json(path, "the run's config"), path)
+
+
+def check_run_config(content, where) -> RecordedConfig:
+    """``content`` (a config.json's, read from ``where``) trusted only as the run wrote it: its integrity hash
+    must match (an edited or damaged record is refused in one line), and a key it lacks is a one-line error
+    when read."""
     if not isinstance(content, dict):
-        raise ResultsError(f"{path} is damaged: it is not a JSON object; start a new run")
+        raise ResultsError(f"{where} is damaged: it is not a JSON object; start a new run")
     if INTEGRITY_KEY not in content and (content.get("versions") or {}).get("reservoir_nlp"):
-        raise ResultsError(f"{path} has lost its integrity hash, though the version that wrote it "
+        raise ResultsError(f"{where} has lost its integrity hash, though the version that wrote it "
                            f"({content['versions']['reservoir_nlp']}) writes one: a run folder is trusted only as "
                            "the run wrote it; restore the folder from a copy, or start a new run")
-    _verify(content, path, "runs", f"{path} was edited or damaged after the run wrote it (its integrity hash no "
+    _verify(content, where, "runs", f"{where} was edited or damaged after the run wrote it (its integrity hash no "
             "longer matches): a run folder is trusted only as the run wrote it; undo the edit, or start a new run "
             "with the settings you want")
-    return RecordedConfig(content, path)
+    return RecordedConfig(content, where)
 
 
 def read_metrics(run_dir: Path, file: str = "metrics.jsonl", repair: bool = False) -> list[dict]:

@@ -20,6 +20,7 @@ from reservoir.studies.frontier.records import (
     collect_references,
     study_budgets,
 )
+from reservoir.studies.store import PointRecords
 
 BOUNDS = {"at least": "≥ ", "at most": "≤ "}
 
@@ -177,10 +178,11 @@ def report_from_records(folder: Path) -> dict:
     if not (folder / STUDY_FILE).exists():
         raise FrontierError(f"{folder} holds no {STUDY_FILE}: not a frontier study folder (REPORT=results/<study>)")
     study = read_json(folder / STUDY_FILE, "the study's grid")
+    records = PointRecords(folder)
     try:
-        rows = collect_records(folder, study["cells"], study_budgets(study))
-        references = collect_references(folder)
-        controls = collect_controls(folder, study["cells"], study["budgets"])
+        rows = collect_records(records, study["cells"], study_budgets(study))
+        references = collect_references(records)
+        controls = collect_controls(records, study["cells"], study["budgets"])
     except ResultsError:
         raise
     except (KeyError, TypeError) as e:

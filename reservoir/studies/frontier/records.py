@@ -6,16 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reservoir.run.records import point_scores, read_json, read_run_config, read_summary
+from reservoir.run.records import point_scores, read_json
 from reservoir.studies.budgets import point_name
 from reservoir.studies.frontier.grid import CONTROLS, REFERENCE_RUNS, FrontierError
+from reservoir.studies.store import PointRecords
 
 CONTROL_FOLDER = "controls"  # CONTROLS=True: <study>/controls/<cell>+<control>/flops-<top budget>
-
-
 COMPARISONS = "comparisons"  # the paired comparison at the top budget: <study>/comparisons/<budget>-<A>-vs-<B>.json
-
-
 STUDY_FILE = "frontier-study.json"  # the study's grid and settings: what REPORT rebuilds from, and re-runs check
 
 
@@ -23,25 +20,26 @@ def _first(records: list[dict], seed: int) -> dict | None:
     return next((r for r in records if r.get("seed") == seed), None)
 
 
-def corpus_of(folder: Path) -> str:
+def corpus_of(records: PointRecords, folder: Path) -> str:
     """What a run trained and was scored on, from its config.json (checked): the tokenizer and the splits'
     sizes, so that two studies of one corpus on two machines agree and two corpora never do."""
-    data = read_run_config(folder)["data"]
+    data = records.config(folder)["data"]
     return (f"{data['tokenizer']} tokenizer {data['tokenizer_hash']}, {data['train_chars']:,} training and "
             f"{data['val_chars']:,} validation characters")
 
 
-def collect_records(path: Path, cells: list[dict], budgets: list[float]) -> list[dict]:
+def collect_records(records: PointRecords, cells: list[dict], budgets: list[float]) -> list[dict]:
     """One row per point and seed that has a record: the cell, the budget, the scores, what it cost."""
     rows = []
     for cell in cells:
         for budget in budgets:
             for extra in (False, True):
-                folder = path / cell["name"] / (point_name(budget) + ("-seeds" if extra else ""))
-                if not (folder / "summary.json").exists():
+                folder = records.path / cell["name"] / (point_name(budget) + ("-seeds" if extra else ""))
+                summary = records.summary(folder)
+                if summary is None:
                     continue
-                corpus = corpus_of(folder)
-                for r in read_summary(folder, "a point's summary"):
+                corpus = corpus_of(records, folder)
+                for r in summary:
                     fit = r.get("fit") or {}
                     rows.append({**point_scores(r, folder), "cell": cell["name"], "family": cell["family"],
                                  "size": cell["size"], "learning_rate": cell["learning_rate"],
@@ -60,15 +58,16 @@ def study_budgets(study: dict) -> list[float]:
     return [*study["budgets"], *([lead] if lead else [])]
 
 
-def collect_references(path: Path) -> list[dict]:
+def collect_references(records: PointRecords) -> list[dict]:
     """One row per finished reference run (REFERENCES=True): its model, size and scores."""
     rows = []
     for name in REFERENCE_RUNS:
-        folder = path / "references" / name
-        if not (folder / "summary.json").exists():
+        folder = records.path / "references" / name
+        summary = records.summary(folder, "a reference run's summary")
+        if summary is None:
             continue
-        corpus = corpus_of(folder)
-        for r in read_summary(folder, "a reference run's summary"):
+        corpus = corpus_of(records, folder)
+        for r in summary:
             rows.append({**point_scores(r, folder), "name": name, "model": r.get("model"), "corpus": corpus})
     return rows
 
@@ -85,17 +84,13 @@ def collect_comparisons(path: Path) -> list[dict]:
     return sorted(found, key=lambda c: c.get("budget") or 0)
 
 
-def collect_controls(path: Path, cells: list[dict], budgets: list[float]) -> list[dict]:
+def collect_controls(records: PointRecords, cells: list[dict], budgets: list[float]) -> list[dict]:
     """One row per finished control run (CONTROLS=True) and seed: the cell it controls, the control, the scores.
     A folder under controls/ that names no cell and control of the study is refused in one line."""
-    where = path / CONTROL_FOLDER
-    if not where.is_dir():
-        return []
+    where = records.path / CONTROL_FOLDER
     by_name = {c["name"]: c for c in cells}
     rows = []
-    for folder in sorted(where.iterdir()):
-        if not folder.is_dir() or folder.name == "logs":  # the controls' logs (runner.run_points), not records
-            continue
+    for folder in (where / name for name in records.names_under(where)):  # the controls' logs/ are not records
         name, _, control = folder.name.rpartition("+")
         cell = by_name.get(name)
         if cell is None or control not in CONTROLS.get(cell["family"], {}):
@@ -103,10 +98,11 @@ def collect_controls(path: Path, cells: list[dict], budgets: list[float]) -> lis
                                 f"{', '.join(sorted({c for f in CONTROLS.values() for c in f}))}); move it out")
         for budget in budgets:
             point = folder / point_name(budget)
-            if not (point / "summary.json").exists():
+            summary = records.summary(point, "a control's summary")
+            if summary is None:
                 continue
-            corpus = corpus_of(point)
-            for r in read_summary(point, "a control's summary"):
+            corpus = corpus_of(records, point)
+            for r in summary:
                 rows.append({**point_scores(r, point), "cell": name, "family": cell["family"], "control": control,
                              "budget": budget, "options": CONTROLS[cell["family"]][control],
                              "trained": r.get("trained"), "corpus": corpus})

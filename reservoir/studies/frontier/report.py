@@ -25,6 +25,7 @@ from reservoir.studies.curves import curve, log_axes, save_figure
 from reservoir.studies.frontier.analysis import BOUNDS, report_from_records
 from reservoir.studies.frontier.grid import DEFAULT_BUDGETS, DEFAULTS, RESERVOIR_FAMILIES, RUN_SETTINGS, FrontierError
 from reservoir.studies.frontier.records import STUDY_FILE
+from reservoir.studies.store import PointRecords
 
 GOAL = 0.05  # the goal the study measures: the best reservoir envelope within 5% of the transformer's
 REPEATED = 2.0  # epochs from which train against validation is a claim's caveat (Muennighoff et al. 2023)
@@ -60,7 +61,10 @@ def write_from_records(folder: Path) -> list[Path]:
     """A study's frontier.json/.md/.png; for a folder of studies also ``REPORT.md`` over all of them. Every
     study is read (and refused in one line if damaged) before anything is written."""
     folder = Path(folder)
-    studies = [(path, report_from_records(path)) for path in study_folders(folder)]
+    paths = study_folders(folder)
+    for path in paths:  # the point folders here into each study's points.jsonl, the records it commits
+        PointRecords(path).pack()
+    studies = [(path, report_from_records(path)) for path in paths]
     written = []
     for path, report in studies:
         written += write_study(report, path)

@@ -36,7 +36,7 @@ from reservoir.config import parse_overrides
 from reservoir.models.settings import model_settings
 from reservoir.platform.messages import say
 from reservoir.run.checkpoint import CheckpointError
-from reservoir.run.records import read_json, read_summary, write_json_atomic
+from reservoir.run.records import read_json, write_json_atomic
 from reservoir.studies.budgets import parse_budgets, point_name, step_cost
 from reservoir.studies.frontier.analysis import build_frontier, envelope_cells
 from reservoir.studies.frontier.grid import (
@@ -66,6 +66,7 @@ from reservoir.studies.frontier.records import (
     collect_records,
     collect_references,
 )
+from reservoir.studies.store import PointRecords
 
 
 @dataclass
@@ -78,9 +79,11 @@ class FrontierStudy:
     stages: dict = field(default_factory=lambda: {"lead_budget": None, "leaders": "auto", "references": False,
                                                   "controls": False})
     path: Path = field(init=False)
+    store: PointRecords = field(init=False, repr=False)
 
     def __post_init__(self):
         self.path = Path(self.config["RESULTS_DIR"]) / self.name
+        self.store = PointRecords(self.path)
 
     @classmethod
     def from_args(cls, own: dict[str, str], settings: list[str]) -> FrontierStudy:
@@ -141,10 +144,8 @@ class FrontierStudy:
         return [self.config["SEED"] + k for k in range(1, self.grid["ENVELOPE_SEEDS"])]
 
     def finished(self, folder: Path, seeds: list[int]) -> bool:
-        if not (folder / "summary.json").exists():
-            return False
-        done = {r.get("seed") for r in read_summary(folder, "a point's summary")}
-        return set(seeds) <= done
+        summary = self.store.summary(folder)
+        return summary is not None and set(seeds) <= {r.get("seed") for r in summary}
 
     # --- the plan: which cells each budget can take
     def plan(self, measure) -> dict:
@@ -233,6 +234,7 @@ class FrontierStudy:
         if self.stages["lead_budget"]:
             self._run_leaders(run_points, measure)
         self.compare_at_the_top()
+        self.store.pack()
 
     def _run_references(self, run_points) -> None:
         jobs = []
@@ -299,7 +301,10 @@ class FrontierStudy:
         """``jobs``: (the point's folder, its TinyStories.py arguments)."""
         if not jobs:
             return
-        codes = run_points(jobs, self.grid["WORKERS"])  # None: never started (the study was stopped first)
+        try:
+            codes = run_points(jobs, self.grid["WORKERS"])  # None: never started (the study was stopped first)
+        finally:
+            self.store.pack()  # what finished is in points.jsonl, ready to commit, even if the study stops here
         failed = [code for code in codes if code not in (0, None)]
         if failed or None in codes:
             where = f"at {budget:.3g} FLOPs" if budget else "after the grid"
@@ -320,8 +325,7 @@ class FrontierStudy:
             candidates = []
             for c in self.cells():
                 if c.family == family and c.name in pruned and plan[c.name][budget] is None and c.name in last_run:
-                    record = _first(read_summary(self.folder(c, last_run[c.name]), "a point's summary"),
-                                    self.config["SEED"])
+                    record = _first(self.store.summary(self.folder(c, last_run[c.name])) or [], self.config["SEED"])
                     score = record.get("val_bpc") if record else None
                     if score is not None:
                         candidates.append((-last_run[c.name], score, c.name, c))
@@ -333,7 +337,7 @@ class FrontierStudy:
         within WITHIN of its best (diverged points stop too)."""
         scores = {}
         for c in live:
-            record = _first(read_summary(self.folder(c, budget), "a point's summary"), self.config["SEED"])
+            record = _first(self.store.summary(self.folder(c, budget)) or [], self.config["SEED"])
             scores[c] = record.get("val_bpc") if record else None
         stop = {c.name for c, score in scores.items() if score is None}
         for family in self.grid["FAMILIES"]:
@@ -388,12 +392,12 @@ class FrontierStudy:
 
     # --- records and report
     def records(self) -> list[dict]:
-        return collect_records(self.path, [c.record() for c in self.cells()], self.all_budgets())
+        return collect_records(self.store, [c.record() for c in self.cells()], self.all_budgets())
 
     def report(self) -> dict:
         study = read_json(self.path / STUDY_FILE, "the study's grid")
-        return build_frontier(self.records(), study, collect_references(self.path), collect_comparisons(self.path),
-                              collect_controls(self.path, study["cells"], self.budgets))
+        return build_frontier(self.records(), study, collect_references(self.store), collect_comparisons(self.path),
+                              collect_controls(self.store, study["cells"], self.budgets))
 
 
 def measure_cells(study: FrontierStudy):

@@ -1,0 +1,171 @@
+"""A study's point records in one file: what a study commits, and what its report and a continued study read.
+
+    results/<study>/points.jsonl   line 1: the settings every point shares, and the tokenizers the points used;
+                                   then one line a point: its folder (relative to the study), its own settings
+                                   (config.json less the shared part) and its summary.json records
+
+A point's own folder (logs, samples, metrics, checkpoints) stays on the machine that ran it and is never
+committed; its config.json and summary.json travel in points.jsonl with their integrity hashes, checked on
+reading as the files are. A point is read from its folder where the folder has a summary, else from
+points.jsonl; ``pack`` writes points.jsonl anew from both (a folder's records replace the file's when they
+hold as many seeds).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reservoir.platform.files import atomic_write_text
+from reservoir.run.records import (
+    RecordedConfig,
+    ResultsError,
+    check_run_config,
+    check_summary,
+    finite_or_none,
+    read_json,
+    read_run_config,
+    read_summary,
+)
+
+POINTS_FILE = "points.jsonl"
+SKIPPED = ("logs", "comparisons")  # folders of a study that hold no points
+
+
+def shared_part(configs: list[dict]) -> dict:
+    """What every one of ``configs`` holds with the same value, key by key down nested blocks."""
+    out = {}
+    for key, value in configs[0].items():
+        values = [c.get(key, KeyError) for c in configs]
+        if all(isinstance(v, dict) for v in values):
+            inner = shared_part(values)
+            if inner:
+                out[key] = inner
+        elif all(v == value for v in values):
+            out[key] = value
+    return out
+
+
+def own_part(config: dict, shared: dict) -> dict:
+    """``config`` less what ``shared`` holds (``merged(shared, own_part(config, shared)) == config``)."""
+    out = {}
+    for key, value in config.items():
+        if key not in shared:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(shared[key], dict):
+            inner = own_part(value, shared[key])
+            if inner or not shared[key]:
+                out[key] = inner
+        elif value != shared[key]:
+            out[key] = value
+    return out
+
+
+def merged(shared: dict, own: dict) -> dict:
+    out = dict(shared)
+    for key, value in own.items():
+        out[key] = merged(shared[key], value) if isinstance(value, dict) and isinstance(shared.get(key), dict) \
+            else value
+    return out
+
+
+class PointRecords:
+    """The records of the points of the study in ``path``: its point folders and its points.jsonl."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.file = self.path / POINTS_FILE
+        self._packed: dict | None = None
+
+    # --- reading
+    def _key(self, folder: Path) -> str:
+        return Path(folder).relative_to(self.path).as_posix()
+
+    def packed(self) -> dict:
+        """{point: {"config": ..., "summary": [...]}} and the tokenizers, as points.jsonl holds them (read once)."""
+        if self._packed is None:
+            self._packed = {"points": {}, "tokenizers": {}}
+            if self.file.exists():
+                self._packed = self._read()
+        return self._packed
+
+    def _read(self) -> dict:
+        damaged = (f"restore it (git checkout -- {self.file}), or delete it if the study's point folders are all "
+                   "on this machine (the next run of the study's command writes it again)")
+        rows = []
+        for n, line in enumerate(self.file.read_text(encoding="utf-8").splitlines(), start=1):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ResultsError(f"{self.file} line {n} is not JSON: the file is damaged; {damaged}") from None
+        if not rows or not isinstance(rows[0], dict) or not isinstance(rows[0].get("shared_config"), dict):
+            raise ResultsError(f"{self.file} does not begin with the shared settings: the file is damaged; {damaged}")
+        points = {}
+        for n, row in enumerate(rows[1:], start=2):
+            if not (isinstance(row, dict) and isinstance(row.get("point"), str) and isinstance(row.get("config"), dict)
+                    and isinstance(row.get("summary"), list)):
+                raise ResultsError(f"{self.file} line {n} is not a point's record (point, config, summary): the "
+                                   f"file is damaged; {damaged}")
+            where = f"{self.file} ({row['point']})"
+            config = merged(rows[0]["shared_config"], row["config"])
+            check_run_config(config, where)
+            check_summary(row["summary"], where)
+            points[row["point"]] = {"config": config, "summary": row["summary"]}
+        return {"points": points, "tokenizers": rows[0].get("tokenizers") or {}}
+
+    def summary(self, folder: Path, what: str = "a point's summary") -> list[dict] | None:
+        """The point's records, from its folder or points.jsonl; None where it has none yet."""
+        if (Path(folder) / "summary.json").exists():
+            return read_summary(folder, what)
+        point = self.packed()["points"].get(self._key(folder))
+        return point["summary"] if point else None
+
+    def config(self, folder: Path) -> RecordedConfig:
+        """The point's config.json (checked), from its folder or points.jsonl."""
+        if (Path(folder) / "summary.json").exists() or (Path(folder) / "config.json").exists():
+            return read_run_config(folder)
+        point = self.packed()["points"].get(self._key(folder))
+        if point is None:
+            raise ResultsError(f"{folder} has no config.json and {self.file} no record of it")
+        return RecordedConfig(point["config"], self.file)
+
+    def names_under(self, folder: Path) -> list[str]:
+        """The names of the folders directly under ``folder`` that hold points, here or in points.jsonl."""
+        prefix = self._key(folder) + "/"
+        names = {key[len(prefix):].split("/")[0] for key in self.packed()["points"] if key.startswith(prefix)}
+        if Path(folder).is_dir():
+            names |= {p.name for p in Path(folder).iterdir() if p.is_dir() and p.name not in SKIPPED}
+        return sorted(names)
+
+    # --- writing
+    def local_points(self) -> list[Path]:
+        """The point folders on this machine that have a summary."""
+        return sorted(p.parent for p in self.path.rglob("summary.json")
+                      if not set(p.relative_to(self.path).parts) & set(SKIPPED))
+
+    def pack(self) -> Path | None:
+        """points.jsonl anew from the point folders here and the records it held; written only when it changes.
+        None where the study has no point yet."""
+        packed = self.packed()
+        points, tokenizers = dict(packed["points"]), dict(packed["tokenizers"])
+        for folder in self.local_points():
+            key, summary = self._key(folder), read_summary(folder, "a point's summary")
+            if key in points and len(points[key]["summary"]) > len(summary):
+                continue  # the file holds more of this point (more seeds) than the folder here
+            config = read_json(folder / "config.json", "the run's config")
+            read_run_config(folder)  # checked before it is copied
+            points[key] = {"config": config, "summary": summary}
+            tokenizer, data = folder / "tokenizer.json", config.get("data") or {}
+            if tokenizer.exists() and data.get("tokenizer_hash"):
+                tokenizers.setdefault(data["tokenizer_hash"], json.loads(tokenizer.read_text(encoding="utf-8")))
+        if not points:
+            return None
+        shared = shared_part([p["config"] for p in points.values()])
+        lines = [{"shared_config": shared, "tokenizers": dict(sorted(tokenizers.items()))}]
+        lines += [{"point": key, "config": own_part(points[key]["config"], shared), "summary": points[key]["summary"]}
+                  for key in sorted(points)]
+        text = "".join(json.dumps(finite_or_none(line), ensure_ascii=False, allow_nan=False) + "\n" for line in lines)
+        if not self.file.exists() or self.file.read_text(encoding="utf-8") != text:
+            atomic_write_text(self.file, text)
+        self._packed = {"points": points, "tokenizers": tokenizers}
+        return self.file
