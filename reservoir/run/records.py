@@ -106,7 +106,8 @@ def read_summary(run_dir: Path, what: str = "the run's summary") -> list[dict]:
     return check_summary(read_json(path, what), path)
 
 
-def check_summary(records, where) -> list[dict]:
+def check_summary(records, where, remedy: str = "undo the edit, or delete that run folder and run the same command "
+                  "again to redo it") -> list[dict]:
     """``records`` (a summary.json's content, read from ``where``) as a study may use them: each record must
     still match the integrity hash the run wrote with it, so an edited score is refused in one line, not
     reported. (The hash guards against accidents and stray edits, not against someone who recomputes it.)
@@ -116,7 +117,7 @@ def check_summary(records, where) -> list[dict]:
     for record in records:
         _verify(record, where, "summaries", f"{where}: the record of {record.get('model')} (seed "
                 f"{record.get('seed')}) was edited after its run wrote it (its integrity hash no longer matches); "
-                "undo the edit, or delete that run folder and run the same command again to redo it")
+                f"{remedy}")
     return records
 
 
@@ -138,7 +139,8 @@ def read_run_config(run_dir: Path) -> RecordedConfig:
     return check_run_config(read_json(path, "the run's config"), path)
 
 
-def check_run_config(content, where) -> RecordedConfig:
+def check_run_config(content, where, remedy: str = "undo the edit, or start a new run with the settings you "
+                     "want") -> RecordedConfig:
     """``content`` (a config.json's, read from ``where``) trusted only as the run wrote it: its integrity hash
     must match (an edited or damaged record is refused in one line), and a key it lacks is a one-line error
     when read."""
@@ -149,8 +151,7 @@ def check_run_config(content, where) -> RecordedConfig:
                            f"({content['versions']['reservoir_nlp']}) writes one: a run folder is trusted only as "
                            "the run wrote it; restore the folder from a copy, or start a new run")
     _verify(content, where, "runs", f"{where} was edited or damaged after the run wrote it (its integrity hash no "
-            "longer matches): a run folder is trusted only as the run wrote it; undo the edit, or start a new run "
-            "with the settings you want")
+            f"longer matches): a run folder is trusted only as the run wrote it; {remedy}")
     return RecordedConfig(content, where)
 
 

@@ -108,8 +108,8 @@ class PointRecords:
                                    f"file is damaged; {damaged}")
             where = f"{self.file} ({row['point']})"
             config = merged(rows[0]["shared_config"], row["config"])
-            check_run_config(config, where)
-            check_summary(row["summary"], where)
+            check_run_config(config, where, f"undo the edit ({damaged})")
+            check_summary(row["summary"], where, f"undo the edit ({damaged})")
             points[row["point"]] = {"config": config, "summary": row["summary"]}
         return {"points": points, "tokenizers": rows[0].get("tokenizers") or {}}
 

@@ -381,8 +381,8 @@ class FrontierStudy:
             result = compare(side(best), side(reference), diagnostics=True)
         except CheckpointError as missing:  # records travel in git, checkpoints do not: the stages go on
             say(f"frontier {self.name}: no paired comparison at {budget:.3g} FLOPs: {missing}. It scores the "
-                "points' checkpoints, which stay on the machine that trained them (never committed): run this "
-                "command there, or train those points again here (move their folders aside and run it again)")
+                "points' checkpoints, which stay in the point folders on the machine that trained them (never "
+                "committed; points.jsonl carries their records alone): run this command there")
             return None
         result.update({"budget": budget, "family_a": best, "family_b": reference})
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,86 @@
+"""A study's records in one file (points.jsonl): what a study commits, what REPORT and a continued study read."""
+
+import json
+import re
+import shutil
+
+import pytest
+
+from reservoir.run.records import ResultsError
+from reservoir.studies.store import POINTS_FILE, PointRecords, merged, own_part, shared_part
+from tests.conftest import ROOT, run_script
+
+FIXTURE = ROOT / "tests" / "fixtures" / "studies"  # a micro study's point folders (tests/fixtures/make_studies.sh)
+OUTPUTS = ("REPORT.md", "micro/frontier.json", "micro/frontier.md", "micro/frontier.png")
+
+
+@pytest.fixture
+def studies(tmp_path):
+    folder = tmp_path / "results"
+    shutil.copytree(FIXTURE, folder)
+    return folder
+
+
+def records_only(study):
+    """The study as a clone holds it: points.jsonl, the study file, its report and comparisons; no point folders."""
+    for folder in [p for p in study.iterdir() if p.is_dir() and p.name != "comparisons"]:
+        shutil.rmtree(folder)
+
+
+def test_the_shared_and_own_parts_of_configs_merge_back_to_each_config():
+    configs = [{"a": 1, "block": {"x": 1, "y": 2}, "empty": {}, "only": {"k": 1}},
+               {"a": 1, "block": {"x": 1, "y": 3}, "empty": {}, "only": 5, "extra": [1]}]
+    shared = shared_part(configs)
+    assert shared == {"a": 1, "block": {"x": 1}}
+    for config in configs:
+        assert merged(shared, own_part(config, shared)) == config
+    assert own_part(configs[0], shared) == {"block": {"y": 2}, "empty": {}, "only": {"k": 1}}
+
+
+def test_a_study_of_records_alone_rebuilds_its_report_byte_for_byte_and_skips_every_finished_point(studies):
+    from reservoir.studies.frontier.study import FrontierStudy, measure_cells
+
+    run_script("scaling.py", f"REPORT={studies}")  # from the point folders; writes points.jsonl
+    before = {name: (studies / name).read_bytes() for name in OUTPUTS}
+    assert (studies / "micro" / POINTS_FILE).exists()
+    records_only(studies / "micro")
+    run_script("scaling.py", f"REPORT={studies}")
+    assert {name: (studies / name).read_bytes() for name in OUTPUTS} == before
+    # the study's own command goes on from the records: every point of every stage is finished
+    own = {"STUDY": "micro", "FAMILIES": "transformer++,linear_reservoir", "SIZES": "xs", "LEARNING_RATES": "4e-3",
+           "BATCH_SIZES": "8", "BUDGETS": "3e9,6e9", "LEAD_BUDGET": "1.2e10", "REFERENCES": "True",
+           "CONTROLS": "True", "MIN_STEPS": "20", "MAX_TOKENS_PER_PARAM": "1000", "ENVELOPE_SEEDS": "2"}
+    settings = json.loads((studies / "micro" / "frontier-study.json").read_text())["settings"]
+    study = FrontierStudy.from_args(own, [*settings, f"RESULTS_DIR={studies}"])
+    asked = []
+    study.run(lambda jobs, workers: asked.extend(jobs) or [0] * len(jobs), measure_cells(study))
+    assert asked == []
+    assert [p.name for p in (studies / "micro").iterdir() if p.is_dir()] == ["comparisons"]
+
+
+def test_an_edited_record_in_points_jsonl_is_one_line(studies):
+    run_script("scaling.py", f"REPORT={studies}")
+    records_only(studies / "micro")
+    path = studies / "micro" / POINTS_FILE
+    lines = path.read_text().splitlines()
+    point = json.loads(lines[1])
+    point["summary"][0]["val_bpc"] = 0.5
+    path.write_text("\n".join([lines[0], json.dumps(point), *lines[2:]]) + "\n")
+    edited = re.escape(f"{POINTS_FILE} ({point['point']}): the record of ") + ".* was edited.*git checkout"
+    with pytest.raises(ResultsError, match=edited):
+        PointRecords(studies / "micro").packed()
+    path.write_text(lines[0] + "\n{not json\n")
+    proc = run_script("scaling.py", f"REPORT={studies}", check=False)
+    assert proc.returncode != 0 and "line 2 is not JSON" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_point_folder_here_with_more_seeds_replaces_its_record_and_one_with_fewer_does_not(studies):
+    store = PointRecords(studies / "micro")
+    store.pack()
+    seeds = studies / "micro" / "linear_reservoir-xs-lr0.004-b8" / "flops-1.20e10-seeds"
+    key = seeds.relative_to(studies / "micro").as_posix()
+    full = json.loads((seeds / "summary.json").read_text())
+    assert len(full) == 1 and len(store.packed()["points"][key]["summary"]) == 1
+    (seeds / "summary.json").write_text("[]")  # a folder here that holds less than the file: the file's stays
+    assert len(PointRecords(studies / "micro").pack() and PointRecords(studies / "micro").packed()["points"][key]
+               ["summary"]) == 1
