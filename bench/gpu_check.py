@@ -1,4 +1,4 @@
-"""Everything a session with a CUDA GPU should measure, in one go (bench/gpu_check.sh installs, then runs this).
+"""Everything a machine with a CUDA GPU should measure, in one go (bench/gpu_check.sh installs, then runs this).
 
     python bench/gpu_check.py OUT_DIR             # on a CUDA machine
     python bench/gpu_check.py OUT_DIR --dry-run   # CPU-safe parts on tiny sizes (CI runs this)

@@ -154,3 +154,10 @@ def test_a_scripts_unknown_key_is_one_line_that_lists_its_keys(script, args):
     r = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.startswith("error: 'COLOUR=red' is not one of ")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_block_value_that_may_be_zero_says_so():
+    with pytest.raises(ConfigError, match=r"FROZEN_RETENTION.conv_width must be >= 0, got -1"):
+        parse_overrides(["FROZEN_RETENTION.conv_width=-1"])
+    with pytest.raises(ConfigError, match=r"FROZEN_RETENTION.width must be > 0"):
+        parse_overrides(["FROZEN_RETENTION.width=0"])

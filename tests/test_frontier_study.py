@@ -1,4 +1,4 @@
-"""The frontier study (issue #32): the training split scored as the validation split is (the train/validation
+"""The frontier study: the training split scored as the validation split is (the train/validation
 gap of repeated epochs), the leaders carried to a larger budget, and REPORT.md written from records alone."""
 
 import json
@@ -306,7 +306,7 @@ def test_a_size_preset_at_the_grid_s_edge_is_marked_like_a_rate_at_its_edge(stud
 
 
 def test_the_readme_quotes_the_committed_default_run_and_the_defaults_are_the_frontiers():
-    """The default run's table in the README is its committed records' table; the defaults it ran with are today's,
+    """The default run's table in docs/runs.md is its committed records' table; the defaults it ran with are today's,
     and each family's block is its envelope configuration at the default budget."""
     from reservoir.config import SHARED_CONFIG
     from reservoir.run.records import read_run_config, read_summary
@@ -315,7 +315,7 @@ def test_the_readme_quotes_the_committed_default_run_and_the_defaults_are_the_fr
     from reservoir.studies.frontier.grid import FAMILIES, SIZES
 
     run = ROOT / "results" / "default-run"
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "runs.md").read_text()
     quoted = readme.split("<!-- table: results/default-run -->\n```\n", 1)[1].split("\n```\n<!-- /table -->", 1)[0]
     assert quoted == format_table(read_summary(run))
     requested = read_run_config(run)["requested_config"]

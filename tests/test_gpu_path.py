@@ -1,7 +1,8 @@
-"""The CUDA path's decisions, exercised on the CPU where the logic allows (issue: the GPU path).
+"""The CUDA path's decisions, exercised on the CPU where the logic allows .
 What only a GPU can show (NCCL, speed, MFU) is measured by bench/gpu_check.sh on one."""
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import torch
 from reservoir.config import parse_overrides
 from reservoir.models import build_model
 from reservoir.platform import device as dev
+from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize("capability, auto", [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
@@ -76,3 +78,19 @@ def test_a_ridge_readout_is_evaluated_in_the_dtype_it_was_solved_in():
             under_autocast = model(ids)
     assert under_autocast.dtype == torch.float32
     torch.testing.assert_close(under_autocast, exact, rtol=0, atol=0)
+
+
+def test_gpu_check_looks_for_a_gpu_before_it_downloads(tmp_path):
+    bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    if shutil.which("nvidia-smi", path=bare["PATH"]):
+        pytest.skip("this machine has nvidia-smi: the GPU check runs for real here")
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT / "bench", copy / "bench")
+    import subprocess
+
+    proc = subprocess.run(["bash", str(copy / "bench" / "gpu_check.sh"), str(tmp_path / "out")], env=bare,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: no CUDA GPU here (nvidia-smi finds none); bash bench/gpu_check.sh OUT_DIR --dry-run runs the "
+        "CPU-safe parts"]
+    assert not (copy / ".venv-gpu").exists()  # nothing installed, nothing downloaded

@@ -13,7 +13,7 @@ from reservoir.config import given_settings, parse_overrides
 from reservoir.run.checkpoint import CheckpointError, load_checkpoint
 from reservoir.run.folders import find_run_dir, resumed_config
 from reservoir.run.records import SUMMARY_FIELDS, ResultsError, read_metrics
-from reservoir.run.train import Budget, learning_rate
+from reservoir.run.train import Budget, Progress, WarmUp, learning_rate
 from tests.conftest import ALL_MODELS, ROOT, run_cli, run_then_sigkill, summary_of
 
 
@@ -210,3 +210,13 @@ def test_the_training_clock_leaves_out_pauses_and_a_warm_up_holds_it(monkeypatch
     now[0] += 50
     clock.set(8.0)
     assert clock.seconds() == 8.0
+
+
+def test_progress_lines_count_tokens_per_second_after_the_warm_up():
+    from reservoir.run.train import Budget
+
+    warm = WarmUp("m", 0, 2, Budget(10, None, None), main=False)
+    assert warm.rate(Progress(step=1, tokens=256, seconds=0.0), 256) is None  # still warming up: no rate
+    warm.step_done(2, 0.001)  # the warm-up's seconds are held off the clock, its tokens are not
+    assert warm.rate(Progress(step=2, tokens=512, seconds=0.001), 256) is None
+    assert warm.rate(Progress(step=3, tokens=768, seconds=0.011), 256) == pytest.approx(256 / 0.01)

@@ -112,3 +112,12 @@ def test_decode_shows_story_ends_as_blank_lines():
     tok = CharTokenizer("abc .")
     ids = tok.encode("ab.<|endoftext|>ca")
     assert decode_story(tok, ids) == "ab.\n\nca"
+
+
+def test_a_prompt_with_characters_outside_the_vocabulary_is_warned_about(tmp_path):
+    run_cli(tmp_path, "MODELS=ngram", "MAX_STEPS=2", "RUN_NAME=s")
+    proc = run_script("sample.py", tmp_path / "results" / "s", "PROMPT=Once upon a tîme€", "MAX_NEW_TOKENS=5")
+    warnings = [line for line in proc.stderr.splitlines() if "not in this run's vocabulary" in line]
+    assert len(warnings) == 1 and "'î', '€'" in warnings[0] and "shown as '?'" in warnings[0]
+    plain = run_script("sample.py", tmp_path / "results" / "s", "PROMPT=Once upon a time", "MAX_NEW_TOKENS=5")
+    assert "vocabulary" not in plain.stderr

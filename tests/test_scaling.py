@@ -17,7 +17,7 @@ from reservoir.data.corpus import DataError, load_corpus
 from reservoir.studies.budgets import StudyError, parse_budgets, point_name
 from reservoir.studies.curves import crossovers, curve, fit_curve
 from reservoir.studies.ladder import STUDY_KEYS, Study, build_report
-from tests.conftest import ROOT, TINY, run_script
+from tests.conftest import ROOT, TINY, run_cli, run_script
 
 SHAKESPEARE = Path(os.environ.get("RESERVOIR_SHAKESPEARE", "/nonexistent"))  # .ci/run sets it where it has the file
 needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="Tiny Shakespeare's input.txt not found: set "
@@ -183,3 +183,58 @@ def test_sigterm_to_a_study_checkpoints_the_point_and_the_same_command_resumes_i
     assert "resuming at step" in resumed.stdout
     report = json.loads((tmp_path / "results" / "ladder" / "scaling.json").read_text())
     assert all(math.isfinite(r["bpc_mean"]) for r in report["points"]["lstm"])
+
+
+def _record(seed, status, bpc):
+    return {"model": "lstm", "trained": "everything", "params_total": 5, "params_trainable": 5, "train_seconds": 1.0,
+            "train_tokens": 100, "tokens_per_second": 100.0, "bound_by": "steps", "train_flops": 1e9, "epochs": 0.1,
+            "seed": seed, "status": status, "val_bpc": bpc, "val_ppl": None if bpc is None else 2.0 ** (bpc * 20),
+            "val_bpc_ci95": None if bpc is None else 0.065, "diverged_at_step": 7 if bpc is None else None,
+            "reason": "the training loss is nan" if bpc is None else None}
+
+
+def test_a_ladder_refuses_a_point_record_edited_after_its_run_wrote_it(tmp_path):
+    args = ["BUDGETS=1e5,2e5", "MODELS=ngram", "SEEDS=1", "STUDY=ladder", "DATASET=synthetic",
+            "SYNTHETIC_STORIES=300", "SEQ_LEN=32", f"RESULTS_DIR={tmp_path / 'results'}",
+            f"CACHE_DIR={tmp_path / 'cache'}"]
+    run_script("scaling.py", *args)
+    point = tmp_path / "results" / "ladder" / "flops-1.00e05" / "summary.json"
+    records = json.loads(point.read_text())
+    records[0]["val_bpc"] = 1.0
+    point.write_text(json.dumps(records))
+    before = (tmp_path / "results" / "ladder" / "scaling.json").read_text()
+    proc = run_script("scaling.py", *args, check=False)
+    assert proc.returncode != 0 and "was edited after its run wrote it" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in proc.stderr
+    assert (tmp_path / "results" / "ladder" / "scaling.json").read_text() == before  # 1.000 never reported
+
+
+def test_a_study_point_with_its_data_moved_keeps_the_same_study(tmp_path):
+    """Where a study's data and folders are may change between machines; its grid and settings may not."""
+    from reservoir.studies.frontier.grid import _placeless
+
+    assert _placeless(["DATASET=/a/tinystories", "SEQ_LEN=128", "CACHE_DIR=x"]) == \
+        _placeless(["DATASET=/b/tinystories", "SEQ_LEN=128", "CACHE_DIR=y"])
+    assert _placeless(["SEQ_LEN=128"]) != _placeless(["SEQ_LEN=64"])
+
+
+def test_a_signal_while_a_finished_point_exits_is_143_and_the_point_counts_as_finished(tmp_path):
+    """The point's process, killed by SIGTERM as it exits (Popen's -15), once made the study exit 241 and call
+    the finished point stopped."""
+    from reservoir.config import parse_overrides as parse
+    from reservoir.studies.ladder import Study, StudyExit
+    from reservoir.studies.runner import exit_status
+
+    assert exit_status(-15) == 143 and exit_status(0) == 0 and exit_status(2) == 2
+    study = Study.from_args({"BUDGETS": "1e5,2e5", "STUDY": "s"}, ["MODELS=ngram", "SEEDS=1", "DATASET=synthetic",
+                            f"RESULTS_DIR={tmp_path}", f"CACHE_DIR={tmp_path / 'cache'}"], parse)
+
+    def finishes_then_is_killed(args):
+        run_cli(tmp_path, *[a for a in args if not a.startswith(("RESULTS_DIR", "RUN_NAME"))],
+                f"RESULTS_DIR={study.path}", "RUN_NAME=flops-1.00e05", settings=[])
+        return -15
+
+    with pytest.raises(StudyExit) as stopped:
+        study.run(finishes_then_is_killed)
+    assert stopped.value.code == 143 and "finished as the study was stopped" in str(stopped.value)
+    assert study.finished(1e5)

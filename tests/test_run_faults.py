@@ -1,5 +1,5 @@
 """Faults and bad input: divergence, signals, concurrent runs, torn and half-written files,
-full or read-only disks, hostile names and settings, damaged resumes (issue: hardening)."""
+full or read-only disks, hostile names and settings, damaged resumes."""
 
 import errno
 import json
@@ -17,7 +17,7 @@ from reservoir.platform import files
 from reservoir.run.folders import claim_run_folder
 from reservoir.run.records import ResultsError, read_metrics
 from reservoir.run.writer import Run
-from tests.conftest import ROOT, TINY, run_cli, summary_of
+from tests.conftest import ROOT, TINY, run_cli, run_then_sigkill, summary_of
 
 # --------------------------------------------------------------------- 1. the NaN guard
 
@@ -307,7 +307,7 @@ def test_settings_that_cannot_build_are_refused_before_any_folder(tmp_path):
 def test_an_error_before_the_first_model_leaves_no_run_folder(tmp_path):
     proc = run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=3", "BATCH_SIZE=100000", check=False)
     assert proc.returncode != 0 and "fewer than one batch" in proc.stderr
-    results = tmp_path / "results"  # refused before the folder (hardening 3): RESUME=latest finds nothing
+    results = tmp_path / "results"  # refused before the folder: RESUME=latest finds nothing
     assert not results.exists() or list(results.iterdir()) == []
 
 
@@ -423,3 +423,51 @@ def test_logs_that_are_not_a_terminal_get_plain_lines(tmp_path):
 def test_help_shows_shell_safe_list_forms():
     out = subprocess.run([sys.executable, str(ROOT / "TinyStories.py"), "--help"], capture_output=True, text=True)
     assert "MODELS=esn,lstm" in out.stdout and "\"MODELS=['esn', 'lstm']\"" in out.stdout
+
+
+def test_a_loss_far_above_guessing_uniformly_is_divergence_not_a_score(tmp_path):
+    proc = run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=30", "LEARNING_RATE=50", "GRAD_CLIP=0", "RUN_NAME=d")
+    record = summary_of(tmp_path / "results" / "d")["lstm"]
+    assert record["status"] == "diverged" and record["val_bpc"] is None
+    assert "of guessing uniformly" in record["reason"] and "DIVERGED" in proc.stdout
+
+
+def test_a_batch_the_data_cannot_fill_is_refused_before_any_folder(tmp_path):
+    proc = run_cli(tmp_path, "MODELS=ngram,lstm", "BATCH_SIZE=100000", "MAX_STEPS=2", check=False)
+    assert proc.returncode != 0 and "fewer than one batch (100000)" in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip().splitlines()[-1]]  # one line, no note
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+def test_a_kill_during_the_final_evaluation_does_not_train_again(tmp_path):
+    args = ["MODELS=transformer", "MAX_STEPS=20", "FINAL_EVAL_TOKENS=None", "EVAL_MODE=windows",
+            "SYNTHETIC_STORIES=3000", "CHECKPOINT_EVERY=0", "CHECKPOINT_EVERY_S=0", "EVAL_POINTS=1"]
+
+    def finished_checkpoint_but_no_final_evaluation(run_dir):
+        path, metrics = run_dir / "checkpoints" / "transformer.pt", run_dir / "metrics.jsonl"
+        try:
+            done = path.exists() and torch.load(path, weights_only=True)["finished"]
+            return done and not (metrics.exists() and '"final": true' in metrics.read_text())
+        except Exception:  # caught mid-write: look again
+            return False
+
+    killed = run_then_sigkill(tmp_path, args, "k", finished_checkpoint_but_no_final_evaluation)
+    assert not (killed / "summary.json").exists(), "the kill must land inside the final evaluation"
+    resumed = run_cli(tmp_path, "RESUME=k", "SYNTHETIC_STORIES=3000")
+    assert "finished in the checkpoint (seed 1337); evaluating it again" in resumed.stdout
+    assert "resuming at step" not in resumed.stdout
+    record = summary_of(killed)["transformer"]
+    assert record["train_steps"] == 20 and record["val_bpc"] > 0
+    finals = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["final"] for r in finals) == 1  # the final evaluation is logged once
+
+
+def test_a_finished_model_evaluated_again_on_resume_logs_its_final_evaluation_once(tmp_path):
+    """Killed after the final evaluation was logged (while sampling): RESUME evaluates again, logs nothing twice."""
+    run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=4", "RUN_NAME=f")
+    run_dir = tmp_path / "results" / "f"
+    (run_dir / "summary.json").write_text("[]")
+    resumed = run_cli(tmp_path, "RESUME=f")
+    assert "finished in the checkpoint" in resumed.stdout
+    finals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sum(bool(r["final"]) for r in finals) == 1

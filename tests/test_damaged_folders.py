@@ -1,6 +1,6 @@
-"""Faults and bad input, second round: edited or damaged run folders are never trusted, disks
+"""Damaged and edited run folders, and the disks under them: edited or damaged run folders are never trusted, disks
 that fail mid-write are one line, interrupted cache writes are cleaned up, CRLF text is read as
-text (issue: hardening 2). Sweeps' faults are in test_sweep.py."""
+text. Sweeps' faults are in test_sweep.py."""
 
 import json
 import resource
@@ -9,7 +9,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+from reservoir.config import ConfigError, parse_overrides
 from reservoir.platform.messages import PlainProgress
 from tests.conftest import ROOT, TINY, run_cli, run_script, summary_of
 
@@ -90,7 +92,6 @@ def test_a_progress_line_without_a_total_counts_instead_of_dividing(capsys):
 
 
 def _cfg(tmp_path, *args):
-    from reservoir.config import parse_overrides
 
     return parse_overrides([f"CACHE_DIR={tmp_path / 'cache'}", "TIME_BUDGET_S=1", "SEQ_LEN=16", *args])
 
@@ -145,7 +146,6 @@ def test_crlf_text_reads_exactly_as_lf_text(tmp_path, separator, capsys):
 
 
 def test_an_ngram_whose_keys_would_overflow_is_refused_before_any_folder(tmp_path):
-    from reservoir.config import ConfigError, parse_overrides
 
     with pytest.raises(ConfigError, match=r"NGRAM.order=6 with a vocabulary of 4096 tokens .* NGRAM.order<=5"):
         parse_overrides(["TOKENIZER=bpe", "VOCAB_SIZE=4096", "MODELS=['ngram']", "NGRAM.order=6", "MAX_STEPS=1"])
@@ -180,7 +180,6 @@ def run_copy(finished_run, tmp_path):
 
 def _unfinish(run_dir, model="lstm"):
     """As if the run had stopped after ``model``'s checkpoint at step 3: RESUME has work to do."""
-    import torch
 
     summary = json.loads((run_dir / "summary.json").read_text())
     (run_dir / "summary.json").write_text(json.dumps([r for r in summary if r["model"] != model]))
@@ -254,3 +253,52 @@ def test_resume_refuses_every_changed_key_default_or_not(run_copy):
     resumed = run_cli(results, f"RESUME={run_copy}", "SEQ_LEN=32", "LSTM.hidden=64")  # the run's own values
     assert "lstm: resuming at step 6" in resumed.stdout
     assert summary_of(run_copy)["lstm"]["train_steps"] == 6
+
+
+def _rewrite_config(run_dir, change, rehash: bool):
+    from reservoir.run.records import INTEGRITY_KEY, _integrity
+
+    path = run_dir / "config.json"
+    content = json.loads(path.read_text())
+    change(content)
+    content.pop(INTEGRITY_KEY, None)
+    if rehash:  # as someone who recomputes the hash would: the hash guards against accidents, not that
+        content[INTEGRITY_KEY] = _integrity(content)
+    path.write_text(json.dumps(content))
+
+
+def _record(seed, status, bpc):
+    return {"model": "lstm", "trained": "everything", "params_total": 5, "params_trainable": 5, "train_seconds": 1.0,
+            "train_tokens": 100, "tokens_per_second": 100.0, "bound_by": "steps", "train_flops": 1e9, "epochs": 0.1,
+            "seed": seed, "status": status, "val_bpc": bpc, "val_ppl": None if bpc is None else 2.0 ** (bpc * 20),
+            "val_bpc_ci95": None if bpc is None else 0.065, "diverged_at_step": 7 if bpc is None else None,
+            "reason": "the training loss is nan" if bpc is None else None}
+
+
+def test_deleting_the_integrity_key_does_not_switch_the_check_off_nor_fill_missing_keys(tmp_path):
+    run_cli(tmp_path, "MODELS=transformer", "MAX_STEPS=4", "RUN_NAME=r")
+    run_dir = tmp_path / "results" / "r"
+    (run_dir / "summary.json").write_text("[]")  # as if interrupted after its last checkpoint
+    pristine = (run_dir / "config.json").read_text()
+    _rewrite_config(run_dir, lambda c: c["requested_config"].pop("MODELS"), rehash=False)
+    proc = run_cli(tmp_path, "RESUME=r", check=False)
+    assert proc.returncode != 0 and "has lost its integrity hash" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in proc.stderr
+    (run_dir / "config.json").write_text(pristine)
+    _rewrite_config(run_dir, lambda c: c["requested_config"].pop("MODELS"), rehash=True)
+    proc = run_cli(tmp_path, "RESUME=r", check=False)
+    assert proc.returncode != 0 and "it has no requested_config.MODELS" in proc.stderr
+    assert not list((run_dir / "checkpoints").glob("lstm*"))  # today's default models were not trained into it
+    assert json.loads((run_dir / "summary.json").read_text()) == []
+
+
+def test_a_run_recorded_before_the_new_optimizer_keys_resumes_as_it_trained(tmp_path):
+    from reservoir.config import ADDED_KEYS
+
+    run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=4", "RUN_NAME=old")
+    run_dir = tmp_path / "results" / "old"
+    (run_dir / "summary.json").write_text("[]")
+    added = [k for k in ADDED_KEYS if k not in ("FROZEN_RETENTION", "RESERVOIR_ATTENTION")]  # TINY names those
+    _rewrite_config(run_dir, lambda c: [c["requested_config"].pop(k) for k in added], rehash=True)
+    resumed = run_cli(tmp_path, "RESUME=old")
+    assert "lstm: finished in the checkpoint" in resumed.stdout

@@ -1,0 +1,64 @@
+"""Every code block of README.md and docs/*.md runs as a test, with Sybil.
+
+Sybil parses Markdown's fenced blocks and hands each to pytest: Python blocks run in one namespace per page
+(in order, so a page's later block may use what an earlier one made), ``bash`` blocks with bash. Both run in
+a copy of the repository's tracked files, so a page's commands write nothing into this checkout and find the
+committed records as a fresh clone has them. A block that trains for minutes, installs from the network or
+runs the test suites is marked above it, with the reason: ``<!-- skip: next "why, and what runs instead" -->``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from sybil import Sybil
+from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _copy_of_the_repository() -> Path:
+    """The tracked files of this checkout (and what is staged or new and not ignored), copied to a new folder."""
+    target = Path(tempfile.mkdtemp(prefix="reservoir-docs-")) / "repo"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return target
+
+
+def _setup(namespace: dict) -> None:
+    namespace["_workdir"], namespace["_cwd"] = _copy_of_the_repository(), os.getcwd()
+    os.chdir(namespace["_workdir"])
+
+
+def _teardown(namespace: dict) -> None:
+    os.chdir(namespace["_cwd"])
+    shutil.rmtree(namespace["_workdir"].parent, ignore_errors=True)
+
+
+def _run_shell(example) -> str | None:
+    """A ``bash`` block, as a reader would paste it: ``python`` is this test run's interpreter."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", example.parsed], cwd=example.namespace["_workdir"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        return (f"{example.path}, line {example.line}: exit code {proc.returncode}\n{example.parsed}\n"
+                f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return None
+
+
+pytest_collect_file = Sybil(
+    parsers=[PythonCodeBlockParser(), CodeBlockParser(language="bash", evaluator=_run_shell), SkipParser()],
+    patterns=["README.md", "docs/*.md"],
+    setup=_setup,
+    teardown=_teardown,
+).pytest()

@@ -1,0 +1,48 @@
+"""The README and docs/: a guide a newcomer reads in minutes, every code block of it run (conftest.py), and
+words that speak of the project, never of how it was built."""
+
+import re
+
+from tests.conftest import ROOT
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RUN = {"python", "bash"}  # the blocks conftest.py's Sybil runs
+SHOWN = {"", "text"}  # printed output and trees: shown, not run
+
+
+def fences(text: str) -> list[tuple[int, str, str]]:
+    """(line, language, the line above) of every fenced block."""
+    lines, found, inside = text.splitlines(), [], False
+    for n, line in enumerate(lines):
+        if line.startswith("```"):
+            if not inside:
+                found.append((n + 1, line[3:].strip(), lines[n - 1] if n else ""))
+            inside = not inside
+    return found
+
+
+def test_the_readme_is_a_guide_of_at_most_250_lines_with_its_reference_in_docs():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    for page in ("configuration", "runs", "studies", "hardware", "testing", "design"):
+        assert f"(docs/{page}.md)" in readme and (ROOT / "docs" / f"{page}.md").exists(), page
+    glossary = readme.index("## Words this page uses")
+    for word in ("envelope", "wsd", "N_opt", "compute multiplier", "budget"):
+        assert readme.index(f"**{word}**") > glossary
+        first_use = min(m.start() for m in re.finditer(re.escape(word), readme))
+        assert first_use >= glossary, f"{word!r} is used before the glossary defines it"
+
+
+def test_every_code_block_is_run_or_shown_and_every_skip_says_why():
+    for page in PAGES:
+        for line, language, above in fences(page.read_text()):
+            assert language in RUN | SHOWN, f"{page.name}:{line}: a ```{language} block runs nowhere"
+            if "skip:" in above:
+                assert re.fullmatch(r'<!-- skip: next "[^"]{20,}" -->', above), f"{page.name}:{line}: say why"
+
+
+def test_the_docs_speak_of_the_project_not_of_how_it_was_built():
+    history = re.compile(r"(?<![\w/])#\d{2,}\b|\bissues?\b|\bsessions?\b|hardening \d", re.IGNORECASE)
+    for page in [*PAGES, ROOT / "bench" / "README.md", ROOT / "results" / "README.md"]:
+        for n, line in enumerate(page.read_text().splitlines(), start=1):
+            assert not history.search(line), f"{page.relative_to(ROOT)}:{n}: {line.strip()}"
