@@ -4,7 +4,7 @@
     python TinyStories.py RESUME=latest        # continue the last interrupted run
 
 The command line becomes a config (configs.py), RESUME finds the saved run's settings, and
-reservoir/experiment.py runs it: device -> data -> for each model: build, train, evaluate,
+reservoir/run/experiment.py runs it: device -> data -> for each model: build, train, evaluate,
 sample -> results -> plots. The machinery lives in reservoir/.
 """
 

@@ -2,7 +2,7 @@
 
     python bench/bench_workers.py [--steps 150] [--out bench/out/workers]
 
-For each model and grid size (reservoir/frontier.py's presets) it trains the same point (batch 8 x 128
+For each model and grid size (reservoir/studies/frontier/grid.py's presets) it trains the same point (batch 8 x 128
 tokens, the synthetic corpus, wsd, a fixed number of steps) twice: once alone with two threads, then as
 two copies at once with one thread each, and prints the training tokens/s each way (evaluation and
 start-up excluded: the runs' own tokens_per_second). Two at once wins when the sum of the two copies

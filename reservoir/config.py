@@ -51,7 +51,7 @@ SHARED_CONFIG = {
     "MAX_STEPS": None,  # optimizer steps per model (None: no step limit)
     "TOKEN_BUDGET": None,  # training tokens per model, all devices together (None: no token limit)
     "TIME_BUDGET_S": 600.0,  # training wall-clock seconds per model, evaluation excluded: a safety cap (None: none)
-    "FLOP_BUDGET": 3.125e12,  # training FLOPs per model (products, reservoir/flops.py): load-independent (None: off)
+    "FLOP_BUDGET": 3.125e12,  # training FLOPs per model (products, run/flops.py): load-independent (None: off)
     "EVAL_POINTS": 16,  # evaluations per model, log-spaced over its budget, the last one final (1: final only)
     "EVAL_EVERY": None,  # evaluate every this many steps instead of EVAL_POINTS (and always at the end)
     "LOG_EVERY": 25,  # fetch the loss from the device every this many steps (the only host sync in the loop)

@@ -1,4 +1,4 @@
-"""The position and recall splits of reservoir/diagnostics.py on streams whose answer is known."""
+"""The position and recall splits of reservoir/studies/diagnostics.py on streams whose answer is known."""
 
 import numpy as np
 

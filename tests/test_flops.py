@@ -1,5 +1,5 @@
 """Compute accounting: the counted FLOPs per token of every model family against a hand count
-written here from the model's sizes (reservoir/flops.py states the convention: products only)."""
+written here from the model's sizes (reservoir/run/flops.py states the convention: products only)."""
 
 import pytest
 import torch

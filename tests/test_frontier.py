@@ -1,4 +1,4 @@
-"""Frontier studies (reservoir/frontier.py, scaling.py FRONTIER=/REPORT=): a micro frontier on the synthetic
+"""Frontier studies (reservoir/studies/frontier/, scaling.py FRONTIER=/REPORT=): a micro frontier on the synthetic
 corpus end to end, its records alone rebuilding the report, successive halving, the compute multiplier,
 and every bad input as one line."""
 

@@ -1,4 +1,4 @@
-"""Each model's own learning rate and batch size (reservoir/model_settings.py): where the run leaves LEARNING_RATE
+"""Each model's own learning rate and batch size (reservoir/models/settings.py): where the run leaves LEARNING_RATE
 or BATCH_SIZE None, every model trains with its block's learning_rate / batch_size (how the defaults give each
 family its frontier configuration); a run-wide value is every model's."""
 

@@ -107,7 +107,7 @@ def test_ridge_fit_cost_is_linear_in_its_chunks():
     calibration = [(torch.randint(0, 30, (4, 16), generator=gen), torch.randint(0, 30, (4, 16), generator=gen))]
     cost = flops.ridge_fit(model, chunk, calibration, washout=0)
     assert cost.per_step >= 2 * 4 * 16 * 48 * 48  # at least the reservoir's W @ state, per token
-    with flops.counter() as counter:  # torch's counter with the project's formulas (reservoir/flops.py)
+    with flops.counter() as counter:  # torch's counter with the project's formulas (reservoir/run/flops.py)
         model.fit_ridge([chunk] * 5, calibration, washout=0, carry_state=True)
     assert counter.get_total_flops() == pytest.approx(cost.flops(5), rel=1e-9)
     assert cost.steps_within(cost.flops(3)) == 3 and cost.steps_within(None) is None

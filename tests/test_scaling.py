@@ -1,4 +1,4 @@
-"""The budget ladder (scaling.py, reservoir/scaling.py) and Tiny Shakespeare (DATASET=shakespeare)."""
+"""The budget ladder (scaling.py, reservoir/studies/ladder.py) and Tiny Shakespeare (DATASET=shakespeare)."""
 
 import json
 import math

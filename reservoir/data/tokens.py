@@ -1,4 +1,4 @@
-"""The data a run trains on: a corpus (reservoir/corpus.py) tokenized (reservoir/tokenizers.py) into
+"""The data a run trains on: a corpus (reservoir/data/corpus.py) tokenized (reservoir/data/tokenizers.py) into
 an on-disk token cache, and fixed-shape windows over it.
 
     data = prepare_data(config)      # -> TokenData: token arrays, tokenizer, where the text came from

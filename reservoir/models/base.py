@@ -18,7 +18,7 @@ class LanguageModel(nn.Module):
     host_only = False  # True: numpy on the host (the n-gram); runners keep it and its inputs on the CPU
     context_size: int | None = None  # longest context generate() feeds back (None: unlimited)
     # 'recurrent': state carried through a stream (forward_stream); 'window': a finite context,
-    # scored on overlapping windows (see reservoir/evaluation.py)
+    # scored on overlapping windows (see reservoir/run/evaluation.py)
     stream_kind = "window"
     # what training changes, in the results' "trained" column: 'readout' (recurrence and input frozen:
     # a pure reservoir), 'input+readout', 'all but recurrence', 'everything', or 'counts' (an n-gram)

@@ -4,7 +4,7 @@ gradient scaling, XLA step markers and data loaders.
 The training loop, the models and the results ask this module for a context
 (``autocast``), a scaler, a loader, a step, a transfer or a collective, and this
 module answers per device. Elsewhere, code reads ``DeviceInfo`` only where the answer
-differs by design (results.py: XLA processes cannot broadcast a folder name), and the
+differs by design (run/folders.py: XLA processes cannot broadcast a folder name), and the
 reservoirs ask a tensor's own device only to pick a sparse kernel that XLA lacks.
 torch_xla is imported lazily so the rest works without it.
 """

@@ -1,6 +1,6 @@
 """One experiment: every model of a validated config trained, evaluated and sampled, side by side.
 
-    run = run_experiment(config)     # config: configs.parse_overrides(...); returns the results.Run
+    run = run_experiment(config)     # config: reservoir.config.parse_overrides(...); returns the run.writer.Run
 
 Reads top to bottom: device -> data -> the run folder -> for each seed and model: build, train,
 evaluate, sample, record -> the table -> plots. TinyStories.py (after RESUME has found a run's own

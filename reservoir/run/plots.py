@@ -28,7 +28,7 @@ from reservoir.run.tables import aggregate, seed_groups  # noqa: E402
 PLOTS = {  # file: what it shows (also the --help text)
     "bpc_vs_tokens.png": "validation bits/char against training tokens (mean over seeds, band: min to max)",
     "bpc_vs_seconds.png": "the same against training wall-clock seconds",
-    "bpc_vs_flops.png": "the same against training FLOPs (matrix products; see reservoir/flops.py)",
+    "bpc_vs_flops.png": "the same against training FLOPs (matrix products; see reservoir/run/flops.py)",
     "final_bpc.png": "final bits/char per model, ± the 95% interval (one seed) or the sd over seeds",
     "bpc_vs_params.png": "final bits/char against trainable parameters (log scale)",
     "bpc_vs_train_flops.png": "final bits/char against total training FLOPs (compute-matched comparisons)",

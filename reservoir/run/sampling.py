@@ -2,7 +2,7 @@
 
     stories = write_stories(model, tokenizer, prompts, settings, device)
 
-A trained model comes from its run folder alone (results.load_trained), so a folder copied
+A trained model comes from its run folder alone (run.trained.load_trained), so a folder copied
 to another machine samples there without the original data or token cache.
 """
 

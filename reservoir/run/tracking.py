@@ -5,7 +5,7 @@
     trackers.finish_model(model, seed, summary_record)
     trackers.close()
 
-``csv`` is the run folder's own metrics.jsonl / train_log.jsonl (results.py), always
+``csv`` is the run folder's own metrics.jsonl / train_log.jsonl (run/writer.py), always
 written. TensorBoard gets one folder per model and seed under ``<run>/tb/``, so its
 charts overlay the models; W&B gets one run per model and seed, grouped by the run
 folder's name. Only the main process tracks. Values arrive as Python numbers that the

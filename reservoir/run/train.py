@@ -9,8 +9,8 @@ Gradient-trained models share one loop (``_train_sgd``); ridge readouts and
 n-grams use their one-pass fits. All of them stop at the same budget
 (``Budget``): MAX_STEPS, TOKEN_BUDGET, TIME_BUDGET_S, FLOP_BUDGET, whichever comes
 first, where one step is one global batch of BATCH_SIZE x GRAD_ACCUM x devices windows.
-Every fit reports its training FLOPs (reservoir/flops.py), the machine's load while it
-trained (reservoir/machine.py) and its epochs over the training data.
+Every fit reports its training FLOPs (reservoir/run/flops.py), the machine's load while it
+trained (reservoir/platform/machine.py) and its epochs over the training data.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class Progress:
     offset: int = 0  # windows of this epoch already consumed, all processes together
     train_loss_steps: int = 0  # steps since the loss was last fetched (checkpoints fetch it: 0 there)
     last_train_loss: float | None = None
-    flops: float = 0.0  # training FLOPs so far (reservoir/flops.py says what is counted)
+    flops: float = 0.0  # training FLOPs so far (reservoir/run/flops.py says what is counted)
 
 
 class WarmUp:
@@ -745,7 +745,7 @@ def diverged_record(name: str, model, error: Diverged, config: dict, info: dev.D
 
 
 def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.DeviceInfo, data: TokenData) -> dict:
-    """One line of the comparison (results.SUMMARY_FIELDS and the fit's own facts)."""
+    """One line of the comparison (run.records.SUMMARY_FIELDS and the fit's own facts)."""
     progress = outcome.progress
     return {"model": name, "status": "finished", "trained": model.trained, **model.param_counts(),
             "train_seconds": round(progress.seconds, 3), "train_loss": progress.last_train_loss,

@@ -49,7 +49,7 @@ def point_name(budget: float) -> str:
 
 
 def step_cost(name: str, config: dict, data=None) -> tuple[float | None, int]:
-    """(FLOPs of one training step of model ``name`` under ``config``, reservoir/flops.py; None for a model not
+    """(FLOPs of one training step of model ``name`` under ``config``, reservoir/run/flops.py; None for a model not
     trained by gradient steps) and its trained parameters, on ``data`` (prepared from ``config`` when not
     given: cached for the points)."""
     from reservoir.data.tokens import prepare_data

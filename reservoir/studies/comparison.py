@@ -106,7 +106,7 @@ def _same_text(trained: list[Trained]) -> None:
 def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str = "cpu",
             diagnostics: bool = False) -> dict:
     """A - B with its paired interval; ``diagnostics`` also splits it by position and recall
-    (reservoir/diagnostics.py)."""
+    (reservoir/studies/diagnostics.py)."""
     trained = {"a": _finished(side_a), "b": _finished(side_b)}
     everything = trained["a"] + trained["b"]
     _same_text(everything)

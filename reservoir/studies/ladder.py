@@ -286,7 +286,7 @@ def plot_scaling(report: dict, path: Path) -> Path:
                         label=model)
     gap_ax.axhline(0, color="grey", linewidth=0.8)
     for ax, label in ((loss_ax, "validation bits/char"), (gap_ax, f"gap to the {report['reference_model']} (%)")):
-        log_axes(ax, "training FLOPs (reservoir/flops.py)", label, legend_size=7)
+        log_axes(ax, "training FLOPs (reservoir/run/flops.py)", label, legend_size=7)
     loss_ax.set_title(f"study {report.get('study', '')}: bits/char against compute")
     gap_ax.set_title(f"each model's gap to the {report['reference_model']} at the same budget")
     return save_figure(fig, path, dpi=120)

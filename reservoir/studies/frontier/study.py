@@ -1,16 +1,16 @@
 """The fair frontier: every family at its best at every budget (lower envelopes, IsoFLOP profiles).
 
     study = FrontierStudy.from_args(own, settings)   # FRONTIER_KEYS, then run settings
-    study.run(run_points)        # run_points([args, ...], workers) -> [exit code, ...]
+    study.run(run_points, measure_cells(study))   # studies.runner.run_points: the points side by side
     report = study.report()      # frontier.json: envelopes, grid, IsoFLOP profiles, N_opt, fits, multipliers
-    write_study(report, study.path)   # reservoir/report.py: frontier.json, frontier.md and frontier.png
+    write_study(report, study.path)   # report.py: frontier.json, frontier.md and frontier.png
 
 A family is a model with fixed options (``FAMILIES``: the transformer in GPT-2's and in Transformer++'s
 recipe, the LSTM and the reservoirs); its grid is size presets (``SIZES``, >= 8x in trained parameters)
 x learning rates x batch sizes. A cell at a budget is skipped when it would take fewer than MIN_STEPS
 optimizer steps or more than MAX_TOKENS_PER_PARAM tokens per trained parameter (both listed).
 
-Every point trains with the wsd schedule (reservoir/train.py), so a cell's budgets share one stable
+Every point trains with the wsd schedule (reservoir/run/train.py), so a cell's budgets share one stable
 phase: the point at the next budget continues the stable phase of the point before it (STABLE_FROM)
 and pays only its extension and its own cooldown. Successive halving bounds the cost: a cell goes on to
 the next budget only if its point is among the family's KEEP best there, or within WITHIN of the
@@ -20,10 +20,11 @@ points are then re-run on ENVELOPE_SEEDS seeds in all (mean ± sd). Stages a run
 paired comparison of the best reservoir family against the transformer.
 
 Each point is an ordinary run folder, RESULTS_DIR/STUDY/<cell>/flops-<budget>, run as its own
-TinyStories.py process on one thread (so its score does not depend on WORKERS); a study interrupted
-anywhere continues with the same command, and one whose folder holds only the records (no checkpoints,
-as committed to git) skips every finished point. ``report_from_records`` rebuilds every output from
-the records alone (``python scaling.py REPORT=results/<study>``).
+TinyStories.py process on one thread (so its score does not depend on WORKERS). Finished points' records
+go into RESULTS_DIR/STUDY/points.jsonl as they finish (studies/store.py), the one file a study commits;
+a study interrupted anywhere continues with the same command, and one that holds only its records (a
+clone: no point folders, no checkpoints) skips every finished point. ``report_from_records`` rebuilds
+every output from the records alone (``python scaling.py REPORT=results/<study>``).
 """
 
 from __future__ import annotations
@@ -402,7 +403,7 @@ class FrontierStudy:
 
 def measure_cells(study: FrontierStudy):
     """``measure(cell)`` for ``FrontierStudy.plan``: each cell's model built on the study's data (prepared
-    once, cached for the points) and one training step counted (scaling.step_cost)."""
+    once, cached for the points) and one training step counted (budgets.step_cost)."""
     from reservoir.data.tokens import prepare_data
 
     data = prepare_data(study.config)
