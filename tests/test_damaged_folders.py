@@ -267,14 +267,6 @@ def _rewrite_config(run_dir, change, rehash: bool):
     path.write_text(json.dumps(content))
 
 
-def _record(seed, status, bpc):
-    return {"model": "lstm", "trained": "everything", "params_total": 5, "params_trainable": 5, "train_seconds": 1.0,
-            "train_tokens": 100, "tokens_per_second": 100.0, "bound_by": "steps", "train_flops": 1e9, "epochs": 0.1,
-            "seed": seed, "status": status, "val_bpc": bpc, "val_ppl": None if bpc is None else 2.0 ** (bpc * 20),
-            "val_bpc_ci95": None if bpc is None else 0.065, "diverged_at_step": 7 if bpc is None else None,
-            "reason": "the training loss is nan" if bpc is None else None}
-
-
 def test_deleting_the_integrity_key_does_not_switch_the_check_off_nor_fill_missing_keys(tmp_path):
     run_cli(tmp_path, "MODELS=transformer", "MAX_STEPS=4", "RUN_NAME=r")
     run_dir = tmp_path / "results" / "r"

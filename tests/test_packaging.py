@@ -76,14 +76,6 @@ def test_at_most_two_functions_in_the_package_take_eight_or_more_parameters():
     assert many == ["reservoir/models/base.py:generate", "reservoir/models/reservoirs.py:__init__"], many
 
 
-def _record(seed, status, bpc):
-    return {"model": "lstm", "trained": "everything", "params_total": 5, "params_trainable": 5, "train_seconds": 1.0,
-            "train_tokens": 100, "tokens_per_second": 100.0, "bound_by": "steps", "train_flops": 1e9, "epochs": 0.1,
-            "seed": seed, "status": status, "val_bpc": bpc, "val_ppl": None if bpc is None else 2.0 ** (bpc * 20),
-            "val_bpc_ci95": None if bpc is None else 0.065, "diverged_at_step": 7 if bpc is None else None,
-            "reason": "the training loss is nan" if bpc is None else None}
-
-
 def test_the_recorded_package_version_is_the_projects():
     import tomllib
 

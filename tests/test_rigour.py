@@ -325,7 +325,7 @@ def test_comparison_plots_give_each_data_source_its_panel_and_label_runs_by_name
     assert not math.isnan(runs[1]["summary"][0]["val_bpc"])
 
 
-def _record(seed, status, bpc):
+def _seed_record(seed, status, bpc):
     return {"model": "lstm", "trained": "everything", "params_total": 5, "params_trainable": 5, "train_seconds": 1.0,
             "train_tokens": 100, "tokens_per_second": 100.0, "bound_by": "steps", "train_flops": 1e9, "epochs": 0.1,
             "seed": seed, "status": status, "val_bpc": bpc, "val_ppl": None if bpc is None else 2.0 ** (bpc * 20),
@@ -334,10 +334,10 @@ def _record(seed, status, bpc):
 
 
 def test_the_table_says_how_many_seeds_scored_what_its_spread_is_and_names_a_diverged_seed():
-    table = format_table([_record(1, "finished", 4.585), _record(2, "diverged", None)])
+    table = format_table([_seed_record(1, "finished", 4.585), _seed_record(2, "diverged", None)])
     row = next(line for line in table.splitlines() if line.startswith("lstm "))
     assert " 1/2 " in row and "4.585 ± 0.065 ci" in row  # one seed's interval, said to be one
     assert "lstm: seed 2 diverged at step 7 (the training loss is nan)" in table
     assert "e+27" in row and "0000000" not in row  # 2^91.7: a power of ten, not 28 digits
-    both = format_table([_record(1, "finished", 4.5), _record(2, "finished", 4.6)])
+    both = format_table([_seed_record(1, "finished", 4.5), _seed_record(2, "finished", 4.6)])
     assert " 2/2 " in both and "± 0.071 sd" in both and "diverged" not in both

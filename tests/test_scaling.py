@@ -185,14 +185,6 @@ def test_sigterm_to_a_study_checkpoints_the_point_and_the_same_command_resumes_i
     assert all(math.isfinite(r["bpc_mean"]) for r in report["points"]["lstm"])
 
 
-def _record(seed, status, bpc):
-    return {"model": "lstm", "trained": "everything", "params_total": 5, "params_trainable": 5, "train_seconds": 1.0,
-            "train_tokens": 100, "tokens_per_second": 100.0, "bound_by": "steps", "train_flops": 1e9, "epochs": 0.1,
-            "seed": seed, "status": status, "val_bpc": bpc, "val_ppl": None if bpc is None else 2.0 ** (bpc * 20),
-            "val_bpc_ci95": None if bpc is None else 0.065, "diverged_at_step": 7 if bpc is None else None,
-            "reason": "the training loss is nan" if bpc is None else None}
-
-
 def test_a_ladder_refuses_a_point_record_edited_after_its_run_wrote_it(tmp_path):
     args = ["BUDGETS=1e5,2e5", "MODELS=ngram", "SEEDS=1", "STUDY=ladder", "DATASET=synthetic",
             "SYNTHETIC_STORIES=300", "SEQ_LEN=32", f"RESULTS_DIR={tmp_path / 'results'}",
