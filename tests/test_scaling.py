@@ -85,7 +85,7 @@ def test_a_fit_that_cannot_be_made_says_why():
     assert fit_curve([1e12, 2e12], [2.0, 1.9], 1e12) == {"converged": False,
                                                          "reason": "fewer than 3 compute-bound budgets"}
     records = [{"model": "esn", "budget": b, "seed": s, "val_bpc": 2.9, "train_flops": 1e9, "train_tokens": 10,
-                "epochs": 1.0, "train_seconds": 1.0, "params_trainable": 5, "params_total": 9, "bound_by": "data"}
+                "epochs": 1.0, "train_seconds": 1.0, "params_trained": 5, "params_total": 9, "bound_by": "data"}
                for b in (1e12, 2e12) for s in (1, 2)]
     report = build_report(records, [1e12, 2e12], ["esn"], {})
     assert report["references"]["esn"]["bpc"] == 2.9 and "esn" not in report["fits"]  # data-bound: a reference
@@ -213,13 +213,12 @@ def test_a_study_point_with_its_data_moved_keeps_the_same_study(tmp_path):
 def test_a_signal_while_a_finished_point_exits_is_143_and_the_point_counts_as_finished(tmp_path):
     """The point's process, killed by SIGTERM as it exits (Popen's -15), once made the study exit 241 and call
     the finished point stopped."""
-    from reservoir.config import parse_overrides as parse
     from reservoir.studies.ladder import Study, StudyExit
     from reservoir.studies.runner import exit_status
 
     assert exit_status(-15) == 143 and exit_status(0) == 0 and exit_status(2) == 2
     study = Study.from_args({"BUDGETS": "1e5,2e5", "STUDY": "s"}, ["MODELS=ngram", "SEEDS=1", "DATASET=synthetic",
-                            f"RESULTS_DIR={tmp_path}", f"CACHE_DIR={tmp_path / 'cache'}"], parse)
+                            f"RESULTS_DIR={tmp_path}", f"CACHE_DIR={tmp_path / 'cache'}"])
 
     def finishes_then_is_killed(args):
         run_cli(tmp_path, *[a for a in args if not a.startswith(("RESULTS_DIR", "RUN_NAME"))],

@@ -27,7 +27,7 @@ import numpy as np
 
 from reservoir.config import parse_overrides
 from reservoir.platform.messages import say, warn
-from reservoir.run.records import ResultsError, read_json, read_summary, run_seeds, write_json_atomic
+from reservoir.run.records import ResultsError, point_scores, read_json, read_summary, run_seeds, write_json_atomic
 from reservoir.studies.budgets import StudyError, parse_budgets, point_name, step_cost
 from reservoir.studies.curves import crossovers, curve, fit_curve, log_axes, save_figure
 from reservoir.studies.runner import exit_status
@@ -125,7 +125,8 @@ class Study:
         for budget in self.budgets:
             summary = self.path / point_name(budget) / "summary.json"
             if summary.exists():
-                out.extend({**r, "budget": budget} for r in read_summary(summary.parent, "the point's summary"))
+                out.extend({**r, **point_scores(r, summary.parent), "budget": budget}
+                           for r in read_summary(summary.parent, "the point's summary"))
         return out
 
     def report(self) -> dict:
@@ -164,8 +165,8 @@ def _points(records: list[dict], models: list[str], budgets: list[float]) -> dic
                 "epochs": statistics.fmean(r["epochs"] for r in group if r.get("epochs") is not None)
                 if any(r.get("epochs") is not None for r in group) else None,
                 "train_seconds": statistics.fmean(r["train_seconds"] for r in group),
-                "params_trained": group[0]["params_trainable"],
-                "params_frozen": group[0]["params_total"] - group[0]["params_trainable"],
+                "params_trained": group[0]["params_trained"],
+                "params_frozen": group[0]["params_total"] - group[0]["params_trained"],
                 "bound_by": sorted({r.get("bound_by") or "?" for r in group}),
                 "diverged_seeds": [r["seed"] for r in group if r.get("status") == "diverged"],
             })
