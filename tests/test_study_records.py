@@ -84,3 +84,19 @@ def test_a_point_folder_here_with_more_seeds_replaces_its_record_and_one_with_fe
     (seeds / "summary.json").write_text("[]")  # a folder here that holds less than the file: the file's stays
     assert len(PointRecords(studies / "micro").pack() and PointRecords(studies / "micro").packed()["points"][key]
                ["summary"]) == 1
+
+
+def test_a_study_of_records_alone_says_why_it_cannot_compare_and_goes_on(studies, capsys):
+    """The points' folders, checkpoints and all, stay where they trained: the paired comparison says so in one
+    line and the study goes on."""
+    from reservoir.studies.frontier.study import FrontierStudy
+
+    PointRecords(studies / "micro").pack()
+    records_only(studies / "micro")
+    shutil.rmtree(studies / "micro" / "comparisons")
+    own = {"STUDY": "micro", "FAMILIES": "transformer++,linear_reservoir", "SIZES": "xs", "LEARNING_RATES": "4e-3",
+           "BATCH_SIZES": "8", "BUDGETS": "3e9,6e9", "LEAD_BUDGET": "1.2e10", "ENVELOPE_SEEDS": "2"}
+    study = FrontierStudy.from_args(own, ["DATASET=synthetic", f"RESULTS_DIR={studies}"])
+    assert study.compare_at_the_top(study.budgets) is None
+    said = capsys.readouterr()
+    assert "no paired comparison at 6e+09 FLOPs" in said.out and "is not on this machine" in said.out

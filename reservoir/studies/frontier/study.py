@@ -375,6 +375,9 @@ class FrontierStudy:
             cell = full[family][budget]["cell"]
             folders = [self.folder(c, budget, seeds=extra) for c in self.cells() if c.name == cell
                        for extra in (False, True)][: 2 if seeds[1:] else 1]
+            absent = [f for f in folders if not f.is_dir()]  # a point known from points.jsonl alone
+            if absent:
+                raise CheckpointError(f"{absent[0]} is not on this machine")
             return Side(folders, FAMILIES[family][0])
 
         say(f"frontier {self.name}: the paired comparison at {budget:.3g} FLOPs, {best} against {reference}")
