@@ -82,8 +82,9 @@ def test_a_point_folder_here_with_more_seeds_replaces_its_record_and_one_with_fe
     full = json.loads((seeds / "summary.json").read_text())
     assert len(full) == 1 and len(store.packed()["points"][key]["summary"]) == 1
     (seeds / "summary.json").write_text("[]")  # a folder here that holds less than the file: the file's stays
-    assert len(PointRecords(studies / "micro").pack() and PointRecords(studies / "micro").packed()["points"][key]
-               ["summary"]) == 1
+    again = PointRecords(studies / "micro")
+    again.pack()
+    assert len(again.packed()["points"][key]["summary"]) == 1 and len(again.summary(seeds)) == 1
 
 
 def test_a_study_of_records_alone_says_why_it_cannot_compare_and_goes_on(studies, capsys):

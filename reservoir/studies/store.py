@@ -114,19 +114,20 @@ class PointRecords:
         return {"points": points, "tokenizers": rows[0].get("tokenizers") or {}}
 
     def summary(self, folder: Path, what: str = "a point's summary") -> list[dict] | None:
-        """The point's records, from its folder or points.jsonl; None where it has none yet."""
-        if (Path(folder) / "summary.json").exists():
-            return read_summary(folder, what)
+        """The point's records, from its folder or points.jsonl (the folder's where it holds as many seeds);
+        None where it has none yet."""
         point = self.packed()["points"].get(self._key(folder))
+        if (Path(folder) / "summary.json").exists():
+            here = read_summary(folder, what)
+            if point is None or len(here) >= len(point["summary"]):
+                return here
         return point["summary"] if point else None
 
     def config(self, folder: Path) -> RecordedConfig:
         """The point's config.json (checked), from its folder or points.jsonl."""
-        if (Path(folder) / "summary.json").exists() or (Path(folder) / "config.json").exists():
-            return read_run_config(folder)
         point = self.packed()["points"].get(self._key(folder))
-        if point is None:
-            raise ResultsError(f"{folder} has no config.json and {self.file} no record of it")
+        if (Path(folder) / "config.json").exists() or point is None:
+            return read_run_config(folder)
         return RecordedConfig(point["config"], self.file)
 
     def names_under(self, folder: Path) -> list[str]:
