@@ -3,6 +3,8 @@
 import json
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -101,3 +103,20 @@ def test_a_study_of_records_alone_says_why_it_cannot_compare_and_goes_on(studies
     assert study.compare_at_the_top(study.budgets) is None
     said = capsys.readouterr()
     assert "no paired comparison at 6e+09 FLOPs" in said.out and "is not on this machine" in said.out
+
+
+def test_the_committed_studies_rebuild_their_report_byte_for_byte_from_points_jsonl(tmp_path):
+    """results/ as a clone has it (records only): REPORT.md, every frontier.json/.md/.png come out as committed."""
+    committed = ROOT / "results"
+    copy = tmp_path / "results"
+    shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("*-lr*-b*", "references", "controls", "logs",
+                                                                   "checkpoints"))
+    # from the folder above, as the committed report was made: its paths are relative (REPORT=results)
+    proc = subprocess.run([sys.executable, str(ROOT / "scaling.py"), "REPORT=results"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    outputs = ["REPORT.md", *(f"{study.name}/{name}" for study in sorted(committed.glob("frontier-*"))
+                              for name in ("frontier.json", "frontier.md", "frontier.png", POINTS_FILE))]
+    assert len(outputs) == 9
+    changed = [name for name in outputs if (copy / name).read_bytes() != (committed / name).read_bytes()]
+    assert changed == []
