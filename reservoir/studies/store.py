@@ -154,11 +154,11 @@ class PointRecords:
             if key in points and len(points[key]["summary"]) > len(summary):
                 continue  # the file holds more of this point (more seeds) than the folder here
             config = read_json(folder / "config.json", "the run's config")
-            read_run_config(folder)  # checked before it is copied
+            check_run_config(config, folder / "config.json")  # checked before it is copied
             points[key] = {"config": config, "summary": summary}
-            tokenizer, data = folder / "tokenizer.json", config.get("data") or {}
-            if tokenizer.exists() and data.get("tokenizer_hash"):
-                tokenizers.setdefault(data["tokenizer_hash"], json.loads(tokenizer.read_text(encoding="utf-8")))
+            digest, tokenizer = (config.get("data") or {}).get("tokenizer_hash"), folder / "tokenizer.json"
+            if digest and digest not in tokenizers and tokenizer.exists():  # one copy per corpus
+                tokenizers[digest] = json.loads(tokenizer.read_text(encoding="utf-8"))
         if not points:
             return None
         shared = shared_part([p["config"] for p in points.values()])
