@@ -22,7 +22,7 @@ BATCH_SIZES), every point on the wsd schedule so each budget branches off the on
 halving over BUDGETS (KEEP, WITHIN), the envelope re-run on ENVELOPE_SEEDS seeds, WORKERS points at once
 (one thread each), cells skipped below MIN_STEPS steps or above MAX_TOKENS_PER_PARAM tokens per
 parameter. Writes frontier.json, frontier.md and frontier.png in RESULTS_DIR/STUDY (default 'frontier');
-reservoir/studies/frontier/ says more, README "Frontier studies" how to read the plot.
+reservoir/studies/frontier/ says more, docs/studies.md how to read the plot.
 """
 
 from __future__ import annotations

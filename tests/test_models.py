@@ -513,7 +513,7 @@ def test_frozen_retention_refuses_heads_that_do_not_split_its_width():
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_every_model_class_has_its_own_docstring_saying_what_it_is(name):
-    """README's model table points to each class's docstring for what is frozen and what is trained."""
+    """docs/configuration.md's model table points to each class's docstring for what is frozen and what is trained."""
     cls = type(build_model(name, 30, small_config()))
     assert vars(cls).get("__doc__") and len(cls.__doc__.split()) > 8, cls.__name__
 

@@ -176,7 +176,7 @@ def resolve_kind(device: str = "auto", use_tpu: bool = False) -> str:
         warn(
             f"a TPU was requested (USE_TPU=True) but {why}; "
             f"using {'the GPU' if fallback == 'cuda' else 'the CPU'} ({fallback}) instead. "
-            "See README_TPU.md to set up torch_xla."
+            "See docs/hardware.md to set up torch_xla."
         )
         return fallback
     if device == "auto":
@@ -185,7 +185,7 @@ def resolve_kind(device: str = "auto", use_tpu: bool = False) -> str:
         hint = ""
         if device == "tpu":
             hint = (
-                " (install torch_xla: see README_TPU.md)"
+                " (install torch_xla: see docs/hardware.md)"
                 if not xla_installed()
                 else " (no TPU chips found; set PJRT_DEVICE=CPU to run the XLA path on the CPU)"
             )
@@ -202,7 +202,7 @@ def cuda_has_native_bf16(device: torch.device | int | None = None) -> bool:
 
 
 def resolve_precision(kind: str, requested: str = "auto", device: torch.device | int | None = None) -> str:
-    """The precision a run uses (the table in README, "Precision"): auto is bf16 on TPUs and on GPUs
+    """The precision a run uses (docs/configuration.md, the PRECISION row): auto is bf16 on TPUs and on GPUs
     with bf16 hardware, fp16 with a grad scaler on older GPUs, fp32 on CPUs. ``device``: the GPU
     this process uses (each torchrun process asks about its own, not GPU 0)."""
     if requested == "auto":

@@ -30,7 +30,7 @@ from reservoir.studies.store import PointRecords
 GOAL = 0.05  # the goal the study measures: the best reservoir envelope within 5% of the transformer's
 REPEATED = 2.0  # epochs from which train against validation is a claim's caveat (Muennighoff et al. 2023)
 REPORT_FILE = "REPORT.md"
-# published numbers on a corpus's standard split, by its split sizes in characters (shared/data/*/README.md):
+# published numbers on a corpus's standard split, by its split sizes in characters (the corpora's own READMEs):
 # (what, validation nats per character)
 PUBLISHED = {
     (1_003_854, 111_540): [  # Tiny Shakespeare, nanoGPT's shakespeare_char split (first 90% trains)
