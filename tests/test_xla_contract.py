@@ -184,7 +184,7 @@ def test_persistent_compile_cache_is_written_and_looked_up_by_a_second_process(t
     script = (
         "import sys; sys.path.insert(0, '.');"
         "import torch, torch_xla.debug.metrics as met;"
-        "from reservoir import device as dev;"
+        "from reservoir.platform import device as dev;"
         f"info = dev.select_device({{'USE_TPU': True, 'XLA_CACHE_DIR': r'{tmp_path / 'xla'}'}});"
         "m = torch.nn.Linear(8, 8).to(info.device); y = (m(torch.ones(4, 8, device=info.device)) ** 2).sum();"
         "y.backward(); dev.mark_step(info);"
@@ -253,7 +253,7 @@ print(json.dumps(out))
 
 def test_transformer_weights_stay_tied_on_xla():
     script = ("import sys; sys.path.insert(0, '.');"
-              "from reservoir.config import parse_overrides; from reservoir import device as dev;"
+              "from reservoir.config import parse_overrides; from reservoir.platform import device as dev;"
               "from reservoir.models import build_model;"
               "info = dev.select_device({'USE_TPU': True});"
               "m = build_model('transformer', 40, parse_overrides(['TRANSFORMER.n_embd=32'])).to(info.device);"
