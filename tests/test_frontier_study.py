@@ -201,21 +201,6 @@ def test_a_family_whose_kept_cells_outgrow_the_budget_gets_its_pruned_cells_back
     assert [p["budget"] for p in report["envelope"]["transformer++"]] == [3e9, 6e9, 1.2e10]
 
 
-def test_a_study_whose_records_came_without_checkpoints_says_why_it_cannot_compare_and_goes_on(studies, capsys):
-    """Records travel in git, checkpoints do not: on a new machine the paired comparison cannot score the points,
-    and the study says so in one line and goes on to its stages (the leaders, trained here, are compared)."""
-    from reservoir.studies.frontier.study import FrontierStudy
-
-    shutil.rmtree(studies / "micro" / "comparisons")
-    own = {"STUDY": "micro", "FAMILIES": "transformer++,linear_reservoir", "SIZES": "xs", "LEARNING_RATES": "4e-3",
-           "BATCH_SIZES": "8", "BUDGETS": "3e9,6e9", "LEAD_BUDGET": "1.2e10", "ENVELOPE_SEEDS": "2"}
-    study = FrontierStudy.from_args(own, ["DATASET=synthetic", f"RESULTS_DIR={studies}"])
-    assert study.compare_at_the_top(study.budgets) is None
-    said = capsys.readouterr()
-    assert "no paired comparison at 6e+09 FLOPs" in said.out + said.err
-    assert "checkpoints" in said.out + said.err and not (studies / "micro" / "comparisons").exists()
-
-
 def test_a_stopped_study_counts_the_points_it_never_started_apart(tmp_path):
     from reservoir.studies.frontier.study import FrontierExit, FrontierStudy
 

@@ -89,20 +89,24 @@ def test_a_point_folder_here_with_more_seeds_replaces_its_record_and_one_with_fe
     assert len(again.packed()["points"][key]["summary"]) == 1 and len(again.summary(seeds)) == 1
 
 
-def test_a_study_of_records_alone_says_why_it_cannot_compare_and_goes_on(studies, capsys):
-    """The points' folders, checkpoints and all, stay where they trained: the paired comparison says so in one
-    line and the study goes on."""
+@pytest.mark.parametrize("folders", ["without checkpoints", "not here"])
+def test_a_study_whose_points_trained_elsewhere_says_why_it_cannot_compare_and_goes_on(studies, capsys, folders):
+    """Records travel in git, point folders and checkpoints do not: on a new machine the paired comparison cannot
+    score the points, and the study says so in one line and goes on to its stages."""
     from reservoir.studies.frontier.study import FrontierStudy
 
-    PointRecords(studies / "micro").pack()
-    records_only(studies / "micro")
+    if folders == "not here":
+        PointRecords(studies / "micro").pack()
+        records_only(studies / "micro")
     shutil.rmtree(studies / "micro" / "comparisons")
     own = {"STUDY": "micro", "FAMILIES": "transformer++,linear_reservoir", "SIZES": "xs", "LEARNING_RATES": "4e-3",
            "BATCH_SIZES": "8", "BUDGETS": "3e9,6e9", "LEAD_BUDGET": "1.2e10", "ENVELOPE_SEEDS": "2"}
     study = FrontierStudy.from_args(own, ["DATASET=synthetic", f"RESULTS_DIR={studies}"])
     assert study.compare_at_the_top(study.budgets) is None
-    said = capsys.readouterr()
-    assert "no paired comparison at 6e+09 FLOPs" in said.out and "is not on this machine" in said.out
+    said = capsys.readouterr().out
+    assert "no paired comparison at 6e+09 FLOPs" in said and "checkpoints" in said
+    assert ("is not on this machine" in said) == (folders == "not here")
+    assert not (studies / "micro" / "comparisons").exists()
 
 
 def test_the_committed_studies_rebuild_their_report_byte_for_byte_from_points_jsonl(tmp_path):
