@@ -4,7 +4,7 @@
 
 A run-wide LEARNING_RATE or BATCH_SIZE is every model's; where the run leaves it None, each model takes
 its block's own (``TRANSFORMER.learning_rate``, ``LSTM.batch_size``): how the defaults give every family
-its best configuration from the frontier study (configs.py validates that each model then has one).
+its best configuration from the frontier study (reservoir/config.py validates that each model then has one).
 """
 
 from __future__ import annotations

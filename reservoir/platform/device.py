@@ -162,7 +162,7 @@ def available_kinds() -> list[str]:
 
 
 def resolve_kind(device: str = "auto", use_tpu: bool = False) -> str:
-    """The device kind to use for a DEVICE / USE_TPU request (see configs.py)."""
+    """The device kind to use for a DEVICE / USE_TPU request (see reservoir/config.py)."""
     kinds = available_kinds()
     if device == "auto" and use_tpu:
         if "tpu" in kinds:
@@ -230,7 +230,7 @@ def adjust_config(config: dict, device_kind: str) -> dict:
         for key, own in (("BATCH_SIZE", "batch_size"), ("LEARNING_RATE", "learning_rate")):
             if config[key] is not None:
                 adjusted[key] = scale[key](config[key])
-            for block in adjusted.values():  # a model's own (configs.model_settings) is scaled alike
+            for block in adjusted.values():  # a model's own (models.settings.model_settings) is scaled alike
                 if isinstance(block, dict) and block.get(own) is not None:
                     block[own] = scale[key](block[own])
     return adjusted

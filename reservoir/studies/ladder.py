@@ -62,7 +62,7 @@ class Study:
 
     @classmethod
     def from_args(cls, own: dict[str, str], settings: list[str]) -> Study:
-        """The study of a command line: ``own``, its STUDY_KEYS (as configs.split_arguments parts them
+        """The study of a command line: ``own``, its STUDY_KEYS (as config.split_arguments parts them
         from the rest), and ``settings``, the run settings that ``parse_overrides(args) -> config`` checks."""
         budgets = parse_budgets(own["BUDGETS"]) if "BUDGETS" in own else list(DEFAULT_BUDGETS)
         name = own.get("STUDY") or "scaling"
