@@ -171,6 +171,12 @@ def parse_grid(own: dict[str, str]) -> dict:
                       ("WORKERS", int), ("WITHIN", float)):
         if key in own:
             grid[key] = _number_list(key, own[key], kind)[0] if key != "WITHIN" else _fraction(own[key])
+    for key in GROWABLE:  # a value given twice is every one of its cells twice: two processes on one point folder
+        values = grid[key]
+        twice = next((v for k, v in enumerate(values) if v in values[:k]), None)
+        if twice is not None:
+            shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+            raise FrontierError(f"{key} names {twice!r} twice ({shown}): give each value once")
     for family in grid["FAMILIES"]:
         if family not in FAMILIES:
             raise FrontierError(f"unknown family {family!r} in FAMILIES (families: {', '.join(FAMILIES)})")
