@@ -123,3 +123,11 @@ def test_a_study_refuses_a_point_record_edited_after_its_run_wrote_it(tmp_path):
     (point / "summary.json").write_text(text.replace(json.dumps(record["val_bpc"]), "1.0", 1))
     with pytest.raises(ResultsError, match="the record of lstm .seed 1337. was edited after its run wrote it"):
         read_summary(point)
+
+
+def test_a_beta2_reference_that_rounds_beta2_to_one_is_refused_before_any_folder(tmp_path):
+    proc = run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=3", f"ADAM_BETA2_REF_TOKENS={10**30}", "RUN_NAME=b",
+                   check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "ADAM_BETA2_REF_TOKENS=" in proc.stderr and "which AdamW refuses" in proc.stderr
+    assert not (tmp_path / "results" / "b").exists()

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from reservoir.config import ConfigError
 from reservoir.data.corpus import DataError
 from reservoir.data.tokens import TokenData, TrainWindows, eval_windows
 from reservoir.models.base import LanguageModel
@@ -447,7 +448,20 @@ def check_batches(config: dict, data: TokenData, info: dev.DeviceInfo) -> None:
     otherwise train first and leave a folder behind."""
     for name in config["MODELS"]:
         if name != "ngram":
-            _check_one_batch(max(0, (data.train.size - 1) // config["SEQ_LEN"]), info, model_settings(config, name))
+            settings = model_settings(config, name)
+            _check_one_batch(max(0, (data.train.size - 1) // config["SEQ_LEN"]), info, settings)
+            _check_beta2(name, settings, info)
+
+
+def _check_beta2(name: str, config: dict, info: dev.DeviceInfo) -> None:
+    """β2 derived from ADAM_BETA2_REF_TOKENS must be one AdamW takes: a reference far above a step's tokens
+    rounds it to 1.0, which torch refuses mid-run, after the folder exists."""
+    per_step, reference = _tokens_per_step(config, info), config["ADAM_BETA2_REF_TOKENS"]
+    beta2 = adam_beta2(config, per_step)
+    if reference and not 0.0 <= beta2 < 1.0:
+        raise ConfigError(f"ADAM_BETA2_REF_TOKENS={reference} gives {name} a β2 of {config['ADAM_BETA2']} ** "
+                          f"({per_step} / {reference}) = {beta2!r}, which AdamW refuses (it must be below 1): give "
+                          f"a reference near the {per_step:,} tokens of one step, or None")
 
 
 def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress: Progress):
