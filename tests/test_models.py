@@ -535,3 +535,12 @@ def test_reservoir_attention_reads_frozen_states_and_its_control_the_same_input_
     assert {"lam_re", "lam_im", "b_re", "b_im"} <= {name for name, _ in model.named_buffers()}
     F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
     assert all(p.grad is not None for p in model.parameters())  # every parameter is the readout's
+
+
+@pytest.mark.parametrize("readout", ["ridge", "softmax"])
+def test_how_a_model_is_fitted_is_known_before_it_is_built(readout):
+    from reservoir.models import trainer_of
+
+    config = small_config(*(f"{block}.readout={readout}" for block in ("ESN", "DEEP_ESN", "NVAR")))
+    for name in MODEL_NAMES:
+        assert trainer_of(name, config) == build_model(name, 40, config).trainer, name

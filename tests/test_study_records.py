@@ -55,7 +55,7 @@ def test_a_study_of_records_alone_rebuilds_its_report_byte_for_byte_and_skips_ev
     settings = json.loads((studies / "micro" / "frontier-study.json").read_text())["settings"]
     study = FrontierStudy.from_args(own, [*settings, f"RESULTS_DIR={studies}"])
     asked = []
-    study.run(lambda jobs, workers: asked.extend(jobs) or [0] * len(jobs), measure_cells(study))
+    study.run(lambda jobs, workers, finished: asked.extend(jobs) or [0] * len(jobs), measure_cells(study))
     assert asked == []
     assert [p.name for p in (studies / "micro").iterdir() if p.is_dir()] == ["comparisons"]
 

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from reservoir.config import ConfigError, parse_overrides
+from reservoir.data.corpus import EOT
+from reservoir.data.synthetic import synthetic_stories
 from reservoir.run.train import adam_beta2, learning_rate
 from tests.conftest import run_cli, run_then_sigkill, summary_of
 
@@ -98,12 +100,52 @@ def test_a_branch_is_refused_from_other_settings_a_longer_budget_or_no_stable_ph
     assert shorter.returncode != 0 and "past this budget's cooldown start (step 16)" in shorter.stderr
     (short / "checkpoints" / "transformer-seed1337-stable.pt").unlink()
     missing = run_cli(tmp_path, *WSD, "MAX_STEPS=80", f"STABLE_FROM={short}", "RUN_NAME=m", check=False)
-    assert missing.returncode != 0 and "has no stable phase of transformer for seed 1337" in missing.stderr
+    assert missing.returncode != 0 and "has no stable phase for transformer-seed1337-stable.pt" in missing.stderr
     for proc in (other, shorter, missing):  # one error line (after the note that the empty folder went)
         assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in proc.stderr
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == before  # no half-made folders left
     assert (short / "summary.json").exists()
     shutil.rmtree(short / "checkpoints")
+
+
+def test_several_models_branch_only_if_every_one_has_its_stable_phase(tmp_path):
+    run_cli(tmp_path, *WSD, "MAX_STEPS=40", "RUN_NAME=short")  # the transformer's stable phase, no LSTM's
+    short = tmp_path / "results" / "short"
+    both = run_cli(tmp_path, *WSD, "MODELS=transformer,lstm", "MAX_STEPS=80", f"STABLE_FROM={short}",
+                   "RUN_NAME=both", check=False)
+    assert both.returncode != 0 and "has no stable phase for lstm-seed1337-stable.pt" in both.stderr, both.stderr
+    assert "transformer: " not in both.stdout  # refused before the first model trained
+    assert not (tmp_path / "results" / "both").exists()
+
+
+def _corpus(folder, seed):
+    folder.mkdir(parents=True)
+    stories = synthetic_stories(300, seed)
+    (folder / "TinyStories-train.txt").write_text(EOT.join(stories[:270]))
+    (folder / "TinyStories-valid.txt").write_text(EOT.join(stories[270:]))
+    return folder
+
+
+def test_a_branch_and_a_resume_follow_their_data_to_another_folder_and_refuse_another_text(tmp_path):
+    first = _corpus(tmp_path / "data", 1)
+    run_cli(tmp_path, *WSD, "MAX_STEPS=40", f"DATASET={first}", "RUN_NAME=short")
+    short = tmp_path / "results" / "short"
+    moved = tmp_path / "another" / "place"
+    moved.parent.mkdir()
+    shutil.move(first, moved)  # another machine, another folder: the same text
+    branch = run_cli(tmp_path, *WSD, "MAX_STEPS=80", f"DATASET={moved}/", f"STABLE_FROM={short}", "RUN_NAME=b")
+    assert summary_of(tmp_path / "results" / "b")["transformer"]["fit"]["branched_at_flops"] > 0, branch.stdout
+    resumed = run_cli(tmp_path, "RESUME=short", f"DATASET={moved}", settings=[])
+    assert "transformer: finished" in resumed.stdout
+    other = _corpus(tmp_path / "other", 2)  # another text
+    refused = run_cli(tmp_path, *WSD, "MAX_STEPS=80", f"DATASET={other}", f"STABLE_FROM={short}", "RUN_NAME=o",
+                      check=False)
+    assert refused.returncode != 0 and "train_sha256" in refused.stderr and "there" in refused.stderr
+    again = run_cli(tmp_path, "RESUME=short", f"DATASET={other}", settings=[], check=False)
+    assert again.returncode != 0 and f"the data here is not the corpus {short} trained on" in again.stderr
+    for proc in (refused, again):
+        assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in proc.stderr
+    assert not (tmp_path / "results" / "o").exists()
 
 
 def test_a_wsd_budget_too_small_for_its_warm_up_and_cooldown_is_one_line(tmp_path):

@@ -135,6 +135,25 @@ class TokenData:
                 "val_unknown_share": self.val_unknown_share, **(self.text or {})}
 
 
+# A corpus is known by its content, never its path (data moves between machines and folders): the hashes of
+# its splits' text where a record has them, and what older records hold besides (tokenizer, stories, characters).
+CORPUS_KEYS = ("train_sha256", "val_sha256", "tokenizer", "tokenizer_hash", "train_stories", "train_chars",
+               "val_stories", "val_chars")
+
+
+def corpus_differences(recorded: dict, here: dict) -> list[str]:
+    """How the corpus ``here`` differs from the one ``recorded`` (both ``TokenData.describe()``): one phrase
+    per key that both hold and that differs; empty for the same text, wherever it lies."""
+    return [f"{key} {recorded[key]!r} there, {here[key]!r} here" for key in CORPUS_KEYS
+            if key in recorded and key in here and recorded[key] != here[key]]
+
+
+def corpus_label(data: dict) -> str:
+    """A corpus in words, from its content alone: equal for one corpus on any machine, unequal for two."""
+    return (f"{data['tokenizer']} tokenizer {data['tokenizer_hash']}, {data['train_chars']:,} training and "
+            f"{data['val_chars']:,} validation characters")
+
+
 def _tidy_cache(cache_dir: str | Path) -> None:
     """Remove what killed cache writes left (token arrays, tokenizers, hub downloads): a temporary no
     live process is writing is never finished by anyone."""
@@ -172,7 +191,8 @@ def prepare_data(config: dict) -> TokenData:
         warn(f"{unknown:.1%} of the validation tokens are characters the training text never has (<unk>): "
              "the two splits do not share an alphabet, so bits/char there measure little; check VAL_PATH")
     text = {"train_stories": train_text.stories, "train_chars": train_text.chars, "val_stories": val_text.stories,
-            "val_chars": val_text.chars, "tokenizer_trained_on_chars": sample or train_text.chars}
+            "val_chars": val_text.chars, "tokenizer_trained_on_chars": sample or train_text.chars,
+            "train_sha256": train_text.sha256, "val_sha256": val_text.sha256}  # the corpus's identity, not its path
     return TokenData(train, val, tokenizer, corpus.source, corpus.description, chars / val.size, unknown, text)
 
 

@@ -16,7 +16,7 @@ from reservoir.platform.messages import OneLineError
 
 __all__ = ["LanguageModel", "ReservoirLM", "ESN", "DeepESN", "LinearReservoir", "DeepLinearReservoir",
            "NVAR", "FrozenRetention", "ReservoirAttention", "Transformer", "LSTM",
-           "NGram", "build_model", "MODEL_NAMES", "check_vocabulary", "ModelSettingsError"]
+           "NGram", "build_model", "MODEL_NAMES", "check_vocabulary", "ModelSettingsError", "trainer_of"]
 
 _BUILDERS = {
     "esn": lambda v, cfg, c: ESN(v, cfg, c["SEED"]),
@@ -31,6 +31,14 @@ _BUILDERS = {
     "ngram": lambda v, cfg, c: NGram(v, cfg),
 }
 MODEL_NAMES = tuple(_BUILDERS)
+
+
+def trainer_of(name: str, config: dict) -> str:
+    """How the runner fits model ``name`` under ``config`` (its ``trainer``), known before it is built: counts
+    for the n-gram, a closed-form ridge solve for a reservoir whose readout is 'ridge', gradient steps else."""
+    if name == "ngram":
+        return "counts"
+    return "ridge" if config[name.upper()].get("readout") == "ridge" else "sgd"
 
 
 class ModelSettingsError(OneLineError, ValueError):

@@ -17,6 +17,7 @@ import errno
 import fcntl
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -87,6 +88,46 @@ def atomic_write(path: str | Path, write) -> None:
             os.remove(tmp)
         if lock_fd is not None:
             os.close(lock_fd)
+
+
+def make_folder(path: str | Path) -> Path:
+    """``path`` and its parents, created if missing; a place that cannot take them is one line."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        code = e.errno
+        cause = {errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+                 errno.ENOSPC: "no space left on the device"}.get(code, e.strerror or type(e).__name__)
+        raise StorageError(f"cannot create {path}: {cause}; choose a writable RESULTS_DIR") from None
+    return path
+
+
+class Busy(Exception):
+    """``lock_folder`` found the folder held: ``holder`` is what its holder wrote ("pid 123 on host")."""
+
+    def __init__(self, holder: str):
+        super().__init__(holder)
+        self.holder = holder
+
+
+def lock_folder(folder: str | Path) -> int:
+    """Hold ``folder``/.lock (flock) for as long as the returned descriptor is open; the OS drops it when the
+    process dies, so a killed holder never leaves a stale lock. Raises ``Busy`` if another process holds it."""
+    lock_file = Path(folder) / ".lock"
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise storage_error(lock_file, e) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise Busy(holder) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+    return fd
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -15,10 +15,18 @@ from reservoir.models.settings import model_settings
 from reservoir.platform import device as dev
 from reservoir.platform import stopping
 from reservoir.platform.messages import TAG, say, warn
+from reservoir.run.folders import check_same_corpus
 from reservoir.run.records import run_seeds
 from reservoir.run.tables import format_table
 from reservoir.run.tracking import check_available
-from reservoir.run.train import check_batches, diverged_record, fit, sample_stories, summary_record
+from reservoir.run.train import (
+    check_batches,
+    check_stable_phases,
+    diverged_record,
+    fit,
+    sample_stories,
+    summary_record,
+)
 from reservoir.run.writer import Run
 
 
@@ -37,6 +45,9 @@ def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claime
     data = dev.main_process_first(info, lambda: prepare_data(config), "data_prepared")  # one download, one cache
     check_vocabulary(config, data.tokenizer.vocab_size)  # before a run folder exists
     check_batches(config, data, info)
+    check_stable_phases(config, resume_dir)
+    if resume_dir is not None:
+        check_same_corpus(resume_dir, data.describe())
     say(f"data: {data.description}; {data.tokenizer.kind} tokenizer, vocab {data.tokenizer.vocab_size}, "
         f"{data.train.size:,} training / {data.val.size:,} validation tokens", main)
 

@@ -6,22 +6,24 @@ with the settings it was started with.
 from __future__ import annotations
 
 import datetime
-import fcntl
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from reservoir.platform.files import remove_stale_temporaries
+from reservoir.data.tokens import corpus_differences
+from reservoir.platform.files import Busy, StorageError, lock_folder, remove_stale_temporaries
 from reservoir.platform.messages import warn
 from reservoir.run.checkpoint import (
     CheckpointError,
     checkpoint_file,
     load_checkpoint,
 )
-from reservoir.run.records import ResultsError, read_json, run_seeds
+from reservoir.run.records import ResultsError, read_json, read_run_config, run_seeds
 
 WHERE_KEYS = ("RESULTS_DIR", "CACHE_DIR")  # where a run is found and caches kept: RESUME may name others
+DATA_KEYS = ("DATASET", "DATA_DIR", "TRAIN_PATH", "VAL_PATH")  # where its data is: RESUME may name others, if
+# they hold the same text (check_same_corpus)
 
 
 def find_run_dir(results_dir: str, resume: str) -> Path:
@@ -44,19 +46,31 @@ def resumed_config(saved: dict, given: dict, named) -> dict:
 
     ``named``: the settings the command line gave ("SEQ_LEN", "ESN.units"). One that disagrees with the
     saved run (its default value or not) would silently mix two experiments in one folder. Only where
-    the run folder and caches are (RESULTS_DIR, CACHE_DIR) may differ: they are taken from the command.
+    the run folder, caches and data are (RESULTS_DIR, CACHE_DIR; DATASET, DATA_DIR, TRAIN_PATH, VAL_PATH) may
+    differ: they are taken from the command, and the data checked to be the same text once it is read.
     """
     def value(config: dict, name: str):
         key, _, sub = name.partition(".")
         block = config.get(key)
         return (block.get(sub) if isinstance(block, dict) else None) if sub else block
 
-    changed = [n for n in named if n != "RESUME" and n not in WHERE_KEYS and value(given, n) != value(saved, n)]
+    places = (*WHERE_KEYS, *DATA_KEYS)
+    changed = [n for n in named if n != "RESUME" and n not in places and value(given, n) != value(saved, n)]
     if changed:
         raise ResultsError(f"RESUME continues a run with its own settings; {', '.join(changed)} differ from the "
                            "saved run: drop them, or start a new run")
-    where = {k: given[k] for k in WHERE_KEYS if k in named}
+    where = {k: given[k] for k in places if k in named}
     return {**saved, **where, "RESUME": given["RESUME"]}
+
+
+def check_same_corpus(run_dir: Path, data: dict) -> None:
+    """RESUME continues a run on the text it trained on, found by its content wherever it lies now."""
+    recorded = read_run_config(run_dir).get("data") or {}
+    differ = corpus_differences(recorded, data)
+    if differ:
+        raise ResultsError(f"the data here is not the corpus {run_dir} trained on ({'; '.join(differ[:2])}): resume "
+                           "with the run's own data (DATASET, DATA_DIR, TRAIN_PATH: the same text, at any path), or "
+                           "start a new run")
 
 
 def _new_run_dir(results_dir: str, run_name: str | None) -> Path:
@@ -114,21 +128,13 @@ class Claim:
 
 
 def _lock(path: Path) -> int:
-    lock_file = path / ".lock"
     try:
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as e:
-        raise ResultsError(f"cannot lock {path} for this run ({e.strerror}); is the folder writable?") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
-        os.close(fd)
-        raise ResultsError(f"{path} is in use by another run (pid {holder}); wait for it to finish, or start a new "
+        return lock_folder(path)
+    except Busy as e:
+        raise ResultsError(f"{path} is in use by another run ({e.holder}); wait for it to finish, or start a new "
                            "run instead of resuming this one") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    return fd
+    except StorageError as e:
+        raise ResultsError(f"cannot lock {path} for this run ({e}); is the folder writable?") from None
 
 
 def claim_run_folder(config: dict, resume_dir: Path | None) -> Claim:

@@ -28,6 +28,7 @@ from torch.nn import functional as F
 from reservoir.config import ConfigError
 from reservoir.data.corpus import DataError
 from reservoir.data.tokens import TokenData, TrainWindows, eval_windows
+from reservoir.models import trainer_of
 from reservoir.models.base import LanguageModel
 from reservoir.models.settings import model_settings
 from reservoir.platform import device as dev
@@ -38,12 +39,14 @@ from reservoir.platform.stopping import Diverged, Stopped
 from reservoir.run import flops
 from reservoir.run.checkpoint import (
     CheckpointError,
+    checkpoint_file,
     checkpoint_identity,
     load_checkpoint,
     restore_model,
     save_checkpoint,
 )
 from reservoir.run.evaluation import EvalPoints, Evaluations
+from reservoir.run.records import run_seeds
 from reservoir.run.sampling import SampleSettings, write_stories
 from reservoir.run.writer import Run
 
@@ -137,15 +140,17 @@ def adam_beta2(config: dict, tokens_per_step: int) -> float:
 
 
 # Settings that shape a gradient fit's trajectory besides the model's own (checkpoint identity): a
-# stable phase continued by another run (STABLE_FROM) must have been trained with the same ones.
+# stable phase continued by another run (STABLE_FROM) must have been trained with the same ones, and on
+# the same training text (its hash: the data may have moved to another folder or machine since).
 TRAJECTORY_KEYS = ("BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "GRAD_ACCUM", "GRAD_CLIP", "WEIGHT_DECAY",
                    "WARMUP_STEPS", "MIN_LR_FRACTION", "LR_SCHEDULE", "COOLDOWN_FRACTION", "COOLDOWN_SHAPE",
-                   "ADAM_BETA2", "ADAM_BETA2_REF_TOKENS", "PRECISION", "DATASET", "TRAIN_PATH",
-                   "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS", "SYNTHETIC_STORIES", "VAL_FRACTION")
+                   "ADAM_BETA2", "ADAM_BETA2_REF_TOKENS", "PRECISION", "MAX_TRAIN_STORIES", "MAX_TRAIN_CHARS",
+                   "SYNTHETIC_STORIES", "VAL_FRACTION")
+DATA_PLACES = ("DATASET", "TRAIN_PATH")  # recorded by older stable phases: where, which says nothing of what
 
 
-def trajectory(config: dict) -> dict:
-    return {key: config[key] for key in TRAJECTORY_KEYS}
+def trajectory(config: dict, data: TokenData) -> dict:
+    return {**{key: config[key] for key in TRAJECTORY_KEYS}, "train_sha256": (data.text or {}).get("train_sha256")}
 
 
 def cooldown_steps(config: dict, budget: Budget, cost: flops.FitCost, tokens_per_step: int) -> tuple[int, int]:
@@ -291,7 +296,9 @@ def load_stable_phase(job: Fit) -> dict:
                               f"{job.seed} ({path}; a wsd run writes it when its cooldown starts): name a wsd run "
                               "that reached its cooldown, or drop STABLE_FROM to train from step 0")
     payload = load_checkpoint(path, job.identity)
-    differ = {k: (v, job.config[k]) for k, v in payload.get("trajectory", {}).items() if job.config.get(k) != v}
+    here = trajectory(job.config, job.data)
+    differ = {k: (v, here[k]) for k, v in payload.get("trajectory", {}).items()
+              if k not in DATA_PLACES and here.get(k) != v}
     if "trajectory" not in payload or differ:
         detail = ", ".join(f"{k} {old!r} there, {new!r} here" for k, (old, new) in differ.items()) or \
             "it records no training settings"
@@ -392,7 +399,7 @@ class Fit:
              path: Path | None = None) -> None:
         payload = {**self.identity, "finished": finished, "progress": asdict(progress),
                    "model_state": self.model.state_dict(), "rng": dev.rng_state(self.info), "extra": extra or {},
-                   "trajectory": trajectory(self.config)}
+                   "trajectory": trajectory(self.config, self.data)}
         if optimizer is not None:
             payload["optimizer"] = optimizer.state_dict()
             payload["scaler"] = scaler.state_dict()
@@ -451,6 +458,25 @@ def check_batches(config: dict, data: TokenData, info: dev.DeviceInfo) -> None:
             settings = model_settings(config, name)
             _check_one_batch(max(0, (data.train.size - 1) // config["SEQ_LEN"]), info, settings)
             _check_beta2(name, settings, info)
+
+
+def check_stable_phases(config: dict, resume_dir: Path | None = None) -> None:
+    """With STABLE_FROM, the stable phase of every gradient-trained model and seed that still has to train
+    (none of its own checkpoints in ``resume_dir``), before the run's folder exists: one missing would stop
+    the run after the models before it, in a folder neither RESUME nor a new run could continue."""
+    source = config["STABLE_FROM"]
+    if not source:
+        return
+    seeds = run_seeds(config)
+    missing = [stable_checkpoint(source, name, seed) for seed in seeds for name in config["MODELS"]
+               if trainer_of(name, config) == "sgd"
+               and not (resume_dir and checkpoint_file(resume_dir, name, seed, seeds).exists())
+               and not stable_checkpoint(source, name, seed).exists()]
+    if missing:
+        names = ", ".join(p.name for p in missing)
+        raise CheckpointError(f"STABLE_FROM={source} has no stable phase for {names} (a wsd run writes one for each "
+                              "model and seed when its cooldown starts): name a wsd run of the same MODELS and SEEDS "
+                              "that reached its cooldown, or drop STABLE_FROM to train from step 0")
 
 
 def _check_beta2(name: str, config: dict, info: dev.DeviceInfo) -> None:

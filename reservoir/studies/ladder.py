@@ -19,6 +19,7 @@ compute to scale: it is reported and drawn as a reference line, not fitted.
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from reservoir.platform.messages import say, warn
 from reservoir.run.records import ResultsError, point_scores, read_json, read_summary, run_seeds, write_json_atomic
 from reservoir.studies.budgets import StudyError, parse_budgets, point_name, step_cost
 from reservoir.studies.curves import crossovers, curve, fit_curve, log_axes, save_figure
-from reservoir.studies.runner import exit_status
+from reservoir.studies.runner import exit_status, hold_study
 
 STUDY_KEYS = ("BUDGETS", "STUDY")
 
@@ -105,19 +106,22 @@ class Study:
     def run(self, run_point) -> None:
         """Train every point not yet finished, smallest budget first; ``run_point(args) -> exit code``."""
         self.check_smallest_budget()
-        self.path.mkdir(parents=True, exist_ok=True)
-        for k, budget in enumerate(self.budgets, 1):
-            if self.finished(budget):
-                say(f"study {self.name}: point {k}/{len(self.budgets)} ({budget:.3g} FLOPs) finished, skipped")
-                continue
-            say(f"study {self.name}: point {k}/{len(self.budgets)}, FLOP_BUDGET={budget:.3g} "
-                f"-> {self.path / point_name(budget)}")
-            code = exit_status(run_point(self.point_args(budget)))
-            if code != 0:  # a signal may land while a finished point exits: then it is finished, and kept
-                what = "finished as the study was stopped" if self.finished(budget) else "stopped"
-                raise StudyExit(code, f"the point at {budget:.3g} FLOPs {what} (exit code {code}, its message "
-                                      "is above); every finished point is kept and the same command continues "
-                                      "the study")
+        lock = hold_study(self.path, self.name)  # one runner per study: a second copy stops here
+        try:
+            for k, budget in enumerate(self.budgets, 1):
+                if self.finished(budget):
+                    say(f"study {self.name}: point {k}/{len(self.budgets)} ({budget:.3g} FLOPs) finished, skipped")
+                    continue
+                say(f"study {self.name}: point {k}/{len(self.budgets)}, FLOP_BUDGET={budget:.3g} "
+                    f"-> {self.path / point_name(budget)}")
+                code = exit_status(run_point(self.point_args(budget)))
+                if code != 0:  # a signal may land while a finished point exits: then it is finished, and kept
+                    what = "finished as the study was stopped" if self.finished(budget) else "stopped"
+                    raise StudyExit(code, f"the point at {budget:.3g} FLOPs {what} (exit code {code}, its message "
+                                          "is above); every finished point is kept and the same command continues "
+                                          "the study")
+        finally:
+            os.close(lock)
 
     def records(self) -> list[dict]:
         """Every recorded (model, seed) of every point, with the point's budget."""

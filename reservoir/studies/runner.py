@@ -1,14 +1,17 @@
 """Points of a study run side by side, each an ordinary ``TinyStories.py`` process.
 
+    lock = hold_study(path, name)                        # one runner per study folder, for its life
     codes = run_points([(folder, args), ...], workers)   # exit codes, None for a point never started
     code = run_point(args)                               # one point, in the foreground
 
 Each point runs on one thread (so its score does not depend on how many run together); a SIGTERM to the
-study reaches every running point, which checkpoints before it stops.
+study reaches every running point, which checkpoints before it stops, and a study process that dies
+(even by SIGKILL) takes its points with it (Linux: they get the SIGTERM), so none trains on orphaned.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -16,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from reservoir.platform.messages import say
+from reservoir.platform.files import Busy, lock_folder, make_folder
+from reservoir.platform.messages import OneLineError, say
 
 ENTRY_POINT = Path(__file__).resolve().parents[2] / "TinyStories.py"  # the script a point runs
 
@@ -27,10 +31,53 @@ def exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
+class StudyBusy(OneLineError, RuntimeError):
+    """Another process runs this study: one line that says which, and what to do."""
+
+
+def hold_study(path: Path, name: str) -> int:
+    """The study folder ``path``, created and locked for as long as the returned descriptor is open (the OS
+    drops the lock when the process dies): a second copy of the study's command stops here, before it runs
+    any point."""
+    make_folder(path)
+    try:
+        return lock_folder(path)
+    except Busy as e:
+        raise StudyBusy(f"STUDY {name} ({path}) is being run by {e.holder}; wait for it to finish, or stop it "
+                        "(kill -TERM that pid: its points checkpoint), then run the same command again to "
+                        "continue it") from None
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_the_study() -> None:
+    """In a point's process before it starts (Linux): SIGTERM when the study process dies, however it dies,
+    so the point checkpoints and stops instead of training on orphaned, holding its folder."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: a killed study's points then run to their end
+        return
+    if os.getppid() == 1:  # the study died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _last_words(log: Path) -> str:
+    """What a stopped point said last: its one-line error, or else its log's last line."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, log.stat().st_size - 8192))
+            lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or [""])[-1]
+
+
 def run_point(args: list[str]) -> int:
     """One point as its own TinyStories.py process; a SIGTERM to the study is passed on to it (Ctrl-C
     reaches it directly, from the terminal), so it checkpoints before the study stops."""
-    proc = subprocess.Popen([sys.executable, str(ENTRY_POINT), *args])
+    proc = subprocess.Popen([sys.executable, str(ENTRY_POINT), *args], preexec_fn=_stop_with_the_study)
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the point decides how to stop; its exit code says
@@ -41,11 +88,13 @@ def run_point(args: list[str]) -> int:
             signal.signal(signum, handler)
 
 
-def run_points(jobs: list[tuple[Path, list[str]]], workers: int) -> list[int | None]:
+def run_points(jobs: list[tuple[Path, list[str]]], workers: int, finished=None) -> list[int | None]:
     """Points side by side, at most ``workers`` at once, each a TinyStories.py process on one thread (so its
     score does not depend on how many run together). With one worker a point prints to the terminal; with
-    more, each writes its own log (<study>/logs/) and a line here says when it starts and ends. A SIGTERM
-    to the study reaches every running point, which checkpoints before stopping."""
+    more, each writes its own log (<study>/logs/) and a line here says when it starts and ends, with the
+    point's own error when it stops. A SIGTERM to the study reaches every running point, which checkpoints
+    before stopping. ``finished(folder) -> bool``: whether a point that exited with a signal has its records
+    complete all the same (it finished as the study was stopped)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     running: dict[int, tuple[subprocess.Popen, object, Path]] = {}
     codes: list[int | None] = [None] * len(jobs)
@@ -67,13 +116,13 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int) -> list[int | N
                 folder, args = jobs[k]
                 command = [sys.executable, str(ENTRY_POINT), *args]
                 if workers == 1:
-                    running[k] = (subprocess.Popen(command, env=env), None, folder)
+                    running[k] = (subprocess.Popen(command, env=env, preexec_fn=_stop_with_the_study), None, folder)
                     continue
                 log = folder.parent.parent / "logs" / f"{folder.parent.name}@{folder.name}.log"
-                log.parent.mkdir(parents=True, exist_ok=True)
+                make_folder(log.parent)
                 handle = log.open("a", encoding="utf-8")
-                running[k] = (subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT), handle,
-                              folder)
+                running[k] = (subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                               preexec_fn=_stop_with_the_study), handle, folder)
                 say(f"started {folder.parent.name}/{folder.name} (log: {log})")
             if stopping_signal["sent"] is not None:
                 pending.clear()
@@ -83,8 +132,15 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int) -> list[int | N
                 codes[k] = proc.returncode
                 if handle is not None:
                     handle.close()
-                    say(f"{'finished' if proc.returncode == 0 else f'stopped (exit code {proc.returncode})'}: "
-                        f"{folder.parent.name}/{folder.name}")
+                    where, code = f"{folder.parent.name}/{folder.name}", exit_status(proc.returncode)
+                    if code == 0:
+                        say(f"finished: {where}")
+                    elif finished is not None and finished(folder):
+                        say(f"finished: {where} (its records are complete; it exited {code} as the study stopped)")
+                    else:
+                        said = _last_words(Path(handle.name))
+                        say(f"stopped (exit code {code}): {where}" + (f": {said}" if said else "")
+                            + f" (log: {handle.name})")
                 del running[k]
             time.sleep(0.2)
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from reservoir.data.tokens import corpus_label
 from reservoir.run.records import point_scores, read_json
 from reservoir.studies.budgets import point_name
 from reservoir.studies.frontier.grid import CONTROLS, REFERENCE_RUNS, FrontierError
@@ -23,9 +24,7 @@ def _first(records: list[dict], seed: int) -> dict | None:
 def corpus_of(records: PointRecords, folder: Path) -> str:
     """What a run trained and was scored on, from its config.json (checked): the tokenizer and the splits'
     sizes, so that two studies of one corpus on two machines agree and two corpora never do."""
-    data = records.config(folder)["data"]
-    return (f"{data['tokenizer']} tokenizer {data['tokenizer_hash']}, {data['train_chars']:,} training and "
-            f"{data['val_chars']:,} validation characters")
+    return corpus_label(records.config(folder)["data"])
 
 
 def collect_records(records: PointRecords, cells: list[dict], budgets: list[float]) -> list[dict]:

@@ -30,6 +30,7 @@ every output from the records alone (``python scaling.py REPORT=results/<study>`
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +68,7 @@ from reservoir.studies.frontier.records import (
     collect_records,
     collect_references,
 )
+from reservoir.studies.runner import hold_study
 from reservoir.studies.store import PointRecords
 
 
@@ -81,6 +83,7 @@ class FrontierStudy:
                                                   "controls": False})
     path: Path = field(init=False)
     store: PointRecords = field(init=False, repr=False)
+    corpus: str | None = field(default=None, init=False)  # the data's corpus_label, once measure_cells read it
 
     def __post_init__(self):
         self.path = Path(self.config["RESULTS_DIR"]) / self.name
@@ -141,6 +144,9 @@ class FrontierStudy:
         return [*self.settings, *cell.settings(), *where, f"RUN_NAME={folder.name}",
                 f"SEEDS={','.join(map(str, self.extra_seeds()))}"]
 
+    def _point_finished(self, folder: Path) -> bool:
+        return self.finished(folder, self.extra_seeds() if folder.name.endswith("-seeds") else [self.config["SEED"]])
+
     def extra_seeds(self) -> list[int]:
         return [self.config["SEED"] + k for k in range(1, self.grid["ENVELOPE_SEEDS"])]
 
@@ -172,11 +178,26 @@ class FrontierStudy:
                                 "per parameter): widen BUDGETS, add SIZES, or lower MIN_STEPS")
         return plan
 
+    def check_corpus(self) -> None:
+        """The data here must be the text the study's points trained on (by content: it may have moved to
+        another folder or machine), before any point is trained or any record rewritten."""
+        if self.corpus is None:
+            return
+        file = self.path / STUDY_FILE
+        there = {read_json(file, "the study's grid").get("corpus")} if file.exists() else set()
+        there |= {r.get("corpus") for r in [*self.records(), *collect_references(self.store)]}
+        other = sorted(c for c in there - {None, self.corpus})
+        if other:
+            raise FrontierError(f"STUDY {self.name} trained on another corpus ({other[0]}) than the data of this "
+                                f"command ({self.corpus}): continue it with its own data (DATASET: the same text, "
+                                "at any path), or name a new STUDY for this corpus")
+
     def write_study_file(self, plan: dict) -> None:
         content = {"study": self.name, "budgets": self.budgets, "grid": self.grid, "settings": self.settings,
                    "cells": [c.record() for c in self.cells()],
                    "plan": {name: {repr(b): why for b, why in row.items()} for name, row in plan.items()},
-                   "seed": self.config["SEED"], "extra_seeds": self.extra_seeds(), "stages": self.stages}
+                   "seed": self.config["SEED"], "extra_seeds": self.extra_seeds(), "stages": self.stages,
+                   **({"corpus": self.corpus} if self.corpus else {})}
         path = self.path / STUDY_FILE
         if path.exists():
             before = read_json(path, "the study's grid")
@@ -188,7 +209,6 @@ class FrontierStudy:
                 raise FrontierError(f"{path} holds another {', '.join(changed)} for STUDY={self.name}: run it with "
                                     "the same command to continue it (a grid list may grow: FAMILIES, SIZES, "
                                     "LEARNING_RATES, BATCH_SIZES), or name a new STUDY")
-        self.path.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, content)
 
     def run(self, run_points, measure) -> None:
@@ -196,7 +216,15 @@ class FrontierStudy:
         -> exit codes), then keep each family's best; finally the envelope points' extra seeds.
         ``measure(cell) -> (FLOPs per step, trained parameters, tokens per step)`` (``measure_cells``)."""
         plan = self.plan(measure)
-        self.write_study_file(plan)
+        lock = hold_study(self.path, self.name)  # one runner per study: a second copy stops here
+        try:
+            self.check_corpus()
+            self.write_study_file(plan)
+            self._run_stages(plan, run_points, measure)
+        finally:
+            os.close(lock)
+
+    def _run_stages(self, plan: dict, run_points, measure) -> None:
         skipped = sum(reason is not None for row in plan.values() for reason in row.values())
         say(f"frontier {self.name}: {len(plan)} cells x {len(self.budgets)} budgets, {skipped} cell-budgets skipped "
             f"(listed in {self.path / STUDY_FILE})")
@@ -303,7 +331,7 @@ class FrontierStudy:
         if not jobs:
             return
         try:
-            codes = run_points(jobs, self.grid["WORKERS"])  # None: never started (the study was stopped first)
+            codes = run_points(jobs, self.grid["WORKERS"], self._point_finished)  # None: never started
         finally:
             self.store.pack()  # what finished is in points.jsonl, ready to commit, even if the study stops here
         failed = [code for code in codes if code not in (0, None)]
@@ -311,7 +339,8 @@ class FrontierStudy:
             where = f"at {budget:.3g} FLOPs" if budget else "after the grid"
             waiting = f", {codes.count(None)} not started" if None in codes else ""
             code = failed[0] if failed else 143
-            raise FrontierExit(code, f"{len(failed)} point(s) {where} stopped (exit code {code}, messages above)"
+            raise FrontierExit(code, f"{len(failed)} point(s) {where} stopped (exit code {code}; each point's own "
+                                     "message is above)"
                                      f"{waiting}; every finished point is kept and the same command continues")
 
     def _refill(self, live: list[Cell], pruned: set[str], plan: dict, budget: float, last_run: dict) -> list[Cell]:
@@ -407,9 +436,10 @@ class FrontierStudy:
 def measure_cells(study: FrontierStudy):
     """``measure(cell)`` for ``FrontierStudy.plan``: each cell's model built on the study's data (prepared
     once, cached for the points) and one training step counted (budgets.step_cost)."""
-    from reservoir.data.tokens import prepare_data
+    from reservoir.data.tokens import corpus_label, prepare_data
 
     data = prepare_data(study.config)
+    study.corpus = corpus_label(data.describe())
     seen: dict = {}
 
     def measure(cell: Cell) -> tuple[float, int, int]:

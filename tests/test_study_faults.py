@@ -1,0 +1,124 @@
+"""A study's life across machines and time: one runner per study folder, points that die with their study and
+say why they stopped, a read-only RESULTS_DIR, a corpus that moved or changed, an edited study file."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reservoir.studies.runner import run_points
+from tests.conftest import ROOT, run_script
+
+# one family, one cell: a point long enough to be caught running (killed long before it ends)
+LONG = ["FAMILIES=lstm", "SIZES=xs", "LEARNING_RATES=4e-3", "BATCH_SIZES=8", "BUDGETS=2e12,4e12", "MIN_STEPS=20",
+        "MAX_TOKENS_PER_PARAM=1e9", "ENVELOPE_SEEDS=1", "STUDY=busy", "DATASET=synthetic", "SYNTHETIC_STORIES=300",
+        "SEQ_LEN=32", "EVAL_TOKENS=2048", "WARMUP_STEPS=5", "WORKERS=2"]
+
+
+def _points_of(results: Path) -> list[int]:
+    """The pids of TinyStories.py processes writing under ``results``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.endswith(b"TinyStories.py") for arg in cmdline) and str(results).encode() in b" ".join(cmdline):
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="lists processes through /proc (Linux)")
+def test_a_second_runner_of_a_study_is_one_line_and_a_killed_study_takes_its_points_with_it(tmp_path):
+    results = tmp_path / "results"
+    args = [sys.executable, str(ROOT / "scaling.py"), *LONG, f"RESULTS_DIR={results}", f"CACHE_DIR={tmp_path / 'c'}"]
+    first = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in first.stdout:  # the study has locked its folder and started its point
+            if "started busy/" in line or "lstm-xs" in line and "started" in line:
+                break
+        second = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert second.returncode != 0, second.stdout
+        assert f"STUDY busy ({results / 'busy'}) is being run by pid {first.pid} on " in second.stderr
+        assert "Traceback" not in second.stderr and len(second.stderr.strip().splitlines()) == 1
+        assert _points_of(results), "the point is running"
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    deadline = time.time() + 120  # each point got a SIGTERM from the kernel: it checkpoints and stops
+    while _points_of(results) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _points_of(results), "points trained on after their study was killed"
+
+
+def test_a_point_that_stops_says_why_in_the_study_s_terminal(tmp_path, capfd):
+    study = tmp_path / "study"
+    jobs = [(study / "cell" / f"flops-{k}", ["MODELS=['lstm']", "SEQ_LEN=0", f"RESULTS_DIR={tmp_path}"])
+            for k in range(2)]
+    assert run_points(jobs, 2) == [1, 1]
+    said = capfd.readouterr().out
+    assert "stopped (exit code 1): cell/flops-0: error: SEQ_LEN must be" in said, said
+
+
+def test_a_study_in_a_read_only_results_dir_is_one_line(tmp_path):
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(readonly)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root in a machine that allows mounts)")
+    try:
+        for study in (["FRONTIER=True", "FAMILIES=lstm", "SIZES=xs", "BUDGETS=3e9,6e9", "MIN_STEPS=20"],
+                      ["MODELS=lstm", "BUDGETS=3e9,6e9"]):
+            proc = run_script("scaling.py", *study, "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32",
+                              f"RESULTS_DIR={readonly}/results", f"CACHE_DIR={tmp_path / 'c'}", check=False)
+            assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+            assert "the file system is read-only; choose a writable RESULTS_DIR" in proc.stderr
+            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    finally:
+        subprocess.run(["umount", str(readonly)], capture_output=True)
+
+
+SMALL = ["FAMILIES=lstm", "SIZES=xs", "LEARNING_RATES=4e-3", "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "MIN_STEPS=20",
+         "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=1", "STUDY=small", "SEQ_LEN=32", "EVAL_TOKENS=2048",
+         "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0", "WARMUP_STEPS=5"]
+
+
+def _corpus(folder: Path, seed: int) -> Path:
+    from reservoir.data.corpus import EOT
+    from reservoir.data.synthetic import synthetic_stories
+
+    folder.mkdir(parents=True)
+    stories = synthetic_stories(300, seed)
+    (folder / "TinyStories-train.txt").write_text(EOT.join(stories[:270]))
+    (folder / "TinyStories-valid.txt").write_text(EOT.join(stories[270:]))
+    return folder
+
+
+def test_a_study_follows_its_data_to_another_folder_and_refuses_another_corpus(tmp_path):
+    where = [f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'c'}"]
+    data = _corpus(tmp_path / "data", 1)
+    run_script("scaling.py", *SMALL, *where, f"DATASET={data}", timeout=900)
+    study = tmp_path / "results" / "small"
+    before = {p: p.stat().st_mtime_ns for p in study.rglob("*") if p.is_file() and p.name != ".lock"}
+    other = _corpus(tmp_path / "other", 2)
+    refused = run_script("scaling.py", *SMALL, *where, f"DATASET={other}", check=False)
+    assert refused.returncode != 0 and "STUDY small trained on another corpus (char tokenizer" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr, refused.stderr
+    after = {p: p.stat().st_mtime_ns for p in study.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before  # nothing trained, nothing rewritten
+    moved = tmp_path / "elsewhere"
+    data.rename(moved)
+    again = run_script("scaling.py", *SMALL, *where, f"DATASET={moved}/")
+    assert "6e+09 FLOPs: 1 cells, 1 already finished, 0 to train" in again.stdout
+    import shutil  # the top budget lost: it branches again off 3e9's stable phase, trained on the old path
+
+    cell = study / "lstm-xs-lr0.004-b8"
+    shutil.rmtree(cell / "flops-6.00e09")
+    (study / "points.jsonl").unlink()
+    run_script("scaling.py", *SMALL, *where, f"DATASET={moved}", timeout=900)
+    point = json.loads((cell / "flops-6.00e09" / "summary.json").read_text())[0]
+    assert point["fit"]["branched_at_flops"] > 0
