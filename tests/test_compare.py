@@ -35,10 +35,26 @@ def test_rescored_models_match_their_runs_and_the_difference_is_paired(runs, tmp
     assert f"A - B = {report['bpc_difference']:+.4f}" in proc.stdout
 
 
-def test_a_model_against_itself_differs_by_nothing_and_the_default_side_is_the_best(runs):
-    compare(runs / "counts", f"{runs / 'counts'}:ngram")  # 'counts' alone: its best model, the n-gram
-    report = json.loads((runs / "counts" / "comparisons" / "ngram-vs-counts-ngram.json").read_text())
-    assert report["bpc_difference"] == report["ci95_low"] == report["ci95_high"] == 0.0
+def test_a_model_against_itself_is_refused_and_the_default_side_is_the_best(runs):
+    same = compare(runs / "counts", f"{runs / 'counts'}:ngram", check=False)  # 'counts' alone: its best, the n-gram
+    assert same.returncode != 0 and "A and B are the same trained model" in same.stderr
+    assert len(same.stderr.strip().splitlines()) == 1 and "Traceback" not in same.stderr
+    compare(runs / "counts", f"{runs / 'rnn'}:lstm")
+    assert (runs / "counts" / "comparisons" / "ngram-vs-rnn-lstm.json").exists()
+
+
+def test_a_transformer_plus_plus_point_is_one_folder_and_a_records_only_point_says_so(runs, tmp_path):
+    point = tmp_path / "study" / "transformer++-xs-lr0.004-b8" / "flops-3e9"  # a frontier point's folder name
+    import shutil
+
+    shutil.copytree(runs / "rnn", point)
+    compare(f"{point}:lstm", f"{runs / 'counts'}:ngram", f"OUT={tmp_path / 'r.json'}")
+    assert json.loads((tmp_path / "r.json").read_text())["a"]["seeds"] == [1337, 1338]
+    for checkpoint in (point / "checkpoints").glob("*.pt"):  # as a clone holds it: records, no checkpoints
+        checkpoint.unlink()
+    proc = compare(f"{point}:lstm", f"{runs / 'counts'}:ngram", check=False)
+    assert proc.returncode != 0 and "is not in this copy" in proc.stderr and "never committed" in proc.stderr
+    assert "has not reached a checkpoint" not in proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [

@@ -108,6 +108,7 @@ def test_a_report_of_an_edited_record_is_one_line_and_leaves_the_report_as_it_wa
     point.write_text(json.dumps(records))
     proc = run_script("scaling.py", f"REPORT={studies}", check=False)
     assert proc.returncode != 0 and "edited" in proc.stderr and "Traceback" not in proc.stderr
+    assert "run the study's command again, which trains the point again" in proc.stderr  # what deleting it does
     assert (studies / "REPORT.md").read_text() == before
 
 
@@ -319,3 +320,22 @@ def test_the_readme_quotes_the_committed_default_run_and_the_defaults_are_the_fr
                   "batch_size": at[family]["batch_size"]}
         assert {k: block[k] for k in wanted} == wanted, family
         assert block == requested[model.upper()], family
+
+
+def test_the_study_file_is_trusted_only_as_the_study_wrote_it(studies, tmp_path):
+    run_script("scaling.py", f"REPORT={studies}")
+    before = (studies / "REPORT.md").read_text()
+    file = studies / "micro" / "frontier-study.json"
+    content = json.loads(file.read_text())
+    content["grid"]["FAMILIES"] = ["transformer++"]  # a family removed by hand would vanish from the report
+    file.write_text(json.dumps(content))
+    proc = run_script("scaling.py", f"REPORT={studies}", check=False)
+    assert proc.returncode != 0 and "frontier-study.json (the study's grid) was edited or damaged" in proc.stderr
+    assert "restore it as the study wrote it" in proc.stderr and "Traceback" not in proc.stderr
+    assert (studies / "REPORT.md").read_text() == before
+    file.unlink()  # without it, another grid would take the study's records over
+    other = run_script("scaling.py", "FAMILIES=lstm", "SIZES=xs", "BUDGETS=3e9,6e9", "MIN_STEPS=20",
+                       "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "STUDY=micro",
+                       f"RESULTS_DIR={studies}", f"CACHE_DIR={tmp_path / 'c'}", check=False)
+    assert other.returncode != 0 and "frontier-study.json is missing, but" in other.stderr, other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1 and not file.exists()

@@ -341,3 +341,19 @@ def test_the_table_says_how_many_seeds_scored_what_its_spread_is_and_names_a_div
     assert "e+27" in row and "0000000" not in row  # 2^91.7: a power of ten, not 28 digits
     both = format_table([_seed_record(1, "finished", 4.5), _seed_record(2, "finished", 4.6)])
     assert " 2/2 " in both and "± 0.071 sd" in both and "diverged" not in both
+
+
+def test_every_column_of_a_row_with_a_diverged_seed_counts_the_scored_seeds_alone():
+    from reservoir.run.tables import aggregate
+
+    finished = _seed_record(1, "finished", 4.5)
+    diverged = {**_seed_record(2, "diverged", None), "train_seconds": 0.2, "train_tokens": 20, "epochs": 0.02,
+                "train_flops": 2e8}
+    row = aggregate([finished, diverged])
+    for key in ("val_bpc", "train_seconds", "train_tokens", "epochs", "train_flops", "tokens_per_second"):
+        assert row[key] == finished[key], key
+    table = format_table([finished, diverged])
+    line = next(line for line in table.splitlines() if line.startswith("lstm "))
+    assert "     100 " in line and " 0.10 " in line  # tokens and epochs of the seed that scored
+    alone = aggregate([diverged])  # nothing scored: the diverged seed's own numbers, for its DIVERGED line
+    assert alone["train_tokens"] == 20 and alone["val_bpc"] is None

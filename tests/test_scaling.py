@@ -81,6 +81,17 @@ def test_the_fit_recovers_a_known_curve_and_its_crossover():
     assert cross[0]["budget"] == pytest.approx(expected, rel=0.1)
 
 
+def test_a_fit_is_the_same_on_any_machine_to_the_digits_it_keeps():
+    """Another BLAS moves a fit around its 10th significant digit: what is stored must not move."""
+    compute = list(np.geomspace(1e12, 1.6e13, 5))
+    bpc = list(curve(np.asarray(compute), 1.2, 0.8, 0.35, 1e12) + np.array([2e-3, -1e-3, 0, 1e-3, -2e-3]))
+    fit = fit_curve(compute, bpc, 1e12)
+    nudged = fit_curve(compute, [b * (1 + 1e-12) for b in bpc], 1e12)
+    assert fit == nudged
+    assert all(len(f"{fit[k]:.12g}".lstrip("-").replace(".", "").rstrip("0").split("e")[0].lstrip("0")) <= 6
+               for k in ("E", "A", "alpha", "E_se", "rms_residual"))
+
+
 def test_a_fit_that_cannot_be_made_says_why():
     assert fit_curve([1e12, 2e12], [2.0, 1.9], 1e12) == {"converged": False,
                                                          "reason": "fewer than 3 compute-bound budgets"}

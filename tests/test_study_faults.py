@@ -2,6 +2,7 @@
 say why they stopped, a read-only RESULTS_DIR, a corpus that moved or changed, an edited study file."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -122,3 +123,17 @@ def test_a_study_follows_its_data_to_another_folder_and_refuses_another_corpus(t
     run_script("scaling.py", *SMALL, *where, f"DATASET={moved}", timeout=900)
     point = json.loads((cell / "flops-6.00e09" / "summary.json").read_text())[0]
     assert point["fit"]["branched_at_flops"] > 0
+    for committed in ("points.jsonl", "frontier-study.json", "frontier.md"):  # they name no machine's paths
+        text = (study / committed).read_text()
+        assert not re.search(r"(?<![\w.])" + re.escape(str(tmp_path)), text) and "elsewhere" in text, committed
+
+
+def test_more_workers_than_cores_is_said_once(capfd):
+    from reservoir.platform.machine import usable_cores
+
+    too_many = usable_cores() + 3
+    assert run_points([], too_many) == [] and run_points([], too_many) == []
+    said = capfd.readouterr().err
+    assert said.count(f"WORKERS={too_many} runs more points at once than the {usable_cores()} cores") == 1, said
+    run_points([], usable_cores())
+    assert "WORKERS=" not in capfd.readouterr().err

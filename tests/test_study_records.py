@@ -124,3 +124,14 @@ def test_the_committed_studies_rebuild_their_report_byte_for_byte_from_points_js
     assert len(outputs) == 9
     changed = [name for name in outputs if (copy / name).read_bytes() != (committed / name).read_bytes()]
     assert changed == []
+
+
+def test_the_committed_records_name_no_machine():
+    """What a reader clones names data by a path relative to the repository, never one machine's layout."""
+    import re
+
+    absolute = re.compile(r"(?<![\w.~:])/(?:work|home|root|tmp|Users|mnt|data|srv|scratch)/")
+    for path in sorted((ROOT / "results").rglob("*")):
+        if path.suffix in (".json", ".jsonl", ".md"):
+            found = absolute.search(path.read_text(encoding="utf-8"))
+            assert found is None, f"{path}: {path.read_text(encoding='utf-8')[found.start():found.start() + 80]}"

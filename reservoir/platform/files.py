@@ -90,6 +90,17 @@ def atomic_write(path: str | Path, write) -> None:
             os.close(lock_fd)
 
 
+REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout: what committed records name paths against
+
+
+def portable_path(text: str) -> str:
+    """An absolute path as a record committed for readers on other machines names it: relative to the
+    repository ('../shared/data/tinystories'), so it names no machine's layout above the checkout."""
+    if not isinstance(text, str) or not os.path.isabs(text):
+        return text
+    return os.path.relpath(text, REPOSITORY)
+
+
 def make_folder(path: str | Path) -> Path:
     """``path`` and its parents, created if missing; a place that cannot take them is one line."""
     path = Path(path)

@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 
-from reservoir.platform.files import atomic_write_text
+from reservoir.platform.files import atomic_write_text, portable_path
 from reservoir.platform.messages import OneLineError, warn
 
 # what every record of summary.json holds (a model's fit adds its own facts beside these)
@@ -131,6 +132,48 @@ def _verify(content: dict, path: Path, older: str, edited: str) -> None:
             warn(f"{path} was written before {older} recorded an integrity hash: used without that check")
     elif recorded != _integrity(content):
         raise ResultsError(edited)
+
+
+def signed(content: dict) -> dict:
+    """``content`` with its integrity hash (anew, where it had one)."""
+    body = {k: v for k, v in content.items() if k != INTEGRITY_KEY}
+    return {**body, INTEGRITY_KEY: _integrity(body)}
+
+
+def write_signed_json(path: Path, content: dict) -> None:
+    """``content`` with its integrity hash, as a run's config.json is written (``read_signed_json`` checks it)."""
+    write_json_atomic(path, signed(content))
+
+
+PATH_KEYS = ("DATASET", "DATA_DIR", "TRAIN_PATH", "VAL_PATH", "RESULTS_DIR", "CACHE_DIR", "XLA_CACHE_DIR",
+             "STABLE_FROM", "RESUME")  # settings that name a place on the machine that ran
+_ABSOLUTE = re.compile(r"(?<![\w.~])/[^\s,;]+")
+
+
+def portable_config(content: dict) -> dict:
+    """A run's config.json (checked) as it is committed: every absolute path in its settings and its data's
+    description made relative to the repository (a corpus is known by its hashes, not where it lay), signed
+    anew. The run folder's own file keeps the paths it ran with."""
+    out = dict(content)
+    for block in ("requested_config", "effective_config"):
+        if isinstance(out.get(block), dict):
+            out[block] = {k: portable_path(v) if k in PATH_KEYS else v for k, v in out[block].items()}
+    data = out.get("data")
+    if isinstance(data, dict) and isinstance(data.get("data_description"), str):
+        out["data"] = {**data, "data_description": _ABSOLUTE.sub(lambda m: portable_path(m.group(0)),
+                                                                 data["data_description"])}
+    return signed(out) if INTEGRITY_KEY in content else out
+
+
+def read_signed_json(path: Path, what: str, remedy: str) -> dict:
+    """A file ``write_signed_json`` wrote, trusted only as written: an edited or damaged one is refused in one
+    line that ends with ``remedy``; one written before such files were signed is used with one warning."""
+    content = read_json(path, what)
+    if not isinstance(content, dict):
+        raise ResultsError(f"{path} ({what}) is damaged: it is not a JSON object; {remedy}")
+    _verify(content, Path(path), what, f"{path} ({what}) was edited or damaged after it was written (its integrity "
+            f"hash no longer matches); {remedy}")
+    return {k: v for k, v in content.items() if k != INTEGRITY_KEY}
 
 
 def read_run_config(run_dir: Path) -> RecordedConfig:

@@ -16,8 +16,10 @@ def seed_groups(records: list[dict]) -> list[tuple[str, list[dict]]]:
 
 def aggregate(group: list[dict]) -> dict:
     """One model's records over its seeds: mean of every number, ``val_bpc_sd`` across seeds (two or
-    more scored seeds), the interval of a single seed, and whether any seed ran oversubscribed."""
+    more scored seeds), the interval of a single seed, and whether any seed ran oversubscribed. One rule for
+    every column: the mean over the seeds that scored, or over every seed where none did (all diverged)."""
     scored = [r for r in group if r.get("val_bpc") is not None]
+    counted = scored or group
     first = group[0]
     out = {"model": first["model"], "trained": first.get("trained"), "seeds": len(group), "scored_seeds": len(scored),
            "params_total": first["params_total"], "params_trainable": first["params_trainable"],
@@ -25,12 +27,12 @@ def aggregate(group: list[dict]) -> dict:
            "compile_over_budget": any(r.get("compile_over_budget") for r in group),
            "bound_by": "/".join(sorted({r["bound_by"] for r in group if r.get("bound_by")})) or None}
     for key in ("train_seconds", "train_tokens", "train_flops", "epochs", "compile_seconds"):
-        values = [r[key] for r in group if r.get(key) is not None]
+        values = [r[key] for r in counted if r.get(key) is not None]
         out[key] = statistics.fmean(values) if values else None
     for key in ("val_bpc", "val_ppl", "tokens_per_second"):
         values = [r[key] for r in scored]
         out[key] = statistics.fmean(values) if values else None
-    loads = [r["machine_load"] for r in group if r.get("machine_load")]
+    loads = [r["machine_load"] for r in counted if r.get("machine_load")]
     out["runnable_mean"] = statistics.fmean([x["runnable_mean"] for x in loads]) if loads else None
     out["cores"] = loads[0]["cores"] if loads else None
     if len(scored) > 1:

@@ -81,6 +81,10 @@ def load_trained(run_dir: str | Path, model_name: str | None = None, train_seed:
     train_seed = seeds[0] if train_seed is None else train_seed
     checkpoint = checkpoint_file(run_dir, model_name, train_seed, seeds)
     if not checkpoint.is_file():
+        if any(r.get("model") == model_name and r.get("seed", train_seed) == train_seed for r in summaries):
+            raise CheckpointError(f"{checkpoint} is not in this copy of {run_dir}: {model_name} (seed {train_seed}) "
+                                  "finished there and its records are here, but checkpoints stay on the machine that "
+                                  "trained it (they are never committed); run this there, or train the point again")
         raise CheckpointError(f"{checkpoint} does not exist: {model_name} has not reached a checkpoint in this run")
     tokenizer = load_tokenizer(run_dir, config_json)
     payload = load_checkpoint(checkpoint, checkpoint_identity(model_name, {**config, "SEED": train_seed}, tokenizer))

@@ -45,10 +45,30 @@ class Side:
         path, colon, model = text.rpartition(":")
         if not colon or "/" in model or not model:
             path, model = text, None
-        return cls([Path(p) for p in path.split("+") if p], model)
+        return cls(_run_folders(path), model)
 
     def label(self) -> str:
         return f"{'+'.join(d.name for d in self.run_dirs)}:{self.model}"
+
+
+def _run_folders(text: str) -> list[Path]:
+    """'A+B+...' as the run folders it names: '+' joins runs, and may also be part of a folder's name (a
+    Transformer++ point: transformer++-xs-lr0.004-b8), so the pieces are the split into folders that exist;
+    where none does, the plain split (whose missing folder the caller then names)."""
+    pieces = text.split("+")
+
+    def folders_from(start: int) -> list[Path] | None:
+        if start == len(pieces):
+            return []
+        for end in range(len(pieces), start, -1):  # the longest name first
+            candidate = "+".join(pieces[start:end])
+            if candidate and Path(candidate).is_dir():
+                rest = folders_from(end)
+                if rest is not None:
+                    return [Path(candidate), *rest]
+        return None
+
+    return folders_from(0) or [Path(p) for p in pieces if p]
 
 
 @dataclass
@@ -58,6 +78,10 @@ class Trained:
     run_dir: Path
     config_json: dict
     row: dict
+
+
+def _identity(trained: list[Trained]) -> list[tuple]:
+    return sorted((str(t.run_dir.resolve()), t.row["model"], t.row.get("seed")) for t in trained)
 
 
 def _finished(side: Side) -> list[Trained]:
@@ -108,6 +132,9 @@ def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str =
     """A - B with its paired interval; ``diagnostics`` also splits it by position and recall
     (reservoir/studies/diagnostics.py)."""
     trained = {"a": _finished(side_a), "b": _finished(side_b)}
+    if _identity(trained["a"]) == _identity(trained["b"]):
+        raise ResultsError(f"A and B are the same trained model ({side_a.label()}, the same seeds): their paired "
+                           "difference is 0 by construction; name another model or run for one side")
     everything = trained["a"] + trained["b"]
     _same_text(everything)
     first = everything[0]

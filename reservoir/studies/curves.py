@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 
 MIN_FIT_POINTS = 3  # distinct compute-bound budgets a curve needs (it has three parameters)
+FIT_DIGITS = 6  # significant digits a fit keeps: BLAS differs between machines around the 10th, and a report
+# regenerated anywhere must be byte-identical (the standard errors are larger than this by orders of magnitude)
 
 
 def curve(compute, e: float, a: float, alpha: float, c0: float):
@@ -35,14 +37,15 @@ def fit_curve(compute: list[float], bpc: list[float], c0: float) -> dict:
         return {"converged": False, "reason": f"curve_fit did not converge ({e})"}
     errors = np.sqrt(np.diag(cov)) if np.all(np.isfinite(cov)) else np.full(3, np.nan)
     residuals = y - curve(x, *params, c0)
-    return {"converged": True, "E": float(params[0]), "A": float(params[1]), "alpha": float(params[2]),
-            "E_se": _finite(errors[0]), "A_se": _finite(errors[1]), "alpha_se": _finite(errors[2]), "C0": c0,
-            "residuals": [float(r) for r in residuals], "rms_residual": float(np.sqrt(np.mean(residuals**2))),
+    return {"converged": True, "E": _kept(params[0]), "A": _kept(params[1]), "alpha": _kept(params[2]),
+            "E_se": _kept(errors[0]), "A_se": _kept(errors[1]), "alpha_se": _kept(errors[2]), "C0": c0,
+            "residuals": [_kept(r) for r in residuals], "rms_residual": _kept(np.sqrt(np.mean(residuals**2))),
             "points": len(y)}
 
 
-def _finite(value) -> float | None:
-    return float(value) if np.isfinite(value) else None
+def _kept(value) -> float | None:
+    """A fitted number as stored: FIT_DIGITS significant digits; None where it is not finite."""
+    return float(f"{float(value):.{FIT_DIGITS}g}") if np.isfinite(value) else None
 
 
 def crossovers(fits: dict, low: float, high: float) -> list[dict]:

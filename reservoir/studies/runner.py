@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from reservoir.platform.files import Busy, lock_folder, make_folder
-from reservoir.platform.messages import OneLineError, say
+from reservoir.platform.machine import usable_cores
+from reservoir.platform.messages import OneLineError, say, warn
 
 ENTRY_POINT = Path(__file__).resolve().parents[2] / "TinyStories.py"  # the script a point runs
 
@@ -74,6 +75,19 @@ def _last_words(log: Path) -> str:
     return (errors or lines or [""])[-1]
 
 
+_WARNED: set[int] = set()
+
+
+def _warn_if_oversubscribed(workers: int) -> None:
+    """Once per process: more one-thread points at once than usable cores share the cores (scores stay the same;
+    every point, and the study, runs slower)."""
+    cores = usable_cores()
+    if workers > cores and workers not in _WARNED:
+        _WARNED.add(workers)
+        warn(f"WORKERS={workers} runs more points at once than the {cores} cores this process may use: they share "
+             f"the cores and each runs slower (their scores do not change); WORKERS={cores} finishes sooner")
+
+
 def run_point(args: list[str]) -> int:
     """One point as its own TinyStories.py process; a SIGTERM to the study is passed on to it (Ctrl-C
     reaches it directly, from the terminal), so it checkpoints before the study stops."""
@@ -95,6 +109,7 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int, finished=None) 
     point's own error when it stops. A SIGTERM to the study reaches every running point, which checkpoints
     before stopping. ``finished(folder) -> bool``: whether a point that exited with a signal has its records
     complete all the same (it finished as the study was stopped)."""
+    _warn_if_oversubscribed(workers)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     running: dict[int, tuple[subprocess.Popen, object, Path]] = {}
     codes: list[int | None] = [None] * len(jobs)

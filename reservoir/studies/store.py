@@ -23,6 +23,7 @@ from reservoir.run.records import (
     check_run_config,
     check_summary,
     finite_or_none,
+    portable_config,
     read_json,
     read_run_config,
     read_summary,
@@ -118,7 +119,11 @@ class PointRecords:
         None where it has none yet."""
         point = self.packed()["points"].get(self._key(folder))
         if (Path(folder) / "summary.json").exists():
-            here = read_summary(folder, what)
+            remedy = ("undo the edit, or delete that point's folder: points.jsonl holds its record as the run wrote it"
+                      if point else "undo the edit, or delete that point's folder and run the study's command "
+                      "again, which trains the point again (until then a report lists it as not run)")
+            path = Path(folder) / "summary.json"
+            here = check_summary(read_json(path, what), path, remedy)
             if point is None or len(here) >= len(point["summary"]):
                 return here
         return point["summary"] if point else None
@@ -138,6 +143,10 @@ class PointRecords:
             names |= {p.name for p in Path(folder).iterdir() if p.is_dir() and p.name not in SKIPPED}
         return sorted(names)
 
+    def has_records(self) -> bool:
+        """Whether any point of the study is recorded, here or in points.jsonl."""
+        return (self.path / POINTS_FILE).exists() or bool(self.local_points())
+
     # --- writing
     def local_points(self) -> list[Path]:
         """The point folders on this machine that have a summary."""
@@ -148,14 +157,15 @@ class PointRecords:
         """points.jsonl anew from the point folders here and the records it held; written only when it changes.
         None where the study has no point yet."""
         packed = self.packed()
-        points, tokenizers = dict(packed["points"]), dict(packed["tokenizers"])
+        points = {key: {**point, "config": portable_config(point["config"])} for key, point in packed["points"].items()}
+        tokenizers = dict(packed["tokenizers"])
         for folder in self.local_points():
             key, summary = self._key(folder), read_summary(folder, "a point's summary")
             if key in points and len(points[key]["summary"]) > len(summary):
                 continue  # the file holds more of this point (more seeds) than the folder here
             config = read_json(folder / "config.json", "the run's config")
             check_run_config(config, folder / "config.json")  # checked before it is copied
-            points[key] = {"config": config, "summary": summary}
+            points[key] = {"config": portable_config(config), "summary": summary}  # committed: no absolute paths
             digest, tokenizer = (config.get("data") or {}).get("tokenizer_hash"), folder / "tokenizer.json"
             if digest and digest not in tokenizers and tokenizer.exists():  # one copy per corpus
                 tokenizers[digest] = json.loads(tokenizer.read_text(encoding="utf-8"))

@@ -9,7 +9,7 @@ import math
 import statistics
 from pathlib import Path
 
-from reservoir.run.records import ResultsError, read_json
+from reservoir.run.records import ResultsError
 from reservoir.studies.curves import fit_curve
 from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, FrontierError
 from reservoir.studies.frontier.records import (
@@ -18,6 +18,7 @@ from reservoir.studies.frontier.records import (
     collect_controls,
     collect_records,
     collect_references,
+    read_study_file,
     study_budgets,
 )
 from reservoir.studies.store import PointRecords
@@ -177,7 +178,7 @@ def report_from_records(folder: Path) -> dict:
     folder = Path(folder)
     if not (folder / STUDY_FILE).exists():
         raise FrontierError(f"{folder} holds no {STUDY_FILE}: not a frontier study folder (REPORT=results/<study>)")
-    study = read_json(folder / STUDY_FILE, "the study's grid")
+    study = read_study_file(folder)
     records = PointRecords(folder)
     try:
         rows = collect_records(records, study["cells"], study_budgets(study))

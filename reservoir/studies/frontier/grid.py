@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reservoir.platform.files import portable_path
 from reservoir.platform.messages import OneLineError
 from reservoir.studies.budgets import positive_numbers
 
@@ -231,6 +232,16 @@ LOCATIONS = ("RESULTS_DIR", "CACHE_DIR", "DATA_DIR", "DATASET", "TRAIN_PATH", "V
 def _placeless(settings: list[str]) -> list[str]:
     """A study's settings less where its data and folders are: the same study continues on another machine."""
     return [a for a in settings if a.partition("=")[0].strip().upper() not in LOCATIONS]
+
+
+def portable_settings(settings: list[str]) -> list[str]:
+    """A study's settings as its committed study file and report print them: absolute places relative to
+    the repository (DATASET=../shared/data/tinystories), so the command names no machine."""
+    out = []
+    for arg in settings:
+        key, equals, value = arg.partition("=")
+        out.append(f"{key}={portable_path(value)}" if equals and key.strip().upper() in LOCATIONS else arg)
+    return out
 
 
 GROWABLE = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES")  # new values: new cells, which join the study

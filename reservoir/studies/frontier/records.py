@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reservoir.data.tokens import corpus_label
-from reservoir.run.records import point_scores, read_json
+from reservoir.run.records import point_scores, read_json, read_signed_json
 from reservoir.studies.budgets import point_name
 from reservoir.studies.frontier.grid import CONTROLS, REFERENCE_RUNS, FrontierError
 from reservoir.studies.store import PointRecords
@@ -15,6 +15,16 @@ from reservoir.studies.store import PointRecords
 CONTROL_FOLDER = "controls"  # CONTROLS=True: <study>/controls/<cell>+<control>/flops-<top budget>
 COMPARISONS = "comparisons"  # the paired comparison at the top budget: <study>/comparisons/<budget>-<A>-vs-<B>.json
 STUDY_FILE = "frontier-study.json"  # the study's grid and settings: what REPORT rebuilds from, and re-runs check
+
+
+STUDY_FILE_REMEDY = ("restore it as the study wrote it (git checkout, or a copy); to run another grid, name a new "
+                     "STUDY")
+
+
+def read_study_file(folder: Path) -> dict:
+    """A study's frontier-study.json, trusted only as the study wrote it: it says which families, cells and
+    budgets the report shows, so an edit (a family removed, another KEEP) would change the study silently."""
+    return read_signed_json(Path(folder) / STUDY_FILE, "the study's grid", STUDY_FILE_REMEDY)
 
 
 def _first(records: list[dict], seed: int) -> dict | None:

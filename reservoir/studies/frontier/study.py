@@ -38,7 +38,7 @@ from reservoir.config import parse_overrides
 from reservoir.models.settings import model_settings
 from reservoir.platform.messages import say
 from reservoir.run.checkpoint import CheckpointError
-from reservoir.run.records import read_json, write_json_atomic
+from reservoir.run.records import write_json_atomic, write_signed_json
 from reservoir.studies.budgets import parse_budgets, point_name, step_cost
 from reservoir.studies.frontier.analysis import build_frontier, envelope_cells
 from reservoir.studies.frontier.grid import (
@@ -57,16 +57,19 @@ from reservoir.studies.frontier.grid import (
     grid_cells,
     parse_grid,
     parse_stages,
+    portable_settings,
 )
 from reservoir.studies.frontier.records import (
     COMPARISONS,
     CONTROL_FOLDER,
     STUDY_FILE,
+    STUDY_FILE_REMEDY,
     _first,
     collect_comparisons,
     collect_controls,
     collect_records,
     collect_references,
+    read_study_file,
 )
 from reservoir.studies.runner import hold_study
 from reservoir.studies.store import PointRecords
@@ -184,7 +187,7 @@ class FrontierStudy:
         if self.corpus is None:
             return
         file = self.path / STUDY_FILE
-        there = {read_json(file, "the study's grid").get("corpus")} if file.exists() else set()
+        there = {read_study_file(self.path).get("corpus")} if file.exists() else set()
         there |= {r.get("corpus") for r in [*self.records(), *collect_references(self.store)]}
         other = sorted(c for c in there - {None, self.corpus})
         if other:
@@ -193,14 +196,18 @@ class FrontierStudy:
                                 "at any path), or name a new STUDY for this corpus")
 
     def write_study_file(self, plan: dict) -> None:
-        content = {"study": self.name, "budgets": self.budgets, "grid": self.grid, "settings": self.settings,
+        content = {"study": self.name, "budgets": self.budgets, "grid": self.grid,
+                   "settings": portable_settings(self.settings),
                    "cells": [c.record() for c in self.cells()],
                    "plan": {name: {repr(b): why for b, why in row.items()} for name, row in plan.items()},
                    "seed": self.config["SEED"], "extra_seeds": self.extra_seeds(), "stages": self.stages,
                    **({"corpus": self.corpus} if self.corpus else {})}
         path = self.path / STUDY_FILE
+        if not path.exists() and self.store.has_records():
+            raise FrontierError(f"{path} is missing, but {self.path} holds the records of trained points: "
+                                f"{STUDY_FILE_REMEDY}")
         if path.exists():
-            before = read_json(path, "the study's grid")
+            before = read_study_file(self.path)
             changed = ["budgets"] if before.get("budgets") != content["budgets"] else []
             changed += _grid_changes(before.get("grid") or {}, self.grid)
             if _placeless(before.get("settings", [])) != _placeless(content["settings"]):
@@ -209,7 +216,7 @@ class FrontierStudy:
                 raise FrontierError(f"{path} holds another {', '.join(changed)} for STUDY={self.name}: run it with "
                                     "the same command to continue it (a grid list may grow: FAMILIES, SIZES, "
                                     "LEARNING_RATES, BATCH_SIZES), or name a new STUDY")
-        write_json_atomic(path, content)
+        write_signed_json(path, content)
 
     def run(self, run_points, measure) -> None:
         """Every budget, smallest first: run the live cells' points (``run_points([(folder, args), ...], workers)``
@@ -428,7 +435,7 @@ class FrontierStudy:
         return collect_records(self.store, [c.record() for c in self.cells()], self.all_budgets())
 
     def report(self) -> dict:
-        study = read_json(self.path / STUDY_FILE, "the study's grid")
+        study = read_study_file(self.path)
         return build_frontier(self.records(), study, collect_references(self.store), collect_comparisons(self.path),
                               collect_controls(self.store, study["cells"], self.budgets))
 
