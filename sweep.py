@@ -29,6 +29,7 @@ from configs import (
     split_arguments,
     wants_help,
 )
+from reservoir.data.tokens import prepare_data
 from reservoir.models import ModelSettingsError
 from reservoir.platform import stopping
 from reservoir.platform.messages import TAG, OneLineError
@@ -72,7 +73,8 @@ def parse_args(argv: list[str]) -> Sweep:
     if "/" in name or name in (".", ".."):
         raise SweepError(f"SWEEP_NAME must be a plain name, got {name!r}")
     space = parse_search(own["SEARCH"], known_keys()) if own.get("SEARCH") else SEARCH_SPACES[model]
-    base = parse_overrides([*fixed, f"MODELS={[model]}"])  # fixed settings checked before a trial
+    base = parse_overrides([*fixed, f"MODELS={[model]}"])  # fixed settings checked before a trial,
+    prepare_data(base)  # and the data they name read (then cached for the trials): a bad one opens no study
     return Sweep(model, trials, name, own.get("SWEEP_STORAGE") or None, space, worker, fixed,
                  Path(base["RESULTS_DIR"]) / "sweeps" / name, base["SEED"])
 

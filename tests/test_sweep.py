@@ -131,6 +131,7 @@ def kept_study(tmp_path_factory):
     (["MODEL=esn", "SEARCH=ESN.spectral_radius=log(3,0.1)"], "need low < high"),
     (["MODEL=esn", "SWEEP_STORAGE=postgresql+psycopg2://nobody@127.0.0.1:1/none"], "cannot open the sweep storage"),
     (["MODEL=esn", "BATCH_SZE=3"], "did you mean BATCH_SIZE"),
+    (["MODEL=esn", "DATASET=nowhere"], "no .txt or .jsonl data found at 'nowhere'"),  # docs' example, no data/
 ])
 def test_bad_input_is_one_line_and_leaves_the_study_alone(kept_study, args, message):
     """In this process (sweep.main), as the command line would call it; the subprocess below shows the same
@@ -332,3 +333,30 @@ def test_postgresql_lost_mid_sweep_is_one_line_and_the_study_continues_after_a_r
     sweep(tmp_path, *args)
     study = optuna.load_study(study_name="lost", storage=str(postgres))
     assert len(_counted_trials(study)) == 2
+
+
+def test_a_trial_that_meets_a_one_line_error_measured_nothing_and_is_run_again(tmp_path, capfd):
+    """A trial stopped by what is not its settings (a disk, the data) is said in one line, does not count
+    toward TRIALS, and the same command runs its settings again."""
+    from reservoir.platform.files import StorageError
+    from reservoir.studies.sweeps import SEARCH_SPACES, Sweep, open_study, run_trials
+
+    folder = tmp_path / "results" / "sweeps" / "disk"
+    sweep_ = Sweep("esn", 1, "disk", None, SEARCH_SPACES["esn"], 0, list(FIXED), folder, 1337)
+
+    def full_disk(config, hook):
+        raise StorageError("cannot write x: no space left on the device")
+
+    with pytest.raises(StorageError):
+        run_trials(open_study("disk", None, folder, 1337, 0), sweep_, full_disk)
+    assert "Traceback" not in capfd.readouterr().err
+
+    class Finished:
+        def summaries(self):
+            return [{"model": "esn", "seed": 1337, "val_bpc": 2.5}]
+
+    ran = []
+    run_trials(open_study("disk", None, folder, 1337, 0), sweep_, lambda config, hook: ran.append(config) or Finished())
+    trials = load(tmp_path, "disk").trials
+    assert len(ran) == 1 and [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+    assert trials[1].params == trials[0].params  # the same (starting) settings, measured this time

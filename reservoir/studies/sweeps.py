@@ -103,13 +103,14 @@ def storage_lost(storage_url: str | None, error: BaseException) -> StorageLost:
 
 
 class _QuietEndings(logging.Filter):
-    """Drops Optuna's traceback for a trial that ended because the sweep was stopped or its storage
-    lost: the sweep says that in one line of its own; every other failure is still logged in full."""
+    """Drops Optuna's traceback for a trial that ended because the sweep was stopped, its storage lost or a
+    one-line error met: the sweep says that in one line of its own; every other failure is logged in full."""
 
     def __init__(self):
         super().__init__()
         self.trials: set[int] = set()
-        self.endings = (stopping.Stopped, KeyboardInterrupt, *storage_errors())  # looked up once, not per record
+        # looked up once, not per record; a OneLineError (data that cannot be read, ...) is said by the sweep
+        self.endings = (stopping.Stopped, KeyboardInterrupt, OneLineError, *storage_errors())
 
     def filter(self, record: logging.LogRecord) -> bool:
         ended = record.exc_info and isinstance(record.exc_info[1], self.endings)
@@ -344,6 +345,9 @@ def run_trials(study, sweep: Sweep, run_one, refused: tuple[type[Exception], ...
         except refused as e:
             warn(f"trial {trial.number}: {e}; recorded as failed")
             return math.nan
+        except OneLineError:  # not the trial's settings (the data, a disk): it measured nothing, so it is run
+            trial.set_user_attr("interrupted", True)  # again when the study continues, and does not count
+            raise
         trial.set_user_attr("seconds", round(time.perf_counter() - started, 1))
         records = [r for r in run.summaries() if r["model"] == model]  # one per seed
         diverged = next((r for r in records if r.get("val_bpc") is None), None)
