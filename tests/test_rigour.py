@@ -18,7 +18,7 @@ from reservoir.run import flops
 from reservoir.run.evaluation import EvalPoints
 from reservoir.run.records import read_metrics
 from reservoir.run.tables import format_table
-from tests.conftest import ROOT, run_cli, run_then_sigkill
+from tests.conftest import ROOT, run_cli, run_script, run_then_sigkill
 
 PLOT = str(ROOT / "plot_results.py")
 
@@ -357,3 +357,31 @@ def test_every_column_of_a_row_with_a_diverged_seed_counts_the_scored_seeds_alon
     assert "     100 " in line and " 0.10 " in line  # tokens and epochs of the seed that scored
     alone = aggregate([diverged])  # nothing scored: the diverged seed's own numbers, for its DIVERGED line
     assert alone["train_tokens"] == 20 and alone["val_bpc"] is None
+
+
+def test_the_nanogpt_calibration_checks_its_input_keys_its_result_and_trusts_only_its_record(tmp_path):
+    other = tmp_path / "input.txt"
+    other.write_text("Once upon a time there was a cat.\n" * 1000)  # TinyStories-like, not Tiny Shakespeare
+    refused = run_script("bench/calibrate_nanogpt.py", other, check=False)
+    assert refused.returncode != 0 and "is not Tiny Shakespeare's input.txt" in refused.stderr
+    shakespeare = os.environ.get("RESERVOIR_SHAKESPEARE")
+    if not shakespeare:
+        pytest.skip("RESERVOIR_SHAKESPEARE (Tiny Shakespeare's input.txt) is not set")
+    quick = [f"RESULTS_DIR={tmp_path / 'out'}", f"CACHE_DIR={tmp_path / 'c'}", "MAX_STEPS=6", "EVAL_POINTS=1",
+             "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0"]
+    first = run_script("bench/calibrate_nanogpt.py", shakespeare, *quick, check=False)
+    assert first.returncode == 1 and "OUTSIDE" in first.stdout and "6 steps" in first.stdout  # 6 steps: far off
+    longer = run_script("bench/calibrate_nanogpt.py", shakespeare, *quick, "MAX_STEPS=8", check=False)
+    assert "8 steps" in longer.stdout  # another setting: trained anew, not the 6-step verdict again
+    summaries = sorted((tmp_path / "out").glob("nanogpt-calibration-*/summary.json"))
+    assert len(summaries) == 2
+    for summary in summaries:
+        rows = json.loads(summary.read_text())
+        rows[0]["windows_val_bpc"] = 1.88 / math.log(2)  # an edit that would read "within"
+        summary.write_text(json.dumps(rows))
+    edited = run_script("bench/calibrate_nanogpt.py", shakespeare, *quick, check=False)
+    assert edited.returncode != 0 and "was edited after its run wrote it" in edited.stderr
+    assert "within" not in edited.stdout and "Traceback" not in edited.stderr
+    diverged = run_script("bench/calibrate_nanogpt.py", shakespeare, *quick, "LEARNING_RATE=1e4", check=False)
+    assert diverged.returncode != 0 and "the calibration run diverged" in diverged.stderr
+    assert "Traceback" not in diverged.stderr
