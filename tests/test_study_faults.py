@@ -63,6 +63,10 @@ def test_a_point_that_stops_says_why_in_the_study_s_terminal(tmp_path, capfd):
     assert run_points(jobs, 2) == [1, 1]
     said = capfd.readouterr().out
     assert "stopped (exit code 1): cell/flops-0: error: SEQ_LEN must be" in said, said
+    # a point whose records are complete when it exits non-zero (it finished as the study was stopped)
+    assert run_points(jobs[:1], 2, finished=lambda folder: True) == [1]
+    said = capfd.readouterr().out
+    assert "finished: cell/flops-0 (its records are complete; it exited 1 as the study stopped)" in said, said
 
 
 def test_a_study_in_a_read_only_results_dir_is_one_line(tmp_path):

@@ -135,3 +135,14 @@ def test_the_committed_records_name_no_machine():
         if path.suffix in (".json", ".jsonl", ".md"):
             found = absolute.search(path.read_text(encoding="utf-8"))
             assert found is None, f"{path}: {path.read_text(encoding='utf-8')[found.start():found.start() + 80]}"
+
+
+def test_an_edited_point_says_what_deleting_its_folder_does(tmp_path):
+    study = tmp_path / "micro"
+    shutil.copytree(FIXTURE / "micro", study)
+    point = study / "transformer++-xs-lr0.004-b8" / "flops-6.00e09"
+    records = json.loads((point / "summary.json").read_text())
+    records[0]["val_bpc"] = 0.5
+    (point / "summary.json").write_text(json.dumps(records))
+    with pytest.raises(ResultsError, match="run the study's command again, which trains the point again"):
+        PointRecords(study).summary(point)  # points.jsonl does not hold it: deleting the folder means re-training

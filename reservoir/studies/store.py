@@ -26,7 +26,6 @@ from reservoir.run.records import (
     portable_config,
     read_json,
     read_run_config,
-    read_summary,
 )
 
 POINTS_FILE = "points.jsonl"
@@ -119,14 +118,19 @@ class PointRecords:
         None where it has none yet."""
         point = self.packed()["points"].get(self._key(folder))
         if (Path(folder) / "summary.json").exists():
-            remedy = ("undo the edit, or delete that point's folder: points.jsonl holds its record as the run wrote it"
-                      if point else "undo the edit, or delete that point's folder and run the study's command "
-                      "again, which trains the point again (until then a report lists it as not run)")
-            path = Path(folder) / "summary.json"
-            here = check_summary(read_json(path, what), path, remedy)
+            here = self._folder_summary(folder, point is not None, what)
             if point is None or len(here) >= len(point["summary"]):
                 return here
         return point["summary"] if point else None
+
+    @staticmethod
+    def _folder_summary(folder: Path, packed: bool, what: str = "a point's summary") -> list[dict]:
+        """A point folder's summary.json, checked; an edited one is refused with what deleting it would do."""
+        remedy = ("undo the edit, or delete that point's folder: points.jsonl holds its record as the run wrote it"
+                  if packed else "undo the edit, or delete that point's folder and run the study's command again, "
+                  "which trains the point again (until then a report lists it as not run)")
+        path = Path(folder) / "summary.json"
+        return check_summary(read_json(path, what), path, remedy)
 
     def config(self, folder: Path) -> RecordedConfig:
         """The point's config.json (checked), from its folder or points.jsonl."""
@@ -160,7 +164,8 @@ class PointRecords:
         points = {key: {**point, "config": portable_config(point["config"])} for key, point in packed["points"].items()}
         tokenizers = dict(packed["tokenizers"])
         for folder in self.local_points():
-            key, summary = self._key(folder), read_summary(folder, "a point's summary")
+            key = self._key(folder)
+            summary = self._folder_summary(folder, key in points)
             if key in points and len(points[key]["summary"]) > len(summary):
                 continue  # the file holds more of this point (more seeds) than the folder here
             config = read_json(folder / "config.json", "the run's config")
