@@ -485,8 +485,8 @@ def _check_beta2(name: str, config: dict, info: dev.DeviceInfo) -> None:
     per_step, reference = _tokens_per_step(config, info), config["ADAM_BETA2_REF_TOKENS"]
     beta2 = adam_beta2(config, per_step)
     if reference and not 0.0 <= beta2 < 1.0:
-        raise ConfigError(f"ADAM_BETA2_REF_TOKENS={reference} gives {name} a β2 of {config['ADAM_BETA2']} ** "
-                          f"({per_step} / {reference}) = {beta2!r}, which AdamW refuses (it must be below 1): give "
+        raise ConfigError(f"ADAM_BETA2_REF_TOKENS={reference:g} gives {name} a β2 of {config['ADAM_BETA2']} ** "
+                          f"({per_step} / {reference:g}) = {beta2!r}, which AdamW refuses (it must be below 1): give "
                           f"a reference near the {per_step:,} tokens of one step, or None")
 
 
