@@ -124,6 +124,16 @@ def main(out: Path, dry_run: bool) -> int:
             "runner_mfu": None if peak is None else round(tps * reference["flops_per_token"] / (peak * 1e12), 4),
             "minimal_mfu": None if peak is None else round(
                 reference["tokens_per_second"] * reference["flops_per_token"] / (peak * 1e12), 4)}
+    # a micro frontier with WORKERS=auto: one point per visible GPU (per core on the CPU), each on its own device
+    parts["frontier"] = run([PY, "scaling.py", "FRONTIER=True", "STUDY=frontier", "FAMILIES=lstm,transformer++",
+                             "SIZES=xs", "LEARNING_RATES=2e-3,4e-3", "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "KEEP=2",
+                             "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1e9", "ENVELOPE_SEEDS=1", "WORKERS=auto",
+                             "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048",
+                             "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0", "WARMUP_STEPS=5", f"DEVICE={device}",
+                             f"RESULTS_DIR={out / 'results'}", f"CACHE_DIR={out / 'cache'}"])
+    placed = [r.get("point_device") for p in sorted((out / "results" / "frontier").glob("*/flops-*/summary.json"))
+              for r in json.loads(p.read_text())]
+    report["frontier"] = {"points": len(placed), "devices": sorted({str(d) for d in placed})}
     parts["sampling"] = run([PY, "bench/bench_sampling.py", "100" if dry_run else "2000", device])
     try:
         import reservoirpy  # noqa: F401
@@ -153,6 +163,9 @@ def markdown(report: dict) -> str:
         lines += ["", "| model | bits/char | tokens/s | precision |", "| --- | --- | --- | --- |"]
         lines += [f"| {m['model']} | {_number(m['val_bpc'], '.3f')} | {_number(m['tokens_per_second'], ',.0f')} | "
                   f"{m['precision']} |" for m in models]
+    if "frontier" in report:
+        f = report["frontier"]
+        lines += ["", f"micro frontier (WORKERS=auto): {f['points']} points on {', '.join(f['devices']) or 'none'}"]
     if "transformer" in report:
         t = report["transformer"]
         lines += ["", f"transformer: runner {t['runner_tokens_per_second']:,.0f} tok/s, minimal loop "

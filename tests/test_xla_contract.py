@@ -265,3 +265,23 @@ def test_transformer_weights_stay_tied_on_xla():
 
     on_cpu = build_model("transformer", 40, parse_overrides(["TRANSFORMER.n_embd=32"]))
     assert tied == "True" and int(count) == sum(p.numel() for p in on_cpu.parameters())
+
+
+def test_a_two_worker_frontier_runs_each_point_in_its_own_xla_process(tmp_path):
+    """WORKERS='auto' on XLA:CPU: a point per usable core, each its own process on the XLA path."""
+    from reservoir.platform.machine import usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("needs two usable cores")
+    proc = python(["scaling.py", "FRONTIER=True", "STUDY=xla", "USE_TPU=True", "FAMILIES=lstm", "SIZES=xs",
+                   "LEARNING_RATES=2e-3,4e-3", "BATCH_SIZES=4", "BUDGETS=3e9,6e9", "MIN_STEPS=20",
+                   "MAX_TOKENS_PER_PARAM=1e9", "ENVELOPE_SEEDS=1", "KEEP=2",
+                   *[s for s in TINY if not s.startswith("BATCH_SIZE")], "FINAL_EVAL_TOKENS=512",
+                   f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'c'}"], timeout=1200)
+    assert proc.stdout.count("started lstm-xs-") == 4 and "on xla:cpu" in proc.stdout, proc.stdout[-3000:]
+    points = sorted((tmp_path / "results" / "xla").glob("lstm-*/flops-*/summary.json"))
+    assert len(points) == 4
+    for point in points:
+        (record,) = json.loads(point.read_text())
+        assert record["device_kind"] == "tpu" and record["point_device"] == "xla:cpu" and record["val_bpc"] > 0
+    assert (tmp_path / "results" / "xla" / "frontier.json").exists()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from reservoir.platform.machine import usable_cores
 from reservoir.platform.messages import TAG, OneLineError, warn
 
 _GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips appear on the PCI bus with Google's vendor id
@@ -45,6 +46,11 @@ class DeviceInfo:
     rank: int = 0
     mesh: object = None  # the SPMD device mesh (one 'data' axis) when TPU_PARALLEL='spmd'
     spmd_devices: int = 1  # devices one SPMD process drives
+
+    @property
+    def placed_on(self) -> str | None:
+        """The device a study gave this process ('cuda:3', 'tpu chips 0,1', 'cpu'), None outside a study."""
+        return os.environ.get(POINT_DEVICE_VARIABLE)
 
     @property
     def is_xla(self) -> bool:
@@ -89,14 +95,7 @@ def xla_installed() -> bool:
 
 def tpu_chips_present() -> bool:
     """Real TPU chips on this host (independent of torch_xla being installed)."""
-    for vendor_file in glob.glob("/sys/bus/pci/devices/*/vendor"):
-        try:
-            with open(vendor_file) as f:
-                if f.read().strip() == _GOOGLE_PCI_VENDOR:
-                    return True
-        except OSError:
-            continue
-    return False
+    return tpu_chip_count() > 0
 
 
 def xla_usable() -> bool:
@@ -673,3 +672,97 @@ def build_loader(dataset, info: DeviceInfo, batch_size: int, *, shuffle: bool = 
         return parallel_loader.MpDeviceLoader(loader, info.device, input_sharding=sharding)
     return loader
 
+
+
+# --------------------------------------------------------------------- one study point per device
+
+TPU_FIRST_PORT = 8476  # torch_xla's TPU_PROCESS_PORT; each point's process on a TPU VM takes the next one
+# chips one process drives, as TPU_CHIPS_PER_PROCESS_BOUNDS (a v5e/v6e host's 2x4 chips, split in blocks)
+TPU_CHIP_BOUNDS = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,4,1"}
+POINT_DEVICE_VARIABLE = "RESERVOIR_POINT_DEVICE"  # the device a study gave a point, recorded in its summary
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one study point runs: its device(s), and the environment that confines its process to them."""
+
+    label: str  # 'cpu', 'cuda:3', 'tpu chips 0,1', 'xla:cpu'
+    env: dict
+
+
+def point_slots(kind: str, devices: list[str], per_point: int, cores: int) -> list[Slot]:
+    """The places this host offers a study's points, one per concurrent point, from what is visible (a pure
+    function: tested for hosts this machine is not). ``kind``: the points' device kind; ``devices``: the CUDA
+    ordinals or TPU chips visible (for 'cpu', one entry per usable core); ``per_point``: devices one point takes
+    (DEVICES_PER_POINT); ``cores``: the host's usable CPU cores, shared out among the points."""
+    if per_point < 1:
+        raise DeviceError(f"DEVICES_PER_POINT must be at least 1, got {per_point}")
+    if kind == "cpu" or (kind == "tpu" and not devices):  # the CPU, or XLA:CPU (PJRT_DEVICE=CPU): a core each
+        env = {"OMP_NUM_THREADS": str(per_point), "MKL_NUM_THREADS": str(per_point)}
+        label = "cpu" if kind == "cpu" else "xla:cpu"
+        return [Slot(label, {**env, POINT_DEVICE_VARIABLE: label}) for _ in range(max(1, cores // per_point))]
+    what = {"cuda": "GPU", "tpu": "TPU chip"}[kind]
+    if per_point > len(devices):
+        raise DeviceError(f"DEVICES_PER_POINT={per_point} but this host shows {len(devices)} {what}(s) "
+                          f"({', '.join(devices)}): lower DEVICES_PER_POINT")
+    if kind == "tpu" and per_point not in TPU_CHIP_BOUNDS:
+        raise DeviceError(f"DEVICES_PER_POINT={per_point}: a TPU point takes a block of 1, 2, 4 or 8 chips")
+    groups = [devices[k:k + per_point] for k in range(0, len(devices) - per_point + 1, per_point)]
+    threads = str(max(1, cores // len(groups)))  # the host's cores shared out: data loading, the CPU side
+    slots = []
+    for k, group in enumerate(groups):
+        env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        if kind == "cuda":
+            label = "cuda:" + ",".join(group)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(group)
+        else:  # one process per chip block, as torch_xla's configure_topology and Cloud TPU's notes set them
+            label, port = "tpu chips " + ",".join(group), TPU_FIRST_PORT + k
+            env.update({"TPU_VISIBLE_CHIPS": ",".join(group),
+                        "TPU_CHIPS_PER_PROCESS_BOUNDS": TPU_CHIP_BOUNDS[per_point], "TPU_PROCESS_BOUNDS": "1,1,1",
+                        "TPU_PROCESS_PORT": str(port),
+                        "TPU_PROCESS_ADDRESSES": f"localhost:{port}", "CLOUD_TPU_TASK_ID": "0"})
+        slots.append(Slot(label, {**env, POINT_DEVICE_VARIABLE: label}))
+    return slots
+
+
+def tpu_chip_count() -> int:
+    """Real TPU chips on this host (Google's PCI devices)."""
+    count = 0
+    for vendor_file in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(vendor_file) as f:
+                count += f.read().strip() == _GOOGLE_PCI_VENDOR
+        except OSError:
+            continue
+    return count
+
+
+def visible_devices(kind: str) -> list[str]:
+    """The devices of ``kind`` this process may give its points: CUDA ordinals (as CUDA_VISIBLE_DEVICES
+    narrows them), TPU chips (none under XLA:CPU), or one entry per usable CPU core."""
+    if kind == "cuda":
+        narrowed = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if narrowed is not None:
+            return [d.strip() for d in narrowed.split(",") if d.strip()]
+        return [str(k) for k in range(torch.cuda.device_count())]
+    if kind == "tpu":
+        narrowed = os.environ.get("TPU_VISIBLE_CHIPS")
+        if narrowed:
+            return [d.strip() for d in narrowed.split(",") if d.strip()]
+        return [str(k) for k in range(tpu_chip_count())]
+    return [str(k) for k in range(usable_cores())]
+
+
+def study_slots(config: dict, workers, per_point: int = 1) -> list[Slot]:
+    """The slots a study's points run in on this host: ``workers`` 'auto' takes every one the devices give;
+    a number takes that many (on the CPU any number, said to oversubscribe where it does)."""
+    kind = resolve_kind(config["DEVICE"], config["USE_TPU"])
+    slots = point_slots(kind, visible_devices(kind), per_point, usable_cores())
+    if workers == "auto":
+        return slots
+    if kind == "cpu" or (kind == "tpu" and slots[0].label == "xla:cpu"):
+        return [slots[0]] * workers
+    if workers > len(slots):
+        raise DeviceError(f"WORKERS={workers} but this host has room for {len(slots)} point(s) at once "
+                          f"({', '.join(s.label for s in slots)}): use WORKERS=auto or fewer")
+    return slots[:workers]

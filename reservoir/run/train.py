@@ -792,8 +792,8 @@ def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.D
             "train_tokens": progress.tokens, "train_steps": progress.step,
             "tokens_per_second": progress.tokens / max(progress.seconds, 1e-9), **outcome.final,
             "device": info.name, "device_kind": info.kind, "precision": info.precision,
-            "world_size": info.world_size, "data_source": data.source, "val_unknown_share": data.val_unknown_share,
-            "tokenizer": data.tokenizer.kind,
+            "world_size": info.world_size, "point_device": info.placed_on, "data_source": data.source,
+            "val_unknown_share": data.val_unknown_share, "tokenizer": data.tokenizer.kind,
             "vocab_size": data.tokenizer.vocab_size, "seed": config["SEED"],
             "learning_rate": config["LEARNING_RATE"], "batch_size": config["BATCH_SIZE"],  # this model's (per device)
             **{key: outcome.extra.get(key) for key in ("compile_seconds", "step_seconds", "compile_over_budget",

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from reservoir.platform.device import POINT_DEVICE_VARIABLE, Slot
 from reservoir.platform.files import Busy, lock_folder, make_folder
 from reservoir.platform.machine import usable_cores
 from reservoir.platform.messages import OneLineError, say, warn
@@ -102,22 +103,27 @@ def run_point(args: list[str]) -> int:
             signal.signal(signum, handler)
 
 
-def run_points(jobs: list[tuple[Path, list[str]]], workers: int, finished=None) -> list[int | None]:
-    """Points side by side, at most ``workers`` at once, each a TinyStories.py process on one thread (so its
-    score does not depend on how many run together). With one worker a point prints to the terminal; with
-    more, each writes its own log (<study>/logs/) and a line here says when it starts and ends, with the
-    point's own error when it stops. A SIGTERM to the study reaches every running point, which checkpoints
-    before stopping. ``finished(folder) -> bool``: whether a point that exited with a signal has its records
+ONE_CORE = Slot("cpu", {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", POINT_DEVICE_VARIABLE: "cpu"})
+
+
+def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], finished=None) -> list[int | None]:
+    """Points side by side, one in each of ``workers`` (the slots platform.device.study_slots gives: a core, a
+    GPU, a TPU chip block, each with the environment that confines a point's process to it; a number: that
+    many one-thread CPU points). With one slot a point prints to the terminal; with more, each writes its own
+    log (<study>/logs/) and a line here says when it starts, where, and how it ends, with the point's own
+    error when it stops. A SIGTERM to the study reaches every running point, which checkpoints before
+    stopping. ``finished(folder) -> bool``: whether a point that exited with a signal has its records
     complete all the same (it finished as the study was stopped)."""
-    _warn_if_oversubscribed(workers)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    running: dict[int, tuple[subprocess.Popen, object, Path]] = {}
+    slots = [ONE_CORE] * workers if isinstance(workers, int) else list(workers)
+    _warn_if_oversubscribed(sum(slot.label == "cpu" for slot in slots))
+    free = list(range(len(slots)))  # the slots no point holds now
+    running: dict[int, tuple[subprocess.Popen, object, Path, int]] = {}
     codes: list[int | None] = [None] * len(jobs)
     stopping_signal = {"sent": None}
 
     def forward(signum, frame):
         stopping_signal["sent"] = signum
-        for proc, _, _ in running.values():
+        for proc, *_ in running.values():
             proc.send_signal(signum)
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -126,25 +132,29 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int, finished=None) 
     pending = list(range(len(jobs)))
     try:
         while pending or running:
-            while pending and len(running) < workers and stopping_signal["sent"] is None:
-                k = pending.pop(0)
+            while pending and free and stopping_signal["sent"] is None:
+                k, slot = pending.pop(0), free.pop(0)
                 folder, args = jobs[k]
                 command = [sys.executable, str(ENTRY_POINT), *args]
-                if workers == 1:
-                    running[k] = (subprocess.Popen(command, env=env, preexec_fn=_stop_with_the_study), None, folder)
+                env = {**os.environ, **slots[slot].env}
+                if len(slots) == 1:
+                    running[k] = (subprocess.Popen(command, env=env, preexec_fn=_stop_with_the_study), None, folder,
+                                  slot)
                     continue
                 log = folder.parent.parent / "logs" / f"{folder.parent.name}@{folder.name}.log"
                 make_folder(log.parent)
                 handle = log.open("a", encoding="utf-8")
                 running[k] = (subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT,
-                                               preexec_fn=_stop_with_the_study), handle, folder)
-                say(f"started {folder.parent.name}/{folder.name} (log: {log})")
+                                               preexec_fn=_stop_with_the_study), handle, folder, slot)
+                on = "" if slots[slot].label == "cpu" else f" on {slots[slot].label}"
+                say(f"started {folder.parent.name}/{folder.name}{on} (log: {log})")
             if stopping_signal["sent"] is not None:
                 pending.clear()
-            for k, (proc, handle, folder) in list(running.items()):
+            for k, (proc, handle, folder, slot) in list(running.items()):
                 if proc.poll() is None:
                     continue
                 codes[k] = proc.returncode
+                free = sorted([*free, slot])
                 if handle is not None:
                     handle.close()
                     where, code = f"{folder.parent.name}/{folder.name}", exit_status(proc.returncode)

@@ -20,7 +20,8 @@ points are then re-run on ENVELOPE_SEEDS seeds in all (mean ± sd). Stages a run
 paired comparison of the best reservoir family against the transformer.
 
 Each point is an ordinary run folder, RESULTS_DIR/STUDY/<cell>/flops-<budget>, run as its own
-TinyStories.py process on one thread (so its score does not depend on WORKERS). Finished points' records
+TinyStories.py process on its own device: a CPU core (one thread, so its score does not depend on WORKERS),
+a GPU or a TPU chip block (WORKERS='auto', DEVICES_PER_POINT; platform/device.py). Finished points' records
 go into RESULTS_DIR/STUDY/points.jsonl as they finish (studies/store.py), the one file a study commits;
 a study interrupted anywhere continues with the same command, and one that holds only its records (a
 clone: no point folders, no checkpoints) skips every finished point. ``report_from_records`` rebuilds
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from reservoir.config import parse_overrides
 from reservoir.models.settings import model_settings
+from reservoir.platform.device import study_slots
 from reservoir.platform.messages import say
 from reservoir.run.checkpoint import CheckpointError
 from reservoir.run.records import write_json_atomic, write_signed_json
@@ -87,6 +89,7 @@ class FrontierStudy:
     path: Path = field(init=False)
     store: PointRecords = field(init=False, repr=False)
     corpus: str | None = field(default=None, init=False)  # the data's corpus_label, once measure_cells read it
+    _slots: list | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         self.path = Path(self.config["RESULTS_DIR"]) / self.name
@@ -146,6 +149,13 @@ class FrontierStudy:
             return [*self.settings, *cell.settings(), *where, f"RESUME={folder}"]
         return [*self.settings, *cell.settings(), *where, f"RUN_NAME={folder.name}",
                 f"SEEDS={','.join(map(str, self.extra_seeds()))}"]
+
+    def slots(self) -> list:
+        """Where this host runs the study's points at once: WORKERS of the slots its devices give (a core, a
+        GPU or a TPU chip block each, DEVICES_PER_POINT devices a point), checked when the study starts."""
+        if self._slots is None:
+            self._slots = study_slots(self.config, self.grid["WORKERS"], self.grid.get("DEVICES_PER_POINT", 1))
+        return self._slots
 
     def _point_finished(self, folder: Path) -> bool:
         return self.finished(folder, self.extra_seeds() if folder.name.endswith("-seeds") else [self.config["SEED"]])
@@ -223,6 +233,7 @@ class FrontierStudy:
         -> exit codes), then keep each family's best; finally the envelope points' extra seeds.
         ``measure(cell) -> (FLOPs per step, trained parameters, tokens per step)`` (``measure_cells``)."""
         plan = self.plan(measure)
+        self.slots()  # a device or WORKERS this host cannot give is refused before the study is touched
         lock = hold_study(self.path, self.name)  # one runner per study: a second copy stops here
         try:
             self.check_corpus()
@@ -338,7 +349,7 @@ class FrontierStudy:
         if not jobs:
             return
         try:
-            codes = run_points(jobs, self.grid["WORKERS"], self._point_finished)  # None: never started
+            codes = run_points(jobs, self.slots(), self._point_finished)  # None: never started
         finally:
             self.store.pack()  # what finished is in points.jsonl, ready to commit, even if the study stops here
         failed = [code for code in codes if code not in (0, None)]

@@ -1,0 +1,57 @@
+"""One study point per device: what each point's process is given on hosts this machine is not (the assignment is
+a pure function of what is visible), and the study's WORKERS against them."""
+
+import pytest
+
+from reservoir.platform.device import POINT_DEVICE_VARIABLE, DeviceError, point_slots, study_slots
+
+
+def test_an_eight_gpu_host_gives_each_point_its_own_gpu():
+    slots = point_slots("cuda", [str(k) for k in range(8)], 1, 16)
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in slots] == [str(k) for k in range(8)]
+    assert [s.label for s in slots] == [f"cuda:{k}" for k in range(8)]
+    assert {s.env["OMP_NUM_THREADS"] for s in slots} == {"2"}  # 16 cores shared out
+    assert all(s.env[POINT_DEVICE_VARIABLE] == s.label for s in slots)
+    pairs = point_slots("cuda", [str(k) for k in range(8)], 2, 16)
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in pairs] == ["0,1", "2,3", "4,5", "6,7"]
+    narrowed = point_slots("cuda", ["2", "5"], 1, 16)  # CUDA_VISIBLE_DEVICES=2,5 on the study
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in narrowed] == ["2", "5"]
+
+
+def test_an_eight_chip_tpu_host_gives_each_point_its_chips_bounds_and_port():
+    slots = point_slots("tpu", [str(k) for k in range(8)], 1, 96)
+    assert [s.env["TPU_VISIBLE_CHIPS"] for s in slots] == [str(k) for k in range(8)]
+    assert {s.env["TPU_CHIPS_PER_PROCESS_BOUNDS"] for s in slots} == {"1,1,1"}
+    assert {s.env["TPU_PROCESS_BOUNDS"] for s in slots} == {"1,1,1"}
+    ports = [s.env["TPU_PROCESS_PORT"] for s in slots]
+    assert len(set(ports)) == 8 and ports[0] == "8476"
+    assert all(s.env["TPU_PROCESS_ADDRESSES"] == f"localhost:{s.env['TPU_PROCESS_PORT']}" for s in slots)
+    quads = point_slots("tpu", [str(k) for k in range(8)], 4, 96)
+    assert [(s.env["TPU_VISIBLE_CHIPS"], s.env["TPU_CHIPS_PER_PROCESS_BOUNDS"]) for s in quads] == [
+        ("0,1,2,3", "2,2,1"), ("4,5,6,7", "2,2,1")]
+
+
+def test_the_cpu_and_xla_cpu_give_a_core_to_each_point():
+    assert [s.env["OMP_NUM_THREADS"] for s in point_slots("cpu", ["0", "1"], 1, 2)] == ["1", "1"]
+    xla = point_slots("tpu", [], 1, 2)  # PJRT_DEVICE=CPU: no chips
+    assert [s.label for s in xla] == ["xla:cpu", "xla:cpu"]
+
+
+@pytest.mark.parametrize("kind, devices, per_point, message", [
+    ("cuda", ["0", "1"], 4, "DEVICES_PER_POINT=4 but this host shows 2 GPU(s) (0, 1)"),
+    ("tpu", [str(k) for k in range(8)], 3, "a TPU point takes a block of 1, 2, 4 or 8 chips"),
+    ("cuda", ["0"], 0, "DEVICES_PER_POINT must be at least 1"),
+])
+def test_more_devices_per_point_than_visible_is_one_line(kind, devices, per_point, message):
+    with pytest.raises(DeviceError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        point_slots(kind, devices, per_point, 8)
+
+
+def test_workers_auto_on_this_cpu_and_an_accelerator_that_is_not_here():
+    from reservoir.platform.machine import usable_cores
+
+    config = {"DEVICE": "cpu", "USE_TPU": False}
+    assert len(study_slots(config, "auto")) == usable_cores()
+    assert len(study_slots(config, 5)) == 5  # a number on the CPU is taken as given
+    with pytest.raises(DeviceError, match="DEVICE='cuda' is not available"):
+        study_slots({"DEVICE": "cuda", "USE_TPU": False}, "auto")
