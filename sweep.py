@@ -34,11 +34,11 @@ from reservoir.models import ModelSettingsError
 from reservoir.platform import stopping
 from reservoir.platform.messages import TAG, OneLineError
 from reservoir.run.experiment import run_experiment
+from reservoir.studies.storage import lost_storage_in
 from reservoir.studies.sweeps import (
     SEARCH_SPACES,
     Sweep,
     SweepError,
-    lost_storage_in,
     open_study,
     parse_search,
     run_trials,

@@ -129,7 +129,7 @@ def kept_study(tmp_path_factory):
     (["MODEL=esn", "TRIALS=0"], "TRIALS must be a whole number >= 1"),
     (["MODEL=esn", "SEARCH=ESN.spectral_radios=log(0.1,3)"], "is not a setting of this project"),
     (["MODEL=esn", "SEARCH=ESN.spectral_radius=log(3,0.1)"], "need low < high"),
-    (["MODEL=esn", "SWEEP_STORAGE=postgresql+psycopg2://nobody@127.0.0.1:1/none"], "cannot open the sweep storage"),
+    (["MODEL=esn", "SWEEP_STORAGE=postgresql+psycopg2://nobody@127.0.0.1:1/none"], "cannot open the storage"),
     (["MODEL=esn", "BATCH_SZE=3"], "did you mean BATCH_SIZE"),
     (["MODEL=esn", "DATASET=nowhere"], "no .txt or .jsonl data found at 'nowhere'"),  # docs' example, no data/
 ])

@@ -32,6 +32,7 @@ from reservoir.platform import stopping
 from reservoir.platform.files import atomic_write_text
 from reservoir.platform.messages import OneLineError, say, warn
 from reservoir.run.records import run_seeds
+from reservoir.studies.storage import open_rdb, storage_errors
 
 # One declared search space per model, with the ranges reservoirpy's tutorials and the literature
 # use (log-uniform spectral radius 1e-2..10, leak rate 1e-3..1, input scaling 1e-2..10, ridge 1e-8..10;
@@ -66,32 +67,6 @@ class SweepError(OneLineError, ValueError):
 
 class StorageLost(OneLineError, RuntimeError):
     """The study's database went away mid-sweep: one line; the same command continues once it is back."""
-
-
-def storage_errors() -> tuple[type[BaseException], ...]:
-    """What a storage that went away raises: Optuna's wrapper and SQLAlchemy's own errors."""
-    import optuna
-
-    errors: tuple[type[BaseException], ...] = (optuna.exceptions.StorageInternalError,)
-    try:
-        from sqlalchemy.exc import SQLAlchemyError
-
-        errors += (SQLAlchemyError,)
-    except ImportError:  # a journal-file study has no database to lose
-        pass
-    return errors
-
-
-def lost_storage_in(error: BaseException) -> BaseException | None:
-    """The storage error behind ``error``, if any: Optuna can end a trial on a lost database with an
-    error of its own raised while handling the storage's (its post-processing meets the same loss)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, storage_errors()):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
 
 
 def storage_lost(storage_url: str | None, error: BaseException) -> StorageLost:
@@ -232,19 +207,7 @@ def override_line(params: dict) -> str:
     return " ".join(f"{key}={value!r}" for key, value in params.items())
 
 
-def _stale_callback_name() -> str:
-    """Optuna 4.9 renamed the callback for trials whose worker died (4.0-4.8 know only the old name)."""
-    import inspect
-
-    import optuna
-
-    parameters = inspect.signature(optuna.storages.RDBStorage).parameters
-    return "heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in parameters else \
-        "failed_trial_callback"
-
-
 def _storage(storage_url: str | None, folder: Path):
-    import optuna
 
     if not storage_url:
         from optuna.storages.journal import JournalFileBackend, JournalStorage
@@ -253,21 +216,7 @@ def _storage(storage_url: str | None, folder: Path):
             return JournalStorage(JournalFileBackend(str(folder / "journal.log")))
         except OSError as e:
             raise SweepError(f"cannot open the sweep journal {folder / 'journal.log'} ({e.strerror})") from None
-    dead_worker = {_stale_callback_name(): enqueue_rerun}  # its trial is marked failed and run again
-    for attempt in range(5):
-        try:
-            with warnings.catch_warnings():  # heartbeats are marked experimental; they are what frees dead trials
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(storage_url, heartbeat_interval=30, grace_period=120,
-                                                  **dead_worker)
-        except Exception as e:  # noqa: BLE001 - SQLAlchemy, driver and OS errors alike: one line
-            # workers started together on an empty database race to create its tables: the loser retries
-            if "already exists" in str(e) or "UniqueViolation" in str(e) or "duplicate key" in str(e):
-                time.sleep(0.5 * (attempt + 1))
-                continue
-            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise SweepError(f"cannot open the sweep storage {storage_url} ({reason}); check SWEEP_STORAGE") from None
-    raise SweepError(f"cannot create the sweep tables in {storage_url}: other workers keep racing; start again")
+    return open_rdb(storage_url, 30, enqueue_rerun, SweepError, "SWEEP_STORAGE")  # a dead worker's trial: again
 
 
 def open_study(name: str, storage_url: str | None, folder: Path, seed: int, worker: int):

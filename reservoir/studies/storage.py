@@ -1,0 +1,71 @@
+"""Where studies that span machines keep their state: Optuna's storage (an SQLAlchemy database such as
+PostgreSQL, or a journal file), the engine that hands work out to every host. The sweeps and the shared
+frontier open it here.
+
+    storage = open_rdb(url, heartbeat_s, lost=on_dead_trial, error=SweepError)
+    lost_storage_in(error)    # the database error behind whatever Optuna raised, or None
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import warnings
+
+
+def storage_errors() -> tuple[type[BaseException], ...]:
+    """What a storage that went away raises: Optuna's wrapper and SQLAlchemy's own errors."""
+    import optuna
+
+    errors: tuple[type[BaseException], ...] = (optuna.exceptions.StorageInternalError,)
+    try:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        errors += (SQLAlchemyError,)
+    except ImportError:  # a journal-file study has no database to lose
+        pass
+    return errors
+
+
+def lost_storage_in(error: BaseException) -> BaseException | None:
+    """The storage error behind ``error``, if any: Optuna can end a trial on a lost database with an
+    error of its own raised while handling the storage's (its post-processing meets the same loss)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, storage_errors()):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _stale_callback_name() -> str:
+    """Optuna 4.9 renamed the callback for trials whose worker died (4.0-4.8 know only the old name)."""
+    import optuna
+
+    parameters = inspect.signature(optuna.storages.RDBStorage).parameters
+    return "heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in parameters else \
+        "failed_trial_callback"
+
+
+def open_rdb(url: str, heartbeat_s: float, lost, error: type[Exception], what: str):
+    """Optuna's RDB storage at ``url`` with heartbeats every ``heartbeat_s`` seconds: a trial whose process
+    stopped beating for 4x that is failed, and ``lost(study, trial)`` is called for it (to run it again).
+    A database that cannot be opened is one ``error`` naming ``what`` (the key that gave the URL)."""
+    import optuna
+
+    dead_worker = {_stale_callback_name(): lost}
+    for attempt in range(5):
+        try:
+            with warnings.catch_warnings():  # heartbeats are marked experimental; they are what frees dead trials
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, heartbeat_interval=max(1, round(heartbeat_s)),
+                                                  grace_period=max(2, round(4 * heartbeat_s)), **dead_worker)
+        except Exception as e:  # noqa: BLE001 - SQLAlchemy, driver and OS errors alike: one line
+            # hosts started together on an empty database race to create its tables: the loser retries
+            if "already exists" in str(e) or "UniqueViolation" in str(e) or "duplicate key" in str(e):
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise error(f"cannot open the storage {url} ({reason}); check {what}") from None
+    raise error(f"cannot create the storage's tables in {url}: other hosts keep racing; start again")
