@@ -8,6 +8,9 @@
     python scaling.py FAMILIES=transformer++,lstm SIZES=xs,s LEARNING_RATES=2e-3,4e-3 BATCH_SIZES=8,16 ...
     python scaling.py REPORT=results/frontier              # tables and plots again, from the records alone
     python scaling.py REPORT=results                       # every study under results/: results/REPORT.md
+    python scaling.py FRONTIER=True STUDY=big STUDY_STORAGE=postgresql+psycopg2://me@db/studies ...  # each host
+    python scaling.py EXPORT=results/big STUDY_STORAGE=postgresql+psycopg2://me@db/studies   # records -> files
+    python scaling.py FRONTIER=True PLAN=True HOSTS=4 ...     # what it costs here, before anything trains
 
 The ladder: study keys BUDGETS (FLOP budgets, at least two, increasing; default 2.5e12,5e12,1e13,2e13,4e13)
 and STUDY (the folder under RESULTS_DIR, default 'scaling'). Everything else is a TinyStories.py
@@ -34,12 +37,15 @@ from pathlib import Path
 from configs import split_arguments, wants_help
 from reservoir.platform.messages import TAG, OneLineError, say
 from reservoir.run.records import read_json
-from reservoir.studies.budgets import StudyError
+from reservoir.studies.budgets import StudyError, positive_numbers
 from reservoir.studies.frontier.grid import FRONTIER_KEYS
+from reservoir.studies.frontier.plan import estimate, format_plan, probe_cells
 from reservoir.studies.frontier.report import format_study, headline, write_from_records, write_study
+from reservoir.studies.frontier.shared import export_records
 from reservoir.studies.frontier.study import FrontierExit, FrontierStudy, measure_cells
 from reservoir.studies.ladder import STUDY_KEYS, Study, StudyExit, format_report, plot_scaling, write_report
 from reservoir.studies.runner import run_point, run_points
+from reservoir.studies.storage import lost_storage_in
 
 
 def report_only(folder: str) -> int:
@@ -51,12 +57,28 @@ def report_only(folder: str) -> int:
 
 
 def frontier(own: dict, settings: list[str]) -> int:
+    planning = own.pop("PLAN", "false").strip().lower() in ("true", "1", "yes")
+    hosts = positive_numbers("HOSTS", own.pop("HOSTS", "1"), "2", StudyError, integers=True)[0]
     study = FrontierStudy.from_args(own, settings)
+    if planning:  # what it costs, before anything trains or is written
+        measure = measure_cells(study)
+        print(format_plan(estimate(study, measure, probe_cells(study, measure.data), hosts), study), flush=True)
+        return 0
     try:
         study.run(run_points, measure_cells(study))
     except FrontierExit as e:
         print(f"{TAG} frontier stopped: {e}", file=sys.stderr, flush=True)
         return e.code
+    except OneLineError:
+        raise
+    except Exception as e:  # a shared study's database lost mid-study (whatever Optuna raised on meeting it)
+        lost = lost_storage_in(e)
+        if lost is None:
+            raise
+        reason = " ".join(str(lost).split())[:160] or type(lost).__name__
+        raise StudyError(f"the study storage {study.storage_url} was lost mid-study ({reason}); every recorded "
+                         "point is kept, and points this host finished are recorded when it is back: restart the "
+                         "database, then run the same command") from None
     report = study.report()
     for path in write_study(report, study.path):
         say(f"wrote {path}")
@@ -69,7 +91,13 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0
     try:
-        own, settings = split_arguments(argv, (*STUDY_KEYS, *FRONTIER_KEYS, "FRONTIER", "REPORT"))
+        own, settings = split_arguments(argv, (*STUDY_KEYS, *FRONTIER_KEYS, "FRONTIER", "REPORT", "EXPORT"))
+        if "EXPORT" in own:  # a shared study's records, from its database into committable files
+            if set(own) != {"EXPORT", "STUDY_STORAGE"} or settings:
+                raise StudyError("EXPORT=results/<study> STUDY_STORAGE=<url> writes a shared study's records and "
+                                 "report from its database: give those two alone")
+            say(f"wrote {export_records(own['STUDY_STORAGE'], Path(own['EXPORT']))}")
+            return report_only(own["EXPORT"])
         if "REPORT" in own:
             if len(own) > 1 or settings:
                 raise StudyError("REPORT=<study folder> rebuilds a study's tables and plots from its records: "

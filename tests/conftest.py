@@ -77,6 +77,19 @@ def run_then_sigkill(tmp_path, args, run_name, ready) -> Path:
     return run_dir
 
 
+def write_corpus(folder: Path, seed: int) -> Path:
+    """A small TinyStories-format corpus in ``folder`` (train and valid files) from the synthetic generator:
+    another ``seed``, another text."""
+    from reservoir.data.corpus import EOT
+    from reservoir.data.synthetic import synthetic_stories
+
+    folder.mkdir(parents=True)
+    stories = synthetic_stories(300, seed)
+    (folder / "TinyStories-train.txt").write_text(EOT.join(stories[:270]))
+    (folder / "TinyStories-valid.txt").write_text(EOT.join(stories[270:]))
+    return folder
+
+
 def summary_of(run_dir) -> dict:
     """A run's summary.json as {model: record} (one seed)."""
     return {r["model"]: r for r in json.loads((Path(run_dir) / "summary.json").read_text())}

@@ -59,6 +59,9 @@ def test_a_micro_frontier_writes_its_envelopes_plot_and_tables(micro):
     assert "flops-6.00e09-seeds" in seeded[0] and "flops-3.00e09-seeds" in seeded[-1]  # the top budget's first
     spent = report["spent"]
     assert 0 < spent["flops"] < spent["flops_if_unbranched"]  # the branch did not pay for its stable phase again
+    planned = report["planned"]  # what the study planned before it ran, beside what it spent
+    assert 0 < planned["flops"] <= planned["flops_at_most"]
+    assert "Planned before the run (PLAN=True's FLOPs)" in (study / "frontier.md").read_text()
     assert "lower envelope" in (study / "frontier.md").read_text() or "envelope" in proc.stdout
 
 
@@ -189,3 +192,15 @@ def test_one_worker_or_two_give_the_same_records(micro, tmp_path):
 
 def test_root_scripts_stay_thin():
     assert len((ROOT / "scaling.py").read_text().splitlines()) < 220
+
+
+def test_a_plan_says_what_a_study_costs_and_writes_nothing(tmp_path):
+    proc = frontier(tmp_path, "PLAN=True", "HOSTS=2")
+    assert "plan for frontier micro: nothing trained, nothing written" in proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| 3e+09 FLOPs") or
+            line.startswith("| 6e+09 FLOPs") or line.startswith("| envelope seeds (+1)")]
+    assert len(rows) == 3, proc.stdout
+    first = rows[0].split("|")
+    assert int(first[2]) >= 1 and float(first[3]) > 0  # points, FLOPs
+    assert "x 2 host(s): about" in proc.stdout and " s besides training" in proc.stdout
+    assert not (tmp_path / "results").exists()

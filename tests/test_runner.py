@@ -36,6 +36,7 @@ def test_every_model_runs_and_writes_the_results_contract(tmp_path):
         assert record["val_ppl"] == pytest.approx(math.exp(record["val_loss"]))
         assert record["params_total"] >= record["params_trainable"] > 0 or name == "ngram"
         assert record["train_tokens"] > 0 and record["tokens_per_second"] > 0
+        assert record["wall_seconds"] >= record["train_seconds"]  # what the point cost, start to record
     assert {name: record["trained"] for name, record in summary.items()} == {
         "ngram": "counts", "esn": "readout", "deep_esn": "readout", "nvar": "readout",
         "linear_reservoir": "input+readout", "deep_linear_reservoir": "all but recurrence",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reservoir.studies.runner import run_points
-from tests.conftest import ROOT, run_script
+from tests.conftest import ROOT, run_script, write_corpus
 
 # one family, one cell: a point long enough to be caught running (killed long before it ends)
 LONG = ["FAMILIES=lstm", "SIZES=xs", "LEARNING_RATES=4e-3", "BATCH_SIZES=8", "BUDGETS=2e12,4e12", "MIN_STEPS=20",
@@ -92,24 +92,13 @@ SMALL = ["FAMILIES=lstm", "SIZES=xs", "LEARNING_RATES=4e-3", "BATCH_SIZES=8", "B
          "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0", "WARMUP_STEPS=5"]
 
 
-def _corpus(folder: Path, seed: int) -> Path:
-    from reservoir.data.corpus import EOT
-    from reservoir.data.synthetic import synthetic_stories
-
-    folder.mkdir(parents=True)
-    stories = synthetic_stories(300, seed)
-    (folder / "TinyStories-train.txt").write_text(EOT.join(stories[:270]))
-    (folder / "TinyStories-valid.txt").write_text(EOT.join(stories[270:]))
-    return folder
-
-
 def test_a_study_follows_its_data_to_another_folder_and_refuses_another_corpus(tmp_path):
     where = [f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'c'}"]
-    data = _corpus(tmp_path / "data", 1)
+    data = write_corpus(tmp_path / "data", 1)
     run_script("scaling.py", *SMALL, *where, f"DATASET={data}", timeout=900)
     study = tmp_path / "results" / "small"
     before = {p: p.stat().st_mtime_ns for p in study.rglob("*") if p.is_file() and p.name != ".lock"}
-    other = _corpus(tmp_path / "other", 2)
+    other = write_corpus(tmp_path / "other", 2)
     refused = run_script("scaling.py", *SMALL, *where, f"DATASET={other}", check=False)
     assert refused.returncode != 0 and "STUDY small trained on another corpus (char tokenizer" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr, refused.stderr

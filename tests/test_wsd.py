@@ -8,10 +8,8 @@ import pytest
 import torch
 
 from reservoir.config import ConfigError, parse_overrides
-from reservoir.data.corpus import EOT
-from reservoir.data.synthetic import synthetic_stories
 from reservoir.run.train import adam_beta2, learning_rate
-from tests.conftest import run_cli, run_then_sigkill, summary_of
+from tests.conftest import run_cli, run_then_sigkill, summary_of, write_corpus
 
 # the transformer with dropout (the RNG must be carried exactly too), 40 and 80 steps on the wsd schedule
 WSD = ["MODELS=transformer", "TRANSFORMER.dropout=0.1", "LR_SCHEDULE=wsd", "WARMUP_STEPS=5", "PLOTS=False",
@@ -118,16 +116,8 @@ def test_several_models_branch_only_if_every_one_has_its_stable_phase(tmp_path):
     assert not (tmp_path / "results" / "both").exists()
 
 
-def _corpus(folder, seed):
-    folder.mkdir(parents=True)
-    stories = synthetic_stories(300, seed)
-    (folder / "TinyStories-train.txt").write_text(EOT.join(stories[:270]))
-    (folder / "TinyStories-valid.txt").write_text(EOT.join(stories[270:]))
-    return folder
-
-
 def test_a_branch_and_a_resume_follow_their_data_to_another_folder_and_refuse_another_text(tmp_path):
-    first = _corpus(tmp_path / "data", 1)
+    first = write_corpus(tmp_path / "data", 1)
     run_cli(tmp_path, *WSD, "MAX_STEPS=40", f"DATASET={first}", "RUN_NAME=short")
     short = tmp_path / "results" / "short"
     moved = tmp_path / "another" / "place"
@@ -137,7 +127,7 @@ def test_a_branch_and_a_resume_follow_their_data_to_another_folder_and_refuse_an
     assert summary_of(tmp_path / "results" / "b")["transformer"]["fit"]["branched_at_flops"] > 0, branch.stdout
     resumed = run_cli(tmp_path, "RESUME=short", f"DATASET={moved}", settings=[])
     assert "transformer: finished" in resumed.stdout
-    other = _corpus(tmp_path / "other", 2)  # another text
+    other = write_corpus(tmp_path / "other", 2)  # another text
     refused = run_cli(tmp_path, *WSD, "MAX_STEPS=80", f"DATASET={other}", f"STABLE_FROM={short}", "RUN_NAME=o",
                       check=False)
     assert refused.returncode != 0 and "train_sha256" in refused.stderr and "there" in refused.stderr

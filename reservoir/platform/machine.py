@@ -26,6 +26,21 @@ FULL_SHARE = 0.9  # ... and only if this process got less than this share of the
 LOADAVG = Path("/proc/loadavg")
 
 
+_IMPORTED = time.time()  # where /proc cannot say when the process started: close to it
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (Linux: its start time in /proc, so the interpreter's and torch's
+    start-up count too; elsewhere since this module was imported)."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        started_ticks = int(stat[stat.rindex(")") + 2:].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time() - _IMPORTED
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -33,7 +33,7 @@ from reservoir.models.base import LanguageModel
 from reservoir.models.settings import model_settings
 from reservoir.platform import device as dev
 from reservoir.platform import stopping
-from reservoir.platform.machine import MachineLoad
+from reservoir.platform.machine import MachineLoad, process_seconds
 from reservoir.platform.messages import OneLineError, progress, say, warn
 from reservoir.platform.stopping import Diverged, Stopped
 from reservoir.run import flops
@@ -801,4 +801,5 @@ def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.D
             "train_flops": progress.flops or None, "flops_per_token": progress.flops / max(1, progress.tokens) or None,
             "flops_counted_as": flops.METHODS[model.trainer], "flops_convention": flops.CONVENTION,
             "epochs": round(progress.tokens / max(1, data.train.size), 4), "machine_load": outcome.load,
+            "wall_seconds": round(process_seconds(), 1),  # from the process's start to this record: what it cost
             "fit": outcome.extra}

@@ -78,7 +78,8 @@ class PointRecords:
         self._packed: dict | None = None
 
     # --- reading
-    def _key(self, folder: Path) -> str:
+    def key(self, folder: Path) -> str:
+        """A point's name in the study: its folder relative to the study's ('<cell>/flops-<budget>')."""
         return Path(folder).relative_to(self.path).as_posix()
 
     def packed(self) -> dict:
@@ -116,7 +117,7 @@ class PointRecords:
     def summary(self, folder: Path, what: str = "a point's summary") -> list[dict] | None:
         """The point's records, from its folder or points.jsonl (the folder's where it holds as many seeds);
         None where it has none yet."""
-        point = self.packed()["points"].get(self._key(folder))
+        point = self.packed()["points"].get(self.key(folder))
         if (Path(folder) / "summary.json").exists():
             here = self._folder_summary(folder, point is not None, what)
             if point is None or len(here) >= len(point["summary"]):
@@ -134,18 +135,26 @@ class PointRecords:
 
     def config(self, folder: Path) -> RecordedConfig:
         """The point's config.json (checked), from its folder or points.jsonl."""
-        point = self.packed()["points"].get(self._key(folder))
+        point = self.packed()["points"].get(self.key(folder))
         if (Path(folder) / "config.json").exists() or point is None:
             return read_run_config(folder)
         return RecordedConfig(point["config"], self.file)
 
     def names_under(self, folder: Path) -> list[str]:
         """The names of the folders directly under ``folder`` that hold points, here or in points.jsonl."""
-        prefix = self._key(folder) + "/"
+        prefix = self.key(folder) + "/"
         names = {key[len(prefix):].split("/")[0] for key in self.packed()["points"] if key.startswith(prefix)}
         if Path(folder).is_dir():
             names |= {p.name for p in Path(folder).iterdir() if p.is_dir() and p.name not in SKIPPED}
         return sorted(names)
+
+    def absorb(self, records: dict[str, dict]) -> None:
+        """Points recorded elsewhere ({point: {"config", "summary"}}, checked by whoever read them), held as
+        points.jsonl holds them: where this host has no record of a point, or one with fewer seeds."""
+        points = self.packed()["points"]
+        for key, record in records.items():
+            if key not in points or len(points[key]["summary"]) < len(record["summary"]):
+                points[key] = record
 
     def has_records(self) -> bool:
         """Whether any point of the study is recorded, here or in points.jsonl."""
@@ -164,7 +173,7 @@ class PointRecords:
         points = {key: {**point, "config": portable_config(point["config"])} for key, point in packed["points"].items()}
         tokenizers = dict(packed["tokenizers"])
         for folder in self.local_points():
-            key = self._key(folder)
+            key = self.key(folder)
             summary = self._folder_summary(folder, key in points)
             if key in points and len(points[key]["summary"]) > len(summary):
                 continue  # the file holds more of this point (more seeds) than the folder here

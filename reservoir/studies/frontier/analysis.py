@@ -109,7 +109,7 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
             "controls": _against_envelope(controls, rows),
             "lead_budget": (study.get("stages") or {}).get("lead_budget"), "stages": study.get("stages"),
             "skipped": skipped,
-            "not_run_pruned": pruned, "spent": spent}
+            "not_run_pruned": pruned, "spent": spent, **({"planned": study["planned"]} if "planned" in study else {})}
 
 
 def _against_envelope(controls: list[dict], rows: list[dict]) -> list[dict]:

@@ -23,7 +23,14 @@ from reservoir.platform.files import atomic_write_text
 from reservoir.run.records import write_json_atomic
 from reservoir.studies.curves import curve, log_axes, save_figure
 from reservoir.studies.frontier.analysis import BOUNDS, report_from_records
-from reservoir.studies.frontier.grid import DEFAULT_BUDGETS, DEFAULTS, RESERVOIR_FAMILIES, RUN_SETTINGS, FrontierError
+from reservoir.studies.frontier.grid import (
+    DEFAULT_BUDGETS,
+    DEFAULTS,
+    FREE,
+    RESERVOIR_FAMILIES,
+    RUN_SETTINGS,
+    FrontierError,
+)
 from reservoir.studies.frontier.records import STUDY_FILE
 from reservoir.studies.store import PointRecords
 
@@ -106,7 +113,7 @@ def study_command(report: dict) -> str:
     if grid_budgets != list(DEFAULT_BUDGETS):
         parts.append("BUDGETS=" + ",".join(f"{b:g}" for b in grid_budgets))
     for key, value in report["grid"].items():
-        if value != DEFAULTS.get(key):
+        if value != DEFAULTS.get(key) and key not in FREE:  # WORKERS and the like: each host's own
             parts.append(f"{key}=" + (",".join(map(str, value)) if isinstance(value, list) else str(value)))
     stages = report.get("stages") or {}
     if stages.get("lead_budget"):
@@ -316,7 +323,13 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
               f"({spent['flops_if_unbranched']:.3g} had every point trained from step 0), "
               f"{spent['train_cpu_hours']:.2f} training hours on one thread each; {len(report['skipped'])} "
               f"cell-budgets skipped by the step and tokens-per-parameter rules, {len(report['not_run_pruned'])} "
-              "not run (pruned by successive halving, or not reached yet by an unfinished study).", ""]
+              "not run (pruned by successive halving, or not reached yet by an unfinished study)."]
+    if report.get("planned"):
+        planned = report["planned"]
+        lines.append(f"Planned before the run (PLAN=True's FLOPs): {planned['flops']:.3g} training FLOPs for the grid "
+                     f"and seeds as successive halving was expected to keep them, {planned['flops_at_most']:.3g} at "
+                     "most; the stages after the grid come on top.")
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -41,7 +41,7 @@ from reservoir.platform.device import study_slots
 from reservoir.platform.messages import say
 from reservoir.run.checkpoint import CheckpointError
 from reservoir.run.records import write_json_atomic, write_signed_json
-from reservoir.studies.budgets import parse_budgets, point_name, step_cost
+from reservoir.studies.budgets import parse_budgets, point_name, positive_numbers, step_cost
 from reservoir.studies.frontier.analysis import build_frontier, envelope_cells
 from reservoir.studies.frontier.grid import (
     CONTROLS,
@@ -90,6 +90,10 @@ class FrontierStudy:
     store: PointRecords = field(init=False, repr=False)
     corpus: str | None = field(default=None, init=False)  # the data's corpus_label, once measure_cells read it
     _slots: list | None = field(default=None, init=False, repr=False)
+    storage_url: str | None = None  # STUDY_STORAGE: the database the hosts of a shared study meet in
+    heartbeat_s: float = 30.0  # HEARTBEAT: a host that stops beating for 4x this loses its points to others
+    shared: object = field(default=None, init=False, repr=False)
+    planned: dict | None = field(default=None, init=False)  # plan.planned_flops: what REPORT sets spent against
 
     def __post_init__(self):
         self.path = Path(self.config["RESULTS_DIR"]) / self.name
@@ -118,7 +122,11 @@ class FrontierStudy:
         if config["LR_SCHEDULE"] != "wsd":
             raise FrontierError("a frontier study branches its budgets off one stable phase: it needs "
                                 "LR_SCHEDULE='wsd' (its default); drop LR_SCHEDULE from the command")
-        return cls(name, budgets, grid, study_settings, config, parse_stages(own, budgets, grid))
+        study = cls(name, budgets, grid, study_settings, config, parse_stages(own, budgets, grid))
+        study.storage_url = own.get("STUDY_STORAGE") or None
+        if "HEARTBEAT" in own:
+            study.heartbeat_s = positive_numbers("HEARTBEAT", own["HEARTBEAT"], "30", FrontierError)[0]
+        return study
 
     # --- what runs where
     def cells(self) -> list[Cell]:
@@ -205,23 +213,24 @@ class FrontierStudy:
                                 f"command ({self.corpus}): continue it with its own data (DATASET: the same text, "
                                 "at any path), or name a new STUDY for this corpus")
 
+    def study_content(self, plan: dict) -> dict:
+        """frontier-study.json's content: what REPORT rebuilds from, and what a continued study must match."""
+        return {"study": self.name, "budgets": self.budgets, "grid": self.grid,
+                "settings": portable_settings(self.settings),
+                "cells": [c.record() for c in self.cells()],
+                "plan": {name: {repr(b): why for b, why in row.items()} for name, row in plan.items()},
+                "seed": self.config["SEED"], "extra_seeds": self.extra_seeds(), "stages": self.stages,
+                **({"corpus": self.corpus} if self.corpus else {}),
+                **({"planned": self.planned} if self.planned else {})}
+
     def write_study_file(self, plan: dict) -> None:
-        content = {"study": self.name, "budgets": self.budgets, "grid": self.grid,
-                   "settings": portable_settings(self.settings),
-                   "cells": [c.record() for c in self.cells()],
-                   "plan": {name: {repr(b): why for b, why in row.items()} for name, row in plan.items()},
-                   "seed": self.config["SEED"], "extra_seeds": self.extra_seeds(), "stages": self.stages,
-                   **({"corpus": self.corpus} if self.corpus else {})}
+        content = self.study_content(plan)
         path = self.path / STUDY_FILE
         if not path.exists() and self.store.has_records():
             raise FrontierError(f"{path} is missing, but {self.path} holds the records of trained points: "
                                 f"{STUDY_FILE_REMEDY}")
         if path.exists():
-            before = read_study_file(self.path)
-            changed = ["budgets"] if before.get("budgets") != content["budgets"] else []
-            changed += _grid_changes(before.get("grid") or {}, self.grid)
-            if _placeless(before.get("settings", [])) != _placeless(content["settings"]):
-                changed.append("settings")
+            changed = study_changes(read_study_file(self.path), content)
             if changed:
                 raise FrontierError(f"{path} holds another {', '.join(changed)} for STUDY={self.name}: run it with "
                                     "the same command to continue it (a grid list may grow: FAMILIES, SIZES, "
@@ -232,10 +241,20 @@ class FrontierStudy:
         """Every budget, smallest first: run the live cells' points (``run_points([(folder, args), ...], workers)``
         -> exit codes), then keep each family's best; finally the envelope points' extra seeds.
         ``measure(cell) -> (FLOPs per step, trained parameters, tokens per step)`` (``measure_cells``)."""
+        from reservoir.studies.frontier.plan import planned_flops
+
         plan = self.plan(measure)
         self.slots()  # a device or WORKERS this host cannot give is refused before the study is touched
+        self.planned = planned_flops(self, measure)
         lock = hold_study(self.path, self.name)  # one runner per study: a second copy stops here
         try:
+            if self.storage_url:  # many hosts, one study: what the others recorded first, their grid checked
+                from reservoir.studies.frontier.shared import SharedPoints
+
+                self.shared = SharedPoints(self.storage_url, self.name, self.heartbeat_s)
+                self.shared.check_identity(self.study_content(plan), study_changes)
+                self.shared.push(self.store, self._point_finished)
+                self.shared.pull(self.store)
             self.check_corpus()
             self.write_study_file(plan)
             self._run_stages(plan, run_points, measure)
@@ -348,6 +367,13 @@ class FrontierStudy:
         """``jobs``: (the point's folder, its TinyStories.py arguments)."""
         if not jobs:
             return
+        if self.shared is not None:  # claimed through STUDY_STORAGE, trained here or on another host
+            try:
+                self.shared.run(jobs, self.store, lambda batch: run_points(batch, self.slots(), self._point_finished),
+                                len(self.slots()), self._point_finished)
+            finally:
+                self.store.pack()
+            return
         try:
             codes = run_points(jobs, self.slots(), self._point_finished)  # None: never started
         finally:
@@ -451,6 +477,18 @@ class FrontierStudy:
                               collect_controls(self.store, study["cells"], self.budgets))
 
 
+def study_changes(before: dict, now: dict) -> list[str]:
+    """What a continued study (another run, another host) may not change: its budgets, its grid (a list may
+    grow), its settings (less where its data and folders are), its corpus."""
+    changed = ["budgets"] if before.get("budgets") != now["budgets"] else []
+    changed += _grid_changes(before.get("grid") or {}, now["grid"])
+    if _placeless(before.get("settings", [])) != _placeless(now["settings"]):
+        changed.append("settings")
+    if before.get("corpus") and now.get("corpus") and before["corpus"] != now["corpus"]:
+        changed.append(f"corpus ({before['corpus']} there, {now['corpus']} here)")
+    return changed
+
+
 def measure_cells(study: FrontierStudy):
     """``measure(cell)`` for ``FrontierStudy.plan``: each cell's model built on the study's data (prepared
     once, cached for the points) and one training step counted (budgets.step_cost)."""
@@ -471,6 +509,7 @@ def measure_cells(study: FrontierStudy):
             seen[key] = (per_step, params, batch * config["GRAD_ACCUM"] * config["SEQ_LEN"])
         return seen[key]
 
+    measure.data = data  # the prepared data, for a plan's probe
     return measure
 
 

@@ -1,0 +1,247 @@
+"""A frontier study that many hosts run together through one database (STUDY_STORAGE=postgresql+psycopg2://...).
+
+    shared = SharedPoints.open(url, study_name, heartbeat_s, identity)   # every host: the same command
+    shared.run(jobs, store, run_stage)    # a stage's points: claimed, trained here, recorded there
+    shared.pull(store)                    # every recorded point into this host's points.jsonl
+
+Optuna's RDB storage is the engine, not a queue of our own: each point is a trial of one Optuna study (its
+folder, relative to the study, as a user attribute). A trial is queued once per attempt: the host that creates
+the attempt's marker (a study name the database holds unique) queues it, so two hosts never queue a point
+twice; a host claims a queued trial atomically (the storage moves it from WAITING to RUNNING under a row
+lock), trains the point in its own folders, and stores the point's records (config.json and summary.json with
+their integrity hashes) on the trial. Hosts share no filesystem. A stage ends on a host once every point of it
+has a record; every host then reads the same records, so successive halving decides the same everywhere,
+whoever decides last. A host that dies mid-point stops beating: after four heartbeats its trial fails and the
+point is queued again, run by whichever host claims it (from its stable phase where that host has it, else
+from step 0: the same score).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from reservoir.platform.files import make_folder
+from reservoir.platform.messages import say
+from reservoir.run.records import check_run_config, check_summary, portable_config, read_json, read_summary
+from reservoir.studies.frontier.grid import FrontierError
+from reservoir.studies.storage import open_rdb, storage_errors
+
+POLL_S = 1.0  # how often a host waiting on others' points looks again
+
+
+class SharedPoints:
+    """The points of study ``name`` in the storage at ``url``, as this host sees and claims them."""
+
+    def __init__(self, url: str, name: str, heartbeat_s: float):
+        import optuna
+
+        self.url, self.name, self.heartbeat_s = url, name, heartbeat_s
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # the study says what it does in its own lines
+        self.storage = open_rdb(url, heartbeat_s, lambda study, trial: None, FrontierError, "STUDY_STORAGE")
+        try:
+            self.study = optuna.create_study(study_name=f"frontier:{name}", storage=self.storage, load_if_exists=True)
+        except storage_errors() as e:
+            reason = " ".join(str(getattr(e, "orig", None) or e).split())[:200]
+            raise FrontierError(f"cannot open the storage {url} ({reason}); check STUDY_STORAGE") from None
+
+    # --- the study's identity: every host must run the same grid on the same corpus
+    def check_identity(self, identity: dict, differences) -> None:
+        """``identity``: the study file's grid, budgets, settings and corpus; ``differences(before, now)``: what
+        a continued study may not change. The first host records it; every other host must match it."""
+        recorded = self.study.user_attrs.get("identity")
+        if recorded is None:
+            self.study.set_user_attr("identity", identity)
+            return
+        changed = differences(recorded, identity)
+        if changed:
+            raise FrontierError(f"STUDY_STORAGE holds study {self.name} with another {', '.join(changed)}: run the "
+                                "command the other hosts run (a grid list may grow), or name a new STUDY")
+
+    # --- what the storage holds
+    def _trials(self) -> dict[str, list]:
+        out: dict[str, list] = {}
+        for trial in self.study.get_trials(deepcopy=False):
+            out.setdefault(trial.user_attrs.get("point"), []).append(trial)
+        return out
+
+    def records(self) -> dict[str, dict]:
+        """{point: {"config": ..., "summary": [...]}} of every recorded point, checked as files are."""
+        from optuna.trial import TrialState
+
+        out = {}
+        for key, trials in self._trials().items():
+            done = [t for t in trials if t.state == TrialState.COMPLETE and "summary" in t.user_attrs]
+            if key and done:
+                where = f"{self.url} ({self.name}: {key})"
+                remedy = "the record was edited in the database; delete that trial's study there and run again"
+                config = check_run_config(done[0].user_attrs["config"], where, remedy)
+                summary = check_summary(done[0].user_attrs["summary"], where, remedy)
+                out[key] = {"config": dict(config), "summary": summary}
+        return out
+
+    def pull(self, store) -> None:
+        """Every point recorded in the storage into this host's points.jsonl (the records of points trained
+        elsewhere: what the study's decisions and its report read)."""
+        store.absorb(self.records())
+        store.pack()
+
+    def push(self, store, finished) -> None:
+        """Points this host finished whose records the storage lacks (the database was lost as they ended):
+        recorded now, so the hosts waiting on them go on."""
+        import optuna
+        from optuna.trial import TrialState
+
+        trials = self._trials()
+        for folder in store.local_points():
+            key = store.key(folder)
+            if any(t.state == TrialState.COMPLETE for t in trials.get(key, [])) or not finished(folder):
+                continue
+            config, summary = self._records_of(folder)
+            bpc = [r["val_bpc"] for r in summary if r.get("val_bpc") is not None]
+            self.study.add_trial(optuna.trial.create_trial(
+                state=TrialState.COMPLETE, value=min(bpc) if bpc else float("nan"),
+                user_attrs={"point": key, "host": f"{socket.gethostname()} (pid {os.getpid()})", "config": config,
+                            "summary": summary}))
+
+    @staticmethod
+    def _records_of(folder: Path) -> tuple[dict, list]:
+        config = check_run_config(read_json(folder / "config.json", "the run's config"), folder / "config.json")
+        return portable_config(dict(config)), read_summary(folder)
+
+    # --- queueing and claiming
+    def _queue(self, key: str, attempt: int) -> None:
+        """Queue ``key``'s ``attempt``-th trial, once across every host: the one that creates its marker."""
+        import optuna
+
+        try:
+            self.storage.create_new_study([optuna.study.StudyDirection.MINIMIZE],
+                                          study_name=f"frontier:{self.name}|{key}|{attempt}")
+        except optuna.exceptions.DuplicatedStudyError:
+            return  # another host queued this attempt
+        self.study.enqueue_trial({}, user_attrs={"point": key, "attempt": attempt})
+
+    def _claim(self, trial) -> bool:
+        from optuna.exceptions import UpdateFinishedTrialError
+        from optuna.trial import TrialState
+
+        try:
+            claimed = self.storage.set_trial_state_values(trial._trial_id, TrialState.RUNNING)
+        except UpdateFinishedTrialError:
+            return False
+        if claimed:
+            self.storage.set_trial_user_attr(trial._trial_id, "host", f"{socket.gethostname()} (pid {os.getpid()})")
+            self.storage.record_heartbeat(trial._trial_id)
+        return claimed
+
+    def run(self, jobs: list[tuple[Path, list[str]]], store, run_here, slots: int, finished) -> None:
+        """Until every point of ``jobs`` (this stage's: folder, TinyStories.py arguments) is recorded in the
+        storage: queue the ones with no live trial, claim up to ``slots`` and train them here with
+        ``run_here(jobs) -> exit codes``, record what ``finished(folder)``; wait for the points other hosts
+        hold. Then every recorded point is in this host's points.jsonl."""
+        from optuna.storages import fail_stale_trials
+        from optuna.trial import TrialState
+
+        self.push(store, finished)
+        here = {store.key(folder): (folder, args) for folder, args in jobs}
+        waiting_said = False
+        while True:
+            fail_stale_trials(self.study)  # a host that stopped beating: its trial fails, its point is queued again
+            trials = self._trials()
+            open_keys = []
+            for key in here:
+                mine = trials.get(key, [])
+                if any(t.state == TrialState.COMPLETE for t in mine):
+                    continue
+                errors = [t for t in mine if t.state == TrialState.FAIL and t.user_attrs.get("error")]
+                if errors:
+                    raise FrontierError(f"point {key} stopped with an error on {errors[0].user_attrs.get('host')}: "
+                                        f"{errors[0].user_attrs['error']}")
+                open_keys.append(key)
+                if not any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in mine):
+                    self._queue(key, len(mine))
+            if not open_keys:
+                self.pull(store)
+                return
+            claimed = []
+            for trial in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                if len(claimed) == slots:
+                    break
+                if trial.user_attrs.get("point") in here and self._claim(trial):
+                    claimed.append(trial)
+            if not claimed:
+                if not waiting_said:
+                    say(f"frontier {self.name}: {len(open_keys)} point(s) of this stage are being trained by other "
+                        "hosts; waiting for their records")
+                    waiting_said = True
+                time.sleep(POLL_S)
+                continue
+            waiting_said = False
+            self._train(claimed, here, run_here, finished)
+
+    def _train(self, claimed: list, here: dict, run_here, finished) -> None:
+        from optuna.trial import TrialState
+
+        beating = threading.Event()
+
+        def beat():
+            while not beating.wait(self.heartbeat_s):
+                try:
+                    for trial in claimed:
+                        self.storage.record_heartbeat(trial._trial_id)
+                except Exception:  # noqa: BLE001 - a lost database: the points finish here, recording says so
+                    return
+
+        thread = threading.Thread(target=beat, daemon=True)
+        thread.start()
+        try:
+            codes = run_here([here[t.user_attrs["point"]] for t in claimed])
+        finally:
+            beating.set()
+            thread.join()
+        stopped = None
+        for trial, code in zip(claimed, codes, strict=True):
+            folder = here[trial.user_attrs["point"]][0]
+            if (folder / "summary.json").exists() and finished(folder):
+                config, summary = self._records_of(folder)
+                self.storage.set_trial_user_attr(trial._trial_id, "config", config)
+                self.storage.set_trial_user_attr(trial._trial_id, "summary", summary)
+                bpc = [r["val_bpc"] for r in summary if r.get("val_bpc") is not None]
+                self.storage.set_trial_state_values(trial._trial_id, TrialState.COMPLETE, [min(bpc) if bpc else
+                                                                                          float("nan")])
+            elif code in (None, 130, 143, 137):  # stopped, not wrong: the same command runs it again
+                self.storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+                self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+                stopped = stopped or (code or 143)
+            else:
+                self.storage.set_trial_user_attr(trial._trial_id, "error", f"exit code {code} (its log on that host)")
+                self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+                stopped = stopped or code
+        if stopped:
+            from reservoir.studies.frontier.study import FrontierExit
+
+            raise FrontierExit(stopped, f"points stopped on this host (exit code {stopped}); every recorded point "
+                                        "is kept in STUDY_STORAGE and the same command continues")
+
+
+def export_records(url: str, folder: Path, heartbeat_s: float = 30) -> Path:
+    """The records of study ``folder.name`` in the storage at ``url`` written into ``folder`` as committable
+    files: its frontier-study.json (the identity the hosts share, signed) and points.jsonl."""
+    from reservoir.run.records import write_signed_json
+    from reservoir.studies.frontier.records import STUDY_FILE
+    from reservoir.studies.store import PointRecords
+
+    shared = SharedPoints(url, folder.name, heartbeat_s)
+    identity = shared.study.user_attrs.get("identity")
+    records = shared.records()
+    if identity is None or not records:
+        raise FrontierError(f"STUDY_STORAGE holds no recorded point of study {folder.name}: run it first (python "
+                            f"scaling.py FRONTIER=True STUDY={folder.name} STUDY_STORAGE=... on each host)")
+    make_folder(folder)
+    write_signed_json(folder / STUDY_FILE, identity)
+    store = PointRecords(folder)
+    store.absorb(records)
+    return store.pack()

@@ -1,0 +1,117 @@
+"""One frontier study, several hosts, through a real PostgreSQL server the test starts (STUDY_STORAGE): every point
+runs once, somewhere; a killed host's point is run again elsewhere; the exported records score as one host's do.
+"Hosts" are separate processes with separate RESULTS_DIR and CACHE_DIR and no shared folder."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, run_script
+from tests.test_sweep import postgres  # noqa: F401 - the PostgreSQL fixture
+
+MICRO = ["FRONTIER=True", "STUDY=shared", "FAMILIES=lstm", "SIZES=xs", "LEARNING_RATES=2e-3,4e-3,8e-3",
+         "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "KEEP=3", "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1e9", "ENVELOPE_SEEDS=1",
+         "WORKERS=1", "HEARTBEAT=1", "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048",
+         "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0", "WARMUP_STEPS=5"]
+
+
+def host(tmp_path, name, url, *extra):
+    where = tmp_path / name
+    return subprocess.Popen([sys.executable, str(ROOT / "scaling.py"), *MICRO, f"STUDY_STORAGE={url}",
+                             f"RESULTS_DIR={where / 'results'}", f"CACHE_DIR={where / 'cache'}", *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def trials(url):
+    import optuna
+
+    study = optuna.load_study(study_name="frontier:shared", storage=url)
+    return study.get_trials(deepcopy=False)
+
+
+def scores(points_jsonl):
+    rows = [json.loads(line) for line in points_jsonl.read_text().splitlines()[1:]]
+    return {row["point"]: [r["val_bpc"] for r in row["summary"]] for row in rows}
+
+
+@pytest.mark.slow
+def test_two_hosts_share_a_study_each_point_once_and_score_as_one_host(tmp_path, postgres):  # noqa: F811
+    first, second = host(tmp_path, "a", postgres), host(tmp_path, "b", postgres)
+    outputs = [first.communicate(timeout=900)[0], second.communicate(timeout=900)[0]]
+    assert first.returncode == 0 and second.returncode == 0, outputs
+    claimed = {}
+    for trial in trials(postgres):
+        if trial.state.name == "COMPLETE":
+            claimed.setdefault(trial.user_attrs["point"], []).append(trial.user_attrs["host"])
+    assert len(claimed) == 6 and all(len(hosts) == 1 for hosts in claimed.values()), claimed  # 3 cells x 2 budgets
+    assert len({h for hosts in claimed.values() for h in hosts}) == 2  # both hosts trained points
+    exported = tmp_path / "exported" / "shared"
+    run_script("scaling.py", f"EXPORT={exported}", f"STUDY_STORAGE={postgres}")
+    assert (exported / "frontier.json").exists() and (exported / "frontier-study.json").exists()
+    alone = tmp_path / "alone"  # the same study on one host, no database
+    run_script("scaling.py", *[a for a in MICRO if a != "HEARTBEAT=1"], f"RESULTS_DIR={alone / 'results'}",
+               f"CACHE_DIR={alone / 'cache'}", timeout=900)
+    assert scores(exported / "points.jsonl") == scores(alone / "results" / "shared" / "points.jsonl")
+
+
+@pytest.mark.slow
+def test_a_host_killed_mid_point_loses_it_to_the_other_and_a_stopped_database_is_continued(tmp_path,
+                                                                                        postgres):  # noqa: F811
+    slow = host(tmp_path, "a", postgres, "BUDGETS=3e10,6e10")  # long points: one is caught mid-training
+    for line in slow.stdout:
+        if "flops-3.00e10" in line or "lstm: " in line or "(budget" in line:
+            break
+    time.sleep(2)
+    os.kill(slow.pid, signal.SIGKILL)  # the host is gone; its point keeps no heartbeat
+    slow.wait()
+    running = [t for t in trials(postgres) if t.state.name == "RUNNING"]
+    assert running, "the killed host held a point"
+    other = host(tmp_path, "b", postgres, "BUDGETS=3e10,6e10")
+    for line in other.stdout:  # the other host has claimed a point and trains it ...
+        if "(budget" in line:
+            break
+    postgres.stop()  # ... when the database goes away: one line, and the same command continues
+    stopped = other.communicate(timeout=900)[0]
+    assert other.returncode != 0 and "Traceback" not in stopped, stopped[-3000:]
+    assert "error: the study storage postgresql" in stopped and "was lost mid-study" in stopped, stopped[-3000:]
+    postgres.start()
+    again = host(tmp_path, "b", postgres, "BUDGETS=3e10,6e10")
+    out = again.communicate(timeout=1800)[0]
+    assert again.returncode == 0, out[-3000:]
+    done = {}
+    for trial in trials(postgres):
+        done.setdefault(trial.user_attrs.get("point"), []).append(trial.state.name)
+    assert all(states.count("COMPLETE") == 1 for states in done.values()), done
+    lost = running[0].user_attrs["point"]
+    assert "FAIL" in done[lost]  # the killed host's attempt failed on its heartbeat, and ran again once
+
+
+def test_another_grid_an_edited_record_and_an_unreachable_storage_are_one_line(tmp_path):
+    """On SQLite, the same storage code as PostgreSQL's: what a host may not do to a shared study."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    small = [a for a in MICRO if not a.startswith("LEARNING_RATES")] + ["LEARNING_RATES=4e-3"]
+    where = [f"RESULTS_DIR={tmp_path / 'a' / 'results'}", f"CACHE_DIR={tmp_path / 'a' / 'cache'}"]
+    run_script("scaling.py", *small, f"STUDY_STORAGE={url}", *where, timeout=900)
+    other = [f"RESULTS_DIR={tmp_path / 'b' / 'results'}", f"CACHE_DIR={tmp_path / 'b' / 'cache'}"]
+    grid = run_script("scaling.py", *small, "BUDGETS=3e9,1.2e10", f"STUDY_STORAGE={url}", *other, check=False)
+    assert grid.returncode != 0 and "STUDY_STORAGE holds study shared with another budgets" in grid.stderr
+    assert len(grid.stderr.strip().splitlines()) == 1, grid.stderr
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "study.db") as db:  # a score edited in the database
+        (value,) = db.execute("SELECT value_json FROM trial_user_attributes WHERE key='summary' LIMIT 1").fetchone()
+        summary = json.loads(value)
+        summary[0]["val_bpc"] = 0.1
+        db.execute("UPDATE trial_user_attributes SET value_json=? WHERE value_json=?", (json.dumps(summary), value))
+    edited = run_script("scaling.py", f"EXPORT={tmp_path / 'out' / 'shared'}", f"STUDY_STORAGE={url}", check=False)
+    assert edited.returncode != 0 and "was edited after its run wrote it" in edited.stderr, edited.stderr
+    assert "Traceback" not in edited.stderr
+    unreachable = run_script("scaling.py", *small, "STUDY_STORAGE=postgresql+psycopg2://nobody@127.0.0.1:1/none",
+                             *other, check=False)
+    assert unreachable.returncode != 0 and "cannot open the storage" in unreachable.stderr
+    assert "check STUDY_STORAGE" in unreachable.stderr and "Traceback" not in unreachable.stderr
