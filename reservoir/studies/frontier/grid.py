@@ -113,6 +113,14 @@ class FrontierError(OneLineError, ValueError):
     """A frontier study or report that cannot run as asked: reported as one line."""
 
 
+class FrontierExit(Exception):
+    """Points ended without finishing: the study stops there, with the first point's exit code."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
 @dataclass(frozen=True)
 class Cell:
     """One configuration of a family: a size preset, a learning rate, a batch size."""

@@ -27,7 +27,7 @@ from pathlib import Path
 from reservoir.platform.files import make_folder
 from reservoir.platform.messages import say
 from reservoir.run.records import check_run_config, check_summary, portable_config, read_json, read_summary
-from reservoir.studies.frontier.grid import FrontierError
+from reservoir.studies.frontier.grid import FrontierError, FrontierExit
 from reservoir.studies.storage import open_rdb, storage_errors
 
 POLL_S = 1.0  # how often a host waiting on others' points looks again
@@ -221,8 +221,6 @@ class SharedPoints:
                 self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
                 stopped = stopped or code
         if stopped:
-            from reservoir.studies.frontier.study import FrontierExit
-
             raise FrontierExit(stopped, f"points stopped on this host (exit code {stopped}); every recorded point "
                                         "is kept in STUDY_STORAGE and the same command continues")
 

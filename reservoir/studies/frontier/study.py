@@ -54,6 +54,7 @@ from reservoir.studies.frontier.grid import (
     RUN_SETTINGS,
     Cell,
     FrontierError,
+    FrontierExit,
     _grid_changes,
     _placeless,
     grid_cells,
@@ -511,14 +512,6 @@ def measure_cells(study: FrontierStudy):
 
     measure.data = data  # the prepared data, for a plan's probe
     return measure
-
-
-class FrontierExit(Exception):
-    """Points ended without finishing: the study stops there, with the first point's exit code."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 def _continue_or_start(folder: Path) -> list[str]:
