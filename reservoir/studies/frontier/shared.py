@@ -18,6 +18,7 @@ from step 0: the same score).
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import threading
@@ -30,7 +31,7 @@ from reservoir.run.records import check_run_config, check_summary, portable_conf
 from reservoir.studies.frontier.grid import FrontierError, FrontierExit
 from reservoir.studies.storage import open_rdb, storage_errors
 
-POLL_S = 1.0  # how often a host waiting on others' points looks again
+POLL_S = 5.0  # at most this long between a waiting host's looks at the others' points (less with HEARTBEAT)
 
 
 class SharedPoints:
@@ -40,6 +41,7 @@ class SharedPoints:
         import optuna
 
         self.url, self.name, self.heartbeat_s = url, name, heartbeat_s
+        self.started = datetime.datetime.now()  # a point's error from before this command is tried again
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # the study says what it does in its own lines
         self.storage = open_rdb(url, heartbeat_s, lambda study, trial: None, FrontierError, "STUDY_STORAGE")
         try:
@@ -156,10 +158,12 @@ class SharedPoints:
                 mine = trials.get(key, [])
                 if any(t.state == TrialState.COMPLETE for t in mine):
                     continue
-                errors = [t for t in mine if t.state == TrialState.FAIL and t.user_attrs.get("error")]
+                errors = [t for t in mine if t.state == TrialState.FAIL and t.user_attrs.get("error")
+                          and t.datetime_complete and t.datetime_complete >= self.started]
                 if errors:
                     raise FrontierError(f"point {key} stopped with an error on {errors[0].user_attrs.get('host')}: "
-                                        f"{errors[0].user_attrs['error']}")
+                                        f"{errors[0].user_attrs['error']}; fix its cause there, then run the same "
+                                        "command again (the point is tried again)")
                 open_keys.append(key)
                 if not any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in mine):
                     self._queue(key, len(mine))
@@ -177,7 +181,7 @@ class SharedPoints:
                     say(f"frontier {self.name}: {len(open_keys)} point(s) of this stage are being trained by other "
                         "hosts; waiting for their records")
                     waiting_said = True
-                time.sleep(POLL_S)
+                time.sleep(min(POLL_S, self.heartbeat_s))
                 continue
             waiting_said = False
             self._train(claimed, here, run_here, finished)
