@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, run_script
+from tests.conftest import ROOT, run_script, write_corpus
 from tests.test_sweep import postgres  # noqa: F401 - the PostgreSQL fixture
 
 MICRO = ["FRONTIER=True", "STUDY=shared", "FAMILIES=lstm", "SIZES=xs", "LEARNING_RATES=2e-3,4e-3,8e-3",
@@ -101,6 +101,9 @@ def test_another_grid_an_edited_record_and_an_unreachable_storage_are_one_line(t
     grid = run_script("scaling.py", *small, "BUDGETS=3e9,1.2e10", f"STUDY_STORAGE={url}", *other, check=False)
     assert grid.returncode != 0 and "STUDY_STORAGE holds study shared with another budgets" in grid.stderr
     assert len(grid.stderr.strip().splitlines()) == 1, grid.stderr
+    text = write_corpus(tmp_path / "other-text", 2)  # a host whose data is another text
+    corpus = run_script("scaling.py", *small, f"DATASET={text}", f"STUDY_STORAGE={url}", *other, check=False)
+    assert corpus.returncode != 0 and "STUDY_STORAGE holds study shared with another corpus (" in corpus.stderr
     import sqlite3
 
     with sqlite3.connect(tmp_path / "study.db") as db:  # a score edited in the database
