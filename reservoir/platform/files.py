@@ -46,15 +46,17 @@ def _free_bytes(folder: Path) -> int | None:
         return None
 
 
+CAUSES = {errno.ENOSPC: "no space left on the device", errno.EROFS: "the file system is read-only",
+          errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EDQUOT: "disk quota exceeded",
+          errno.EFBIG: "file too large"}  # an OSError's errno in words
+
+
 def storage_error(path: str | Path, error: OSError) -> StorageError:
-    causes = {errno.ENOSPC: "no space left on the device", errno.EROFS: "the file system is read-only",
-              errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EDQUOT: "disk quota exceeded",
-              errno.EFBIG: "file too large"}
     code = error.errno
     free = _free_bytes(Path(path).parent)
     if code is None and free is not None and free < NEARLY_FULL_BYTES:  # numpy's and torch's failed writes
         code = errno.ENOSPC  # carry no errno
-    cause = causes.get(code, error.strerror or str(error) or type(error).__name__)
+    cause = CAUSES.get(code, error.strerror or str(error) or type(error).__name__)
     return StorageError(f"cannot write {path}: {cause}; nothing half-written was left behind. "
                         "Free space or choose a writable RESULTS_DIR / CACHE_DIR")
 
@@ -107,9 +109,7 @@ def make_folder(path: str | Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        code = e.errno
-        cause = {errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-                 errno.ENOSPC: "no space left on the device"}.get(code, e.strerror or type(e).__name__)
+        cause = CAUSES.get(e.errno, e.strerror or type(e).__name__)
         raise StorageError(f"cannot create {path}: {cause}; choose a writable RESULTS_DIR") from None
     return path
 

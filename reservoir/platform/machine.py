@@ -29,16 +29,27 @@ LOADAVG = Path("/proc/loadavg")
 _IMPORTED = time.time()  # where /proc cannot say when the process started: close to it
 
 
+def process_start(pid: int | str = "self") -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux's /proc): with the pid, what tells a live
+    process from a later one that reused its pid. None where /proc does not say."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])  # field 22, counted after the command's name
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def process_seconds() -> float:
     """Seconds since this process started (Linux: its start time in /proc, so the interpreter's and torch's
     start-up count too; elsewhere since this module was imported)."""
+    started = process_start()
     try:
-        stat = Path("/proc/self/stat").read_text()
-        started_ticks = int(stat[stat.rindex(")") + 2:].split()[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
+        started = None
+    if started is None:
         return time.time() - _IMPORTED
+    return max(0.0, uptime - started / os.sysconf("SC_CLK_TCK"))
 
 
 def usable_cores() -> int:

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from reservoir.platform.device import POINT_DEVICE_VARIABLE, Slot
+from reservoir.platform.device import Slot, point_slots
 from reservoir.platform.files import Busy, lock_folder, make_folder
 from reservoir.platform.machine import usable_cores
 from reservoir.platform.messages import OneLineError, say, warn
@@ -103,7 +103,7 @@ def run_point(args: list[str]) -> int:
             signal.signal(signum, handler)
 
 
-ONE_CORE = Slot("cpu", {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", POINT_DEVICE_VARIABLE: "cpu"})
+ONE_CORE = point_slots("cpu", ["0"], 1, 1)[0]  # a number of WORKERS: that many of these
 
 
 def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], finished=None) -> list[int | None]:

@@ -30,6 +30,7 @@ from reservoir.config import parse_overrides
 from reservoir.models.settings import model_settings
 from reservoir.platform import stopping
 from reservoir.platform.files import atomic_write_text
+from reservoir.platform.machine import process_start
 from reservoir.platform.messages import OneLineError, say, warn
 from reservoir.run.records import run_seeds
 from reservoir.studies.storage import open_rdb, storage_errors
@@ -125,16 +126,6 @@ def enqueue_rerun(study, trial) -> None:
     study.enqueue_trial(trial.params, user_attrs=attrs)
 
 
-def _process_start(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (Linux's /proc): with the pid, what tells a
-    live worker from a later process that reused its pid. None where /proc does not say."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2:].split()[19])  # field 22, counted after the command's name
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _worker_gone(trial) -> bool:
     """Whether ``trial``'s worker process has ended: only for a worker on this machine that recorded its pid
     (a worker elsewhere cannot be checked from here; PostgreSQL's heartbeats cover those)."""
@@ -148,7 +139,7 @@ def _worker_gone(trial) -> bool:
     except PermissionError:  # alive, another user's
         return False
     started = trial.user_attrs.get("pid_started")
-    return started is not None and _process_start(pid) != started  # the pid now belongs to another process
+    return started is not None and process_start(pid) != started  # the pid now belongs to another process
 
 
 def parse_search(text: str, known_keys) -> dict:
@@ -274,7 +265,7 @@ def run_trials(study, sweep: Sweep, run_one, refused: tuple[type[Exception], ...
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("worker", f"{worker} (pid {os.getpid()})")
         trial.set_user_attr("pid", os.getpid())  # a RUNNING trial whose process is gone is run again
-        trial.set_user_attr("pid_started", _process_start(os.getpid()))
+        trial.set_user_attr("pid_started", process_start(os.getpid()))
         started = time.perf_counter()
 
         first_seed = run_seeds(config)[0]  # with SEEDS, the first seed's curve feeds the pruner

@@ -103,9 +103,8 @@ class SharedPoints:
             if any(t.state == TrialState.COMPLETE for t in trials.get(key, [])) or not finished(folder):
                 continue
             config, summary = self._records_of(folder)
-            bpc = [r["val_bpc"] for r in summary if r.get("val_bpc") is not None]
             self.study.add_trial(optuna.trial.create_trial(
-                state=TrialState.COMPLETE, value=min(bpc) if bpc else float("nan"),
+                state=TrialState.COMPLETE, value=_best(summary),
                 user_attrs={"point": key, "host": f"{socket.gethostname()} (pid {os.getpid()})", "config": config,
                             "summary": summary}))
 
@@ -213,9 +212,7 @@ class SharedPoints:
                 config, summary = self._records_of(folder)
                 self.storage.set_trial_user_attr(trial._trial_id, "config", config)
                 self.storage.set_trial_user_attr(trial._trial_id, "summary", summary)
-                bpc = [r["val_bpc"] for r in summary if r.get("val_bpc") is not None]
-                self.storage.set_trial_state_values(trial._trial_id, TrialState.COMPLETE, [min(bpc) if bpc else
-                                                                                          float("nan")])
+                self.storage.set_trial_state_values(trial._trial_id, TrialState.COMPLETE, [_best(summary)])
             elif code in (None, 130, 143, 137):  # stopped, not wrong: the same command runs it again
                 self.storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
                 self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
@@ -227,6 +224,12 @@ class SharedPoints:
         if stopped:
             raise FrontierExit(stopped, f"points stopped on this host (exit code {stopped}); every recorded point "
                                         "is kept in STUDY_STORAGE and the same command continues")
+
+
+def _best(summary: list[dict]) -> float:
+    """A recorded point's trial value: its best bits/char (NaN where every seed diverged)."""
+    scores = [r["val_bpc"] for r in summary if r.get("val_bpc") is not None]
+    return min(scores) if scores else float("nan")
 
 
 def export_records(url: str, folder: Path, heartbeat_s: float = 30) -> Path:
