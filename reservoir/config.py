@@ -120,8 +120,9 @@ SHARED_CONFIG = {
                             "batch_size": 16},  # frozen reservoir states + a trained attention readout
     "TRANSFORMER": {"n_layer": 2, "n_head": 4, "n_embd": 48, "dropout": 0.0, "recipe": "++", "rotary": None,
                     "swiglu": None, "rmsnorm": None,
-                    "qk_norm": False, "learning_rate": 3e-3,
-                    "batch_size": 8},  # recipe 'gpt2' | '++' (rotary, SwiGLU, RMSNorm); None parts: the recipe's
+                    "qk_norm": False, "trained": "everything", "learning_rate": 3e-3,
+                    "batch_size": 8},  # recipe 'gpt2' | '++' (rotary, SwiGLU, RMSNorm); None parts: the recipe's;
+    # trained 'everything' | 'embeddings' (the random-transformer control: blocks frozen at initialisation)
     "LSTM": {"embed_dim": 48, "hidden": 160, "layers": 1, "dropout": 0.0, "learning_rate": 6e-3,
              "batch_size": 8},  # LSTM baseline
     "NGRAM": {"order": 5, "discount": 0.75, "learning_rate": None,
@@ -157,7 +158,8 @@ _LOGGERS = ("csv", "tensorboard", "wandb")
 _FRACTION = {"VAL_FRACTION", "COOLDOWN_FRACTION", "ADAM_BETA2"}  # strictly between 0 and 1
 _UNIT_INTERVAL = {"MIN_LR_FRACTION"}  # 0 to 1 inclusive
 # Rules inside the per-model blocks, by hyper-parameter name.
-_BLOCK_CHOICES = {"readout": ("ridge", "softmax", "mlp"), "recipe": ("gpt2", "++")}
+_BLOCK_CHOICES = {"readout": ("ridge", "softmax", "mlp"), "recipe": ("gpt2", "++"),
+                  "trained": ("everything", "embeddings")}
 _BLOCK_SWITCHES = {"rotary", "swiglu", "rmsnorm"}  # True, False, or None: as the block's recipe says
 _BLOCK_UNIT_INTERVAL = {"leak_rate", "rc_connectivity", "input_connectivity", "inter_connectivity", "dropout",
                         "r_min", "r_max", "discount"}

@@ -140,3 +140,36 @@ def test_token_nats_are_what_the_evaluation_sums(data):
     nats = evaluate.token_nats(model, CPU, torch.device("cpu"))
     assert nats.shape == (300,) and (nats > 0).all()
     assert evaluate(model, CPU, torch.device("cpu"))["val_loss"] == pytest.approx(nats.mean(), rel=1e-6)
+
+
+# --------------------------------------------------------------------- what context is worth (CONTEXTS=True)
+
+@pytest.mark.parametrize("name", ["frozen_retention", "deep_linear_reservoir", "linear_reservoir", "lstm"])
+def test_the_context_scorer_s_carried_stream_equals_one_long_forward_pass(data, name):
+    from reservoir.run.evaluation import context_scores
+
+    cfg = config("FROZEN_RETENTION.layers=1", "FROZEN_RETENTION.width=16", "FROZEN_RETENTION.ffn_hidden=32")
+    model = untrained(name, data, cfg)
+    scores = context_scores(model, data, cfg, CPU, CPU.device, 200, contexts=(8, 16))
+    chars = data.tokenizer.count_chars(np.asarray(data.val[1:201]))
+    assert scores["stream"] == pytest.approx(whole_stream_loss(model, data, 200) * 200 / chars / math.log(2),
+                                             rel=1e-5)
+    assert scores["8"] != pytest.approx(scores["stream"], rel=1e-4)  # 4-8 tokens of context: another score
+
+
+def test_the_context_scorer_slides_every_model_s_windows_and_knows_a_position_table_s_limit(data):
+    from reservoir.run.evaluation import context_scores
+
+    cfg = config("TRANSFORMER.recipe=gpt2", "EVAL_STRIDE=8")
+    table = untrained("transformer", data, cfg)  # learned positions: 16 at most
+    scores = context_scores(table, data, cfg, CPU, CPU.device, 100, contexts=(16, 32))
+    assert scores["32"] is None and scores["stream"] is None  # beyond its table; no state to carry
+    assert scores["16"] == pytest.approx(Evaluator(data, cfg, 4, 100)(table, CPU, CPU.device)["val_bpc"], rel=1e-6)
+    rotary = untrained("transformer", data, config("EVAL_STRIDE=8"))  # rotary positions: any length
+    assert context_scores(rotary, data, cfg, CPU, CPU.device, 100, contexts=(32,))["32"] is not None
+    lstm = untrained("lstm", data, cfg)  # a recurrent model scored on windows too, from a zero state each
+    windows = context_scores(lstm, data, cfg, CPU, CPU.device, 100, contexts=(16,))["16"]
+    assert windows == pytest.approx(Evaluator(data, {**cfg, "EVAL_MODE": "sliding"}, 4, 100)(
+        lstm, CPU, CPU.device)["val_bpc"], rel=1e-6)
+    stream = Evaluator(data, cfg, 4, 100)(lstm, CPU, CPU.device)["val_bpc"]  # its state carried: another score
+    assert abs(windows - stream) > 1e-6

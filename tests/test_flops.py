@@ -153,3 +153,13 @@ def test_a_step_counted_on_two_sequences_and_scaled_equals_the_whole_batch(name)
     whole = flops.sgd_step(model, VOCAB, batch_size=16, seq_len=SEQ, steps_per_batch=3, count_batch=None)
     scaled = flops.sgd_step(model, VOCAB, batch_size=16, seq_len=SEQ, steps_per_batch=3)
     assert flops.COUNT_BATCH < 16 and scaled.per_step == pytest.approx(whole.per_step, rel=1e-12)
+
+
+def test_the_random_transformer_pays_the_forward_and_the_activation_backward_of_its_frozen_blocks():
+    shape = ("TRANSFORMER.n_layer=2", "TRANSFORMER.n_embd=64", "TRANSFORMER.n_head=4")
+    trained, _, cfg = per_token_sgd("transformer", *shape)
+    random, model, _ = per_token_sgd("transformer", *shape, "TRANSFORMER.trained=embeddings")
+    frozen = cfg["n_layer"] * 12 * cfg["n_embd"] ** 2  # every block's matrices: qkv, proj, SwiGLU's three
+    assert model.param_counts()["params_trainable"] == 2 * VOCAB * cfg["n_embd"]  # embedding, untied unembedding
+    # the frozen matrices skip their weight gradients (2 FLOPs a weight a token) and nothing else
+    assert trained - random == pytest.approx(2 * frozen, rel=0.01)

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -544,3 +546,22 @@ def test_how_a_model_is_fitted_is_known_before_it_is_built(readout):
     config = small_config(*(f"{block}.readout={readout}" for block in ("ESN", "DEEP_ESN", "NVAR")))
     for name in MODEL_NAMES:
         assert trainer_of(name, config) == build_model(name, 40, config).trainer, name
+
+
+def test_the_random_transformer_trains_its_embeddings_alone_and_its_blocks_stay_as_initialised(tmp_path):
+    """TRANSFORMER.trained='embeddings' (the random-transformer control): a real run, then its checkpoint against
+    the model as built: every block and norm bit-identical, the embedding and the unembedding moved."""
+    from reservoir.run.trained import load_trained
+    from tests.conftest import run_cli
+
+    run_cli(tmp_path, "MODELS=transformer", "TRANSFORMER.trained=embeddings", "MAX_STEPS=12", "EVAL_EVERY=12",
+            "PLOTS=False", "RUN_NAME=r", "SAMPLE_TOKENS=0")
+    model, tokenizer, run = load_trained(tmp_path / "results" / "r", "transformer")
+    start = build_model("transformer", tokenizer.vocab_size, run.config)
+    assert run.step == 12 and model.trained == start.trained == "embeddings"
+    moved = {name for name, p in model.named_parameters() if not torch.equal(p, dict(start.named_parameters())[name])}
+    assert moved == {"tok.weight", "head.weight"}
+    assert model.head.weight.data_ptr() != model.tok.weight.data_ptr()  # untied
+    summary = {r["model"]: r for r in json.loads((tmp_path / "results" / "r" / "summary.json").read_text())}
+    assert summary["transformer"]["trained"] == "embeddings"
+    assert summary["transformer"]["params_trainable"] == 2 * tokenizer.vocab_size * run.config["TRANSFORMER"]["n_embd"]

@@ -61,7 +61,8 @@ def check_vocabulary(config: dict, vocab_size: int) -> None:
 
 # Options added to a model after runs of it were recorded, with the value that builds the model as
 # it was: a run folder's config.json (read by RESUME, sample.py, compare.py) lacks them.
-ADDED_OPTIONS = {"TRANSFORMER": {"recipe": "gpt2", "rotary": None, "swiglu": None, "rmsnorm": None, "qk_norm": False},
+ADDED_OPTIONS = {"TRANSFORMER": {"recipe": "gpt2", "rotary": None, "swiglu": None, "rmsnorm": None, "qk_norm": False,
+                                 "trained": "everything"},
                  "LINEAR_RESERVOIR": {"train_recurrence": False},
                  "DEEP_LINEAR_RESERVOIR": {"train_recurrence": False},
                  "RESERVOIR_ATTENTION": {"train_recurrence": False}}

@@ -54,6 +54,7 @@ class ReservoirAttention(LanguageModel):
                            torch.randn(vocab_size, units, generator=g) * norm, train_recurrence)
         self.project = nn.Sequential(nn.LayerNorm(2 * units), nn.Linear(2 * units, width))
         self.pos = nn.Embedding(seq_len, width)
+        self.longest_context = seq_len
         self.drop = nn.Dropout(cfg["dropout"])
         self.blocks = nn.ModuleList(TransformerBlock(width, cfg["heads"], cfg["dropout"])
                                     for _ in range(cfg["layers"]))

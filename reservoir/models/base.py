@@ -17,6 +17,7 @@ class LanguageModel(nn.Module):
     trainer = "sgd"
     host_only = False  # True: numpy on the host (the n-gram); runners keep it and its inputs on the CPU
     context_size: int | None = None  # longest context generate() feeds back (None: unlimited)
+    longest_context: int | None = None  # the most positions forward() can take (a learned position table); None: any
     # 'recurrent': state carried through a stream (forward_stream); 'window': a finite context,
     # scored on overlapping windows (see reservoir/run/evaluation.py)
     stream_kind = "window"
@@ -51,8 +52,9 @@ class LanguageModel(nn.Module):
         return fn(*inputs)
 
     def fixed_param_count(self) -> int:
-        """Weights that are set once and never trained (reservoir matrices, counts)."""
-        return sum(int(torch.count_nonzero(b)) for b in self.buffers() if b.is_floating_point())
+        """Weights that are set once and never trained (reservoir matrices, counts, frozen parameters)."""
+        frozen = sum(p.numel() for p in self.parameters() if not p.requires_grad)
+        return frozen + sum(int(torch.count_nonzero(b)) for b in self.buffers() if b.is_floating_point())
 
     def param_counts(self) -> dict[str, int]:
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)

@@ -126,22 +126,33 @@ class Transformer(LanguageModel):
         self.context_size = seq_len
         self.tok = nn.Embedding(vocab_size, width)
         self.pos = None if self.parts["rotary"] else nn.Embedding(seq_len, width)
+        self.longest_context = None if self.pos is None else seq_len  # rotary positions extrapolate, a table cannot
         self.blocks = nn.ModuleList(TransformerBlock(width, cfg["n_head"], cfg["dropout"], self.parts)
                                     for _ in range(cfg["n_layer"]))
         self.ln_f = nn.RMSNorm(width, eps=1e-6) if self.parts["rmsnorm"] else nn.LayerNorm(width,
                                                                                            bias=self.parts["bias"])
         self.head = nn.Linear(width, vocab_size, bias=False)
-        self.head.weight = self.tok.weight  # weight tying
+        # trained='embeddings': the random-transformer control (Zhong & Andreas 2024), the attention analogue of a
+        # reservoir: every block and norm stays at its random initialisation, and only the token embedding and
+        # the unembedding learn, untied as theirs are (tied, they would be one matrix of V x width)
+        self.tied = cfg.get("trained", "everything") == "everything"
+        if self.tied:
+            self.head.weight = self.tok.weight  # weight tying
         self.apply(gpt2_init)
         for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
             if name.endswith(("proj.weight", "mlp.2.weight", "mlp.down.weight")):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg["n_layer"]))
+        if not self.tied:
+            self.trained = "embeddings"
+            for name, p in self.named_parameters():
+                p.requires_grad_(name.startswith(("tok.", "head.")))
 
     def _apply(self, fn, *args, **kwargs):
         # .to(xla) makes a new Parameter per module (XLA tensors cannot share the CPU storage),
         # which would silently untie the embedding and the output layer: tie them again.
         module = super()._apply(fn, *args, **kwargs)
-        self.head.weight = self.tok.weight
+        if self.tied:
+            self.head.weight = self.tok.weight
         return module
 
     def _embed(self, ids, first_position: int = 0):

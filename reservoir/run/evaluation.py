@@ -17,6 +17,10 @@ stream (stories joined by the end-of-story token). Two modes:
 - ``windows``: every model scores non-overlapping ``SEQ_LEN`` windows from an empty context
   (recurrent models lose their state at each window's start).
 
+``context_scores`` asks what context is worth: every model on overlapping windows of 32, 128 and
+512 tokens (mode ``sliding``: the window protocol for recurrent models too), and every model that
+can carry its state (``forward_stream``) through the whole stream (mode ``carried``).
+
 Every batch and chunk has one shape (zero-weight padding), so on XLA one graph serves every
 evaluation; losses stay on the device and are read once. Bits per character divide the summed
 loss by the exact characters the scored tokens stand for. A 95% interval comes from a bootstrap
@@ -138,9 +142,10 @@ class Evaluator:
         model.eval()
         on_device = device == info.device  # host models (n-gram) are evaluated on the CPU
         context = contextlib.nullcontext if not on_device else (lambda: dev.autocast(info))
-        if self.mode == "stream" and getattr(model, "stream_kind", "window") == "recurrent":
+        recurrent = getattr(model, "stream_kind", "window") == "recurrent"
+        if self.mode == "carried" or (self.mode == "stream" and recurrent):
             scored = self._recurrent(model, info, device, on_device, context)
-        elif self.mode == "stream":
+        elif self.mode in ("stream", "sliding"):
             scored = self._batched(model, info, device, on_device, context,
                                    self._windows(self.stride, self.seq - self.stride))
         else:
@@ -247,6 +252,34 @@ class Evaluator:
         return {"bpc_difference": float(delta.sum() / chars / math.log(2)),
                 "ci95_low": float(low), "ci95_high": float(high),
                 "share_of_resamples_a_worse": float(np.mean(difference > 0))}
+
+
+CONTEXTS = (32, 128, 512)  # evaluation contexts (tokens) of context_scores, besides the whole stream
+
+
+def carries_state(model) -> bool:
+    """Whether ``model`` can read a stream with its state carried (it has ``forward_stream``)."""
+    from reservoir.models.base import LanguageModel
+
+    return type(model).forward_stream is not LanguageModel.forward_stream
+
+
+def context_scores(model, data: TokenData, config: dict, info: dev.DeviceInfo, device: torch.device,
+                   tokens: int | None, contexts: tuple[int, ...] = CONTEXTS) -> dict[str, float | None]:
+    """Validation bits/char of ``model`` at each evaluation context: windows of ``c`` tokens slid by c / 2 (each
+    target seen with c / 2 to c tokens before it), and 'stream', the state carried through the whole text.
+    None where the model cannot: a learned position table shorter than ``c``, no state to carry."""
+    scores: dict[str, float | None] = {}
+    for c in contexts:
+        longest = getattr(model, "longest_context", None)
+        if longest is not None and c > longest:
+            scores[str(c)] = None
+            continue
+        settings = {**config, "EVAL_MODE": "sliding", "SEQ_LEN": c, "EVAL_STRIDE": max(1, c // 2)}
+        scores[str(c)] = Evaluator(data, settings, max(1, 4096 // c), tokens)(model, info, device)["val_bpc"]
+    scores["stream"] = Evaluator(data, {**config, "EVAL_MODE": "carried"}, 1, tokens)(
+        model, info, device)["val_bpc"] if carries_state(model) else None
+    return scores
 
 
 class EvalPoints:

@@ -29,7 +29,7 @@ from reservoir.run.records import (
 )
 
 POINTS_FILE = "points.jsonl"
-SKIPPED = ("logs", "comparisons")  # folders of a study that hold no points
+SKIPPED = ("logs", "comparisons", "replays")  # folders of a study that hold no points (replays: copies of points)
 
 
 def shared_part(configs: list[dict]) -> dict:

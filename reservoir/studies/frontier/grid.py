@@ -14,12 +14,12 @@ from reservoir.platform.messages import OneLineError
 from reservoir.studies.budgets import positive_numbers
 
 # stages after the grid's: a running study may add them
-STAGE_KEYS = ("LEAD_BUDGET", "LEADERS", "REFERENCES", "CONTROLS")
+STAGE_KEYS = ("LEAD_BUDGET", "LEADERS", "REFERENCES", "CONTROLS", "CONTEXTS")
 
 
 FRONTIER_KEYS = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES", "KEEP", "WITHIN", "ENVELOPE_SEEDS",
                  "MIN_STEPS", "MAX_TOKENS_PER_PARAM", "WORKERS", "DEVICES_PER_POINT", "STUDY_STORAGE", "HEARTBEAT",
-                 "PLAN", "HOSTS", *STAGE_KEYS)
+                 "PLAN", "HOSTS", "REPLAY", *STAGE_KEYS)
 
 
 # family -> (model, the options that make it that family)
@@ -63,9 +63,11 @@ DEFAULTS = {"FAMILIES": ["transformer", "transformer++", "lstm", "frozen_retenti
                          "deep_linear_reservoir", "linear_reservoir"],
             "SIZES": ["xs", "s", "m", "l"], "LEARNING_RATES": [1.5e-3, 3e-3, 6e-3, 1.2e-2], "BATCH_SIZES": [8, 16],
             "KEEP": 3, "WITHIN": 0.03, "ENVELOPE_SEEDS": 3, "MIN_STEPS": 300, "MAX_TOKENS_PER_PARAM": 300,
-            "WORKERS": "auto", "DEVICES_PER_POINT": 1}  # WORKERS='auto': one point per device (platform/device.py
-# study_slots): per core on a CPU (two one-thread points beat one two-thread point on 2 cores, bench/README.md),
-# per GPU, per TPU chip; DEVICES_PER_POINT: the devices (cores, GPUs, chips) one point takes
+            "WORKERS": "auto", "DEVICES_PER_POINT": 1, "REPLAY": False}
+# WORKERS='auto': one point per device (platform/device.py study_slots): per core on a CPU (two one-thread points
+# beat one two-thread point on 2 cores, bench/README.md), per GPU, per TPU chip; DEVICES_PER_POINT: the devices
+# (cores, GPUs, chips) one point takes; REPLAY=True: points recorded on another machine trained again here where a
+# stage needs their checkpoints (the paired comparisons, CONTEXTS)
 
 
 DEFAULT_BUDGETS = (5e11, 1.25e12, 3.125e12, 7.8125e12, 1.953125e13)  # x2.5 apart
@@ -102,11 +104,17 @@ ONE_PASS = ["FLOP_BUDGET=None", "TOKEN_BUDGET=1000000000000"]  # more tokens tha
 # configuration there trained again with its frozen part trained too ("unfrozen"), or, for the attention readout,
 # with no reservoir under it ("attention-only": the readout over the same frozen input, no recurrence)
 CONTROLS = {
+    # the random transformer (Zhong & Andreas 2024): frozen attention, the attention analogue of a reservoir
+    "transformer++": {"random": {"trained": "embeddings"}},
     "frozen_retention": {"unfrozen": {"train_recurrence": True}},
     "reservoir_attention": {"unfrozen": {"train_recurrence": True}, "attention-only": {"reservoir": False}},
     "deep_linear_reservoir": {"unfrozen": {"train_recurrence": True}},
     "linear_reservoir": {"unfrozen": {"train_recurrence": True}},
 }
+
+# controls trained on every envelope seed, not the first alone: the random transformer is set beside the top
+# budget's envelope (mean ± sd over seeds), where the others are read against the point they control
+EVERY_SEED_CONTROLS = ("random",)
 
 
 class FrontierError(OneLineError, ValueError):
@@ -185,6 +193,8 @@ def parse_grid(own: dict[str, str]) -> dict:
                       ("WORKERS", int), ("DEVICES_PER_POINT", int), ("WITHIN", float)):
         if key in own:
             grid[key] = _number_list(key, own[key], kind)[0] if key != "WITHIN" else _fraction(own[key])
+    if "REPLAY" in own:
+        grid["REPLAY"] = _switch("REPLAY", own["REPLAY"])
     for key in GROWABLE:  # a value given twice is every one of its cells twice: two processes on one point folder
         values = grid[key]
         twice = next((v for k, v in enumerate(values) if v in values[:k]), None)
@@ -206,7 +216,7 @@ def parse_stages(own: dict[str, str], budgets: list[float], grid: dict) -> dict:
     every seed), LEADERS ('auto': the better transformer recipe and the best reservoir family at the top budget;
     or family names), REFERENCES (True: n-grams and the ESN as reference lines) and CONTROLS (True: each
     reservoir family's controls at the grid's top budget)."""
-    stages = {"lead_budget": None, "leaders": "auto", "references": False, "controls": False}
+    stages = {"lead_budget": None, "leaders": "auto", "references": False, "controls": False, "contexts": False}
     if "LEAD_BUDGET" in own and str(own["LEAD_BUDGET"]).strip().lower() not in ("none", ""):
         lead = positive_numbers("LEAD_BUDGET", own["LEAD_BUDGET"], "4e13", FrontierError)
         if len(lead) != 1 or lead[0] <= budgets[-1]:
@@ -220,13 +230,17 @@ def parse_stages(own: dict[str, str], budgets: list[float], grid: dict) -> dict:
             raise FrontierError(f"LEADERS names {unknown[0]!r}, not one of the study's FAMILIES "
                                 f"({', '.join(grid['FAMILIES'])}); or LEADERS=auto")
         stages["leaders"] = leaders
-    for key in ("REFERENCES", "CONTROLS"):
+    for key in ("REFERENCES", "CONTROLS", "CONTEXTS"):
         if key in own:
-            value = str(own[key]).strip().lower()
-            if value not in ("true", "false", "1", "0", "yes", "no"):
-                raise FrontierError(f"{key} must be True or False, got {own[key]!r}")
-            stages[key.lower()] = value in ("true", "1", "yes")
+            stages[key.lower()] = _switch(key, own[key])
     return stages
+
+
+def _switch(key: str, text) -> bool:
+    value = str(text).strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise FrontierError(f"{key} must be True or False, got {text!r}")
+    return value in ("true", "1", "yes")
 
 
 def _fraction(text) -> float:
@@ -260,7 +274,7 @@ def portable_settings(settings: list[str]) -> list[str]:
 GROWABLE = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES")  # new values: new cells, which join the study
 
 
-FREE = ("WORKERS", "DEVICES_PER_POINT")  # how the study runs, not what it measures
+FREE = ("WORKERS", "DEVICES_PER_POINT", "REPLAY")  # how the study runs, not what it measures
 
 
 def _grid_changes(before: dict, now: dict) -> list[str]:

@@ -13,6 +13,7 @@ from reservoir.studies.frontier.grid import CONTROLS, REFERENCE_RUNS, FrontierEr
 from reservoir.studies.store import PointRecords
 
 CONTROL_FOLDER = "controls"  # CONTROLS=True: <study>/controls/<cell>+<control>/flops-<top budget>
+REPLAYS = "replays"  # REPLAY=True: <study>/replays/<point>, a point recorded elsewhere trained again for its checkpoint
 COMPARISONS = "comparisons"  # the paired comparison at the top budget: <study>/comparisons/<budget>-<A>-vs-<B>.json
 STUDY_FILE = "frontier-study.json"  # the study's grid and settings: what REPORT rebuilds from, and re-runs check
 

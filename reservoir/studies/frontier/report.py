@@ -15,6 +15,7 @@ paired comparison at the top budget with its diagnostics, and the reference line
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,8 @@ def study_command(report: dict) -> str:
         parts.append("REFERENCES=True")
     if stages.get("controls"):
         parts.append("CONTROLS=True")
+    if stages.get("contexts"):
+        parts.append("CONTEXTS=True")
     parts += [a for a in report["settings"] if a not in defaults]
     return " ".join(parts)
 
@@ -297,6 +300,7 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
                          + ", ".join(f"{k}={v!r}" for k, v in c["options"].items())
                          + f" | {_fmt(c['envelope_bpc'])} | {_fmt(c['val_bpc'])}{ci} | {_fmt(c['difference'], '+.3f')} "
                          f"| {_fmt(c['params_trained'], ',')}, {_fmt(c['envelope_params_trained'], ',')} |")
+    lines += _random_transformer(report, h)
     published = next((rows for (train, val), rows in PUBLISHED.items()
                       if f"{train:,} training and {val:,} validation characters" in (report.get("corpus") or "")), [])
     if published:
@@ -407,3 +411,31 @@ def plot_frontier(report: dict, path: Path) -> Path:
 
 __all__ = ["write_from_records", "write_study", "format_study", "format_report", "headline", "goal_rows",
            "study_folders", "plot_frontier", "study_command", "GOAL"]
+
+
+def _random_transformer(report: dict, h: str) -> list[str]:
+    """The random-transformer control beside the top budget's envelope: does frozen attention carry as much as
+    a frozen recurrence?"""
+    runs = [c for c in report.get("controls") or [] if c["control"] == "random" and c["val_bpc"] is not None]
+    if not runs:
+        return []
+    budget = runs[0]["budget"]
+    bpc = [c["val_bpc"] for c in runs]
+    sd = f" ± {statistics.stdev(bpc):.3f}" if len(bpc) > 1 else ""
+    at_top = {f: p for f, points in report["envelope"].items() for p in points if p["budget"] == budget}
+    lines = ["", f"{h}# Frozen attention: the random transformer", "",
+             f"Transformer++'s envelope configuration at {budget:.3g} FLOPs trained again with every block and norm "
+             "frozen at its random initialisation and only the token embedding and the unembedding trained (untied; "
+             "Zhong & Andreas 2024, arXiv 2410.04368), beside the envelopes at that budget (CONTROLS=True; "
+             "`controls/<cell>+random`). Its FLOPs are counted as a reservoir's: the frozen blocks pay their "
+             "forward and the backward through their activations, not their weight gradients.", "",
+             "| model | bits/char (seeds) | trained parameters | frozen |", "| --- | --- | --- | --- |",
+             f"| random transformer (transformer++, trained='embeddings') | {statistics.fmean(bpc):.3f}{sd} "
+             f"({len(bpc)}) | {_fmt(runs[0]['params_trained'], ',')} | blocks, norms |"]
+    frozen = {"transformer++": "–", **{f: "recurrence" for f in RESERVOIR_FAMILIES}}
+    for family in sorted(at_top, key=lambda f: at_top[f]["bpc_mean"]):
+        if family in frozen:
+            p = at_top[family]
+            lines.append(f"| {family} | {_bpc(p)} ({len(p['seeds'])}) | {_fmt(p['params_trained'], ',')} | "
+                         f"{frozen[family]} |")
+    return lines

@@ -39,13 +39,23 @@ from reservoir.config import parse_overrides
 from reservoir.models.settings import model_settings
 from reservoir.platform.device import study_slots
 from reservoir.platform.messages import say
-from reservoir.run.checkpoint import CheckpointError
-from reservoir.run.records import write_json_atomic, write_signed_json
+from reservoir.run.checkpoint import CheckpointError, checkpoint_file
+from reservoir.run.evaluation import CONTEXTS
+from reservoir.run.records import read_json, write_json_atomic, write_signed_json
 from reservoir.studies.budgets import parse_budgets, point_name, positive_numbers, step_cost
 from reservoir.studies.frontier.analysis import build_frontier, envelope_cells
+from reservoir.studies.frontier.contexts import (
+    LONG_CONTEXT_FACTOR,
+    long_context_folder,
+    long_context_settings,
+    read_context_scores,
+    score_point,
+    write_context_scores,
+)
 from reservoir.studies.frontier.grid import (
     CONTROLS,
     DEFAULT_BUDGETS,
+    EVERY_SEED_CONTROLS,
     FAMILIES,
     ONE_PASS,
     OWN_SETTINGS,
@@ -65,6 +75,7 @@ from reservoir.studies.frontier.grid import (
 from reservoir.studies.frontier.records import (
     COMPARISONS,
     CONTROL_FOLDER,
+    REPLAYS,
     STUDY_FILE,
     STUDY_FILE_REMEDY,
     _first,
@@ -86,7 +97,7 @@ class FrontierStudy:
     settings: list[str]  # TinyStories.py KEY=VALUE held for every point (the study's defaults first)
     config: dict  # the validated settings of the first cell's first point
     stages: dict = field(default_factory=lambda: {"lead_budget": None, "leaders": "auto", "references": False,
-                                                  "controls": False})
+                                                  "controls": False, "contexts": False})
     path: Path = field(init=False)
     store: PointRecords = field(init=False, repr=False)
     corpus: str | None = field(default=None, init=False)  # the data's corpus_label, once measure_cells read it
@@ -293,14 +304,17 @@ class FrontierStudy:
         if todo:
             say(f"frontier {self.name}: the envelope's {len(todo)} points on seeds {self.extra_seeds()}")
             self._run_all([(self.folder(c, b, seeds=True), self.seed_args(c, b)) for c, b in todo], run_points, None)
-        self.compare_at_the_top(self.budgets)  # the grid's top budget, the claim: before the hours of the stages
+        # the grid's top budget, the claim: before the hours of the stages
+        self.compare_at_the_top(self.budgets, run_points)
         if self.stages["references"]:
             self._run_references(run_points)
         if self.stages.get("controls"):
             self._run_controls(run_points)
+        if self.stages.get("contexts"):
+            self._run_contexts(run_points)
         if self.stages["lead_budget"]:
             self._run_leaders(run_points, measure)
-        self.compare_at_the_top()
+        self.compare_at_the_top(run_points=run_points)
         self.store.pack()
 
     def _run_references(self, run_points) -> None:
@@ -317,9 +331,10 @@ class FrontierStudy:
         return self.path / CONTROL_FOLDER / f"{cell.name}+{control}" / point_name(budget)
 
     def _run_controls(self, run_points) -> None:
-        """Each reservoir family's controls at the grid's top budget, on its envelope configuration there and the
-        study's first seed, trained from step 0 (a control has no stable phase to branch off)."""
-        top, seed = self.budgets[-1], self.config["SEED"]
+        """Each family's controls at the grid's top budget, on its envelope configuration there and the study's
+        first seed (every envelope seed for EVERY_SEED_CONTROLS), trained from step 0 (a control has no stable
+        phase to branch off)."""
+        top, first = self.budgets[-1], [self.config["SEED"]]
         winners, cells = envelope_cells(self.records(), self.budgets), {c.name: c for c in self.cells()}
         jobs = []
         for family in self.grid["FAMILIES"]:
@@ -328,12 +343,52 @@ class FrontierStudy:
             cell = cells[winners[(family, top)]]
             for control in CONTROLS.get(family, {}):
                 folder = self.control_folder(cell, control, top)
-                if self.finished(folder, [seed]):
+                seeds = [*first, *self.extra_seeds()] if control in EVERY_SEED_CONTROLS else first
+                if self.finished(folder, seeds):
                     continue
                 jobs.append((folder, [*self.settings, *cell.settings(control), f"FLOP_BUDGET={top!r}",
-                                      *_continue_or_start(folder)]))
+                                      *_continue_or_start(folder),
+                                      *([f"SEEDS={','.join(map(str, seeds))}"] if seeds != first else [])]))
         say(f"frontier {self.name}: the controls at {top:.3g} FLOPs: {len(jobs)} runs to train")
         self._run_all(jobs, run_points, top)
+
+    def _run_contexts(self, run_points) -> None:
+        """CONTEXTS=True (contexts.py): the top budget's envelope points scored at every evaluation context, and
+        the two leaders trained at 4 x SEQ_LEN, at the same FLOPs and tokens per step, scored the same way."""
+        top, seed, seq = self.budgets[-1], self.config["SEED"], self.config["SEQ_LEN"]
+        report, cells = self.report(), {c.name: c for c in self.cells()}
+        at_top = {f: p for f, points in report["envelope"].items() for p in points if p["budget"] == top}
+        reservoirs = sorted((at_top[f]["bpc_mean"], f) for f in RESERVOIR_FAMILIES if f in at_top)
+        leaders = [f for f in (report["reference"], reservoirs[0][1] if reservoirs else None) if f in at_top]
+        jobs = []
+        for family in leaders:
+            cell = cells[at_top[family]["cell"]]
+            folder = long_context_folder(self.path, cell.name, top, seq)
+            if not self.finished(folder, [seed]):
+                jobs.append((folder, [*self.settings, *cell.settings(), f"FLOP_BUDGET={top!r}",
+                                      *long_context_settings(cell.batch_size, seq), *_continue_or_start(folder)]))
+        say(f"frontier {self.name}: the leaders at SEQ_LEN={seq * LONG_CONTEXT_FACTOR}, {top:.3g} FLOPs: {len(jobs)} "
+            "runs to train")
+        self._run_all(jobs, run_points, top)
+        known = read_context_scores(self.path) or {}
+        rows, data_cache = dict(known.get("rows") or {}), {}
+        for family, long in [(f, False) for f in sorted(at_top)] + [(f, True) for f in leaders]:
+            name = f"{family}@SEQ_LEN={seq * LONG_CONTEXT_FACTOR}" if long else family
+            if name in rows:
+                continue
+            cell = cells[at_top[family]["cell"]]
+            point = long_context_folder(self.path, cell.name, top, seq) if long else self.folder(cell, top)
+            try:
+                folder = point if long else self.on_this_machine([(cell, top, False)], run_points)[0]
+                say(f"frontier {self.name}: {name} scored at contexts {', '.join(map(str, CONTEXTS))} and the stream")
+                row = score_point(folder, cell.model, seed, data_cache)
+            except CheckpointError as missing:
+                say(f"frontier {self.name}: {name} not scored at every context: {missing}")
+                continue
+            recorded = next((r["val_bpc"] for r in self.store.summary(point) or [] if r.get("seed") == seed), None)
+            rows[name] = {**row, "family": family, "cell": cell.name, "seed": seed, "point": self.store.key(point),
+                          "recorded_val_bpc": recorded}
+            write_context_scores(self.path, {"budget": top, "rows": rows})
 
     def leaders(self) -> list[Cell]:
         """The top budget's envelope cells of LEADERS (auto: "the transformer" and the best reservoir family)."""
@@ -422,7 +477,58 @@ class FrontierStudy:
                     stop.add(name)
         return stop
 
-    def compare_at_the_top(self, budgets: list[float] | None = None) -> Path | None:
+    # --- points needed here: checkpoints stay on the machine that trained them
+    def replay_folder(self, folder: Path) -> Path:
+        return self.path / REPLAYS / self.store.key(folder)
+
+    def on_this_machine(self, points: list[tuple[Cell, float, bool]], run_points) -> list[Path]:
+        """The folders of ``points`` ((cell, budget, extra seeds?)) with their checkpoints on this machine: a point
+        recorded elsewhere (points.jsonl alone) is read from its replay (<study>/replays/<point>), which REPLAY=True
+        trains now from step 0 with the point's own settings and seeds; CheckpointError where one is missing."""
+        folders, jobs = [], []
+        for cell, budget, extra in points:
+            folder = self.folder(cell, budget, seeds=extra)
+            seeds = self.extra_seeds() if extra else [self.config["SEED"]]
+            if all(checkpoint_file(folder, cell.model, s, seeds).is_file() for s in seeds):
+                folders.append(folder)
+                continue
+            replay = self.replay_folder(folder)
+            folders.append(replay)
+            if self.finished_here(replay, seeds):
+                continue
+            if not self.grid.get("REPLAY"):
+                raise CheckpointError(f"{folder} is not on this machine (REPLAY=True trains it again here)")
+            jobs.append((replay, [*self.settings, *cell.settings(), f"FLOP_BUDGET={budget!r}",
+                                  *_continue_or_start(replay), f"SEEDS={','.join(map(str, seeds))}"]))
+        if jobs:
+            say(f"frontier {self.name}: {len(jobs)} points recorded on another machine trained again here for their "
+                f"checkpoints (REPLAY=True, under {self.path / REPLAYS})")
+            self._run_all(jobs, run_points, None)
+        for folder in folders:
+            self._check_replay(folder)
+        return folders
+
+    @staticmethod
+    def finished_here(folder: Path, seeds: list[int]) -> bool:
+        if not (folder / "summary.json").exists():
+            return False
+        return set(seeds) <= {r.get("seed") for r in read_json(folder / "summary.json", "a replay's summary")
+                              if r.get("status") == "finished"}
+
+    def _check_replay(self, folder: Path) -> None:
+        """A replay scores as its record did (the same settings, seed and data: bit for bit on one kind of device)
+        or it is said how far apart they are."""
+        if REPLAYS not in folder.relative_to(self.path).parts[:1]:
+            return
+        recorded = self.store.summary(self.path / folder.relative_to(self.path / REPLAYS)) or []
+        again = read_json(folder / "summary.json", "a replay's summary")
+        for old, new in zip(sorted(recorded, key=lambda r: r["seed"]), sorted(again, key=lambda r: r["seed"]),
+                            strict=False):
+            if old.get("val_bpc") != new.get("val_bpc"):
+                say(f"frontier {self.name}: the replay {folder} (seed {new.get('seed')}) scores {new.get('val_bpc')} "
+                    f"bits/char, its record {old.get('val_bpc')}: the comparisons read the replay")
+
+    def compare_at_the_top(self, budgets: list[float] | None = None, run_points=None) -> Path | None:
         """The paired difference (compare.py, with its diagnostics) between the best reservoir family and "the
         transformer" at the largest of ``budgets`` (default: the lead budget's too) both reached on every seed,
         written to comparisons/ once."""
@@ -446,13 +552,9 @@ class FrontierStudy:
             return out
 
         def side(family):
-            cell = full[family][budget]["cell"]
-            folders = [self.folder(c, budget, seeds=extra) for c in self.cells() if c.name == cell
-                       for extra in (False, True)][: 2 if seeds[1:] else 1]
-            absent = [f for f in folders if not f.is_dir()]  # a point known from points.jsonl alone
-            if absent:
-                raise CheckpointError(f"{absent[0]} is not on this machine")
-            return Side(folders, FAMILIES[family][0])
+            cell = next(c for c in self.cells() if c.name == full[family][budget]["cell"])
+            points = [(cell, budget, extra) for extra in (False, True)][: 2 if seeds[1:] else 1]
+            return Side(self.on_this_machine(points, run_points), FAMILIES[family][0])
 
         say(f"frontier {self.name}: the paired comparison at {budget:.3g} FLOPs, {best} against {reference}")
         try:
