@@ -354,12 +354,14 @@ class FrontierStudy:
 
     def _run_contexts(self, run_points) -> None:
         """CONTEXTS=True (contexts.py): the top budget's envelope points scored at every evaluation context, and
-        the two leaders trained at 4 x SEQ_LEN, at the same FLOPs and tokens per step, scored the same way."""
+        the leaders (LEADERS; auto: "the transformer" and the best reservoir family) trained at 4 x SEQ_LEN, at
+        the same FLOPs and tokens per step, scored the same way."""
         top, seed, seq = self.budgets[-1], self.config["SEED"], self.config["SEQ_LEN"]
         report, cells = self.report(), {c.name: c for c in self.cells()}
         at_top = {f: p for f, points in report["envelope"].items() for p in points if p["budget"] == top}
         reservoirs = sorted((at_top[f]["bpc_mean"], f) for f in RESERVOIR_FAMILIES if f in at_top)
-        leaders = [f for f in (report["reference"], reservoirs[0][1] if reservoirs else None) if f in at_top]
+        leaders = [f for f in ((report["reference"], reservoirs[0][1] if reservoirs else None)
+                               if self.stages["leaders"] == "auto" else self.stages["leaders"]) if f in at_top]
         jobs = []
         for family in leaders:
             cell = cells[at_top[family]["cell"]]
