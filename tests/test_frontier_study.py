@@ -342,3 +342,37 @@ def test_the_study_file_is_trusted_only_as_the_study_wrote_it(studies, tmp_path)
                        f"RESULTS_DIR={studies}", f"CACHE_DIR={tmp_path / 'c'}", check=False)
     assert other.returncode != 0 and "frontier-study.json is missing, but" in other.stderr, other.stderr
     assert len(other.stderr.strip().splitlines()) == 1 and not file.exists()
+
+
+@pytest.mark.slow
+def test_the_edges_stages_replay_what_another_machine_trained_and_score_every_context(studies):
+    """On a copy of the committed records alone (no checkpoints): CONTROLS trains the random transformer on
+    every envelope seed; CONTEXTS with REPLAY=True trains the top budget's envelope points again here for their
+    checkpoints, scores them at every context, and trains the leaders at 4 x SEQ_LEN; REPORT shows both."""
+    from reservoir.run.records import read_signed_json
+
+    args = [*STAGED, "CONTEXTS=True", "REPLAY=True", f"RESULTS_DIR={studies}", f"CACHE_DIR={studies.parent / 'c'}"]
+    run_script("scaling.py", *args, timeout=900)
+    study = studies / "micro"
+    report = json.loads((study / "frontier.json").read_text())
+    random = [c for c in report["controls"] if c["control"] == "random"]
+    assert sorted(c["seed"] for c in random) == [1337, 1338] and {c["trained"] for c in random} == {"embeddings"}
+    assert random[0]["params_trained"] < random[0]["envelope_params_trained"] / 5  # embeddings alone
+    scores = read_signed_json(study / "context-scores.json", "context scores", "")["rows"]
+    assert set(scores) == {"transformer++", "linear_reservoir", "transformer++@SEQ_LEN=128",
+                           "linear_reservoir@SEQ_LEN=128"}
+    for row in scores.values():  # at its own training context, the scorer gives back the point's recorded score
+        own = row["scores"]["stream" if row["family"] == "linear_reservoir" else str(row["seq_len"])]
+        assert own == pytest.approx(row["recorded_val_bpc"], rel=1e-3)
+    assert scores["transformer++"]["scores"]["stream"] is None and scores["transformer++"]["scores"]["512"]
+    for family in ("transformer++", "linear_reservoir"):  # replays: the records' point folders hold no checkpoint
+        replay = study / "replays" / next(c["name"] for c in json.loads((study / "frontier-study.json").read_text())[
+            "cells"] if c["family"] == family) / "flops-6.00e09"
+        assert list((replay / "checkpoints").glob("*.pt")) and _seed_scores(replay)[0] == pytest.approx(
+            scores[family]["recorded_val_bpc"], rel=1e-3)
+    text = (studies / "micro" / "frontier.md").read_text()
+    assert "Frozen attention: the random transformer" in text and "What context is worth" in text
+    assert "CONTEXTS=True" in text
+    again = run_script("scaling.py", *args, timeout=900)  # everything recorded: nothing trains again
+    assert "started" not in again.stdout and "runs to train" in again.stdout and "trained again here" not in \
+        again.stdout

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from reservoir.run.records import ResultsError
 from reservoir.studies.curves import fit_curve
+from reservoir.studies.frontier.contexts import read_context_scores
 from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, FrontierError
 from reservoir.studies.frontier.records import (
     STUDY_FILE,
@@ -49,7 +50,8 @@ def _interpolated_compute(points: list[tuple[float, float]], loss: float) -> flo
 
 
 def build_frontier(rows: list[dict], study: dict, references: list[dict] | None = None,
-                   comparisons: list[dict] | None = None, controls: list[dict] | None = None) -> dict:
+                   comparisons: list[dict] | None = None, controls: list[dict] | None = None,
+                   contexts: dict | None = None) -> dict:
     """frontier.json's content from the point rows, the study's grid, its reference runs and its controls."""
     references, controls = references or [], controls or []
     corpora = sorted({r["corpus"] for r in [*rows, *references, *controls] if r.get("corpus")})
@@ -106,7 +108,7 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
                                                              for p in pts} for f, pts in envelope.items()},
             "isoflop": isoflop, "lr_sensitivity": lr_sensitivity, "reference": reference,
             "compute_multiplier": multipliers, "grid_points": rows, "references": references,
-            "controls": _against_envelope(controls, rows),
+            "controls": _against_envelope(controls, rows), **({"contexts": contexts} if contexts else {}),
             "lead_budget": (study.get("stages") or {}).get("lead_budget"), "stages": study.get("stages"),
             "skipped": skipped,
             "not_run_pruned": pruned, "spent": spent, **({"planned": study["planned"]} if "planned" in study else {})}
@@ -188,4 +190,5 @@ def report_from_records(folder: Path) -> dict:
         raise
     except (KeyError, TypeError) as e:
         raise FrontierError(f"{folder / STUDY_FILE} is damaged ({e}); re-run the study's command") from None
-    return build_frontier(rows, study, references, collect_comparisons(folder), controls)
+    return build_frontier(rows, study, references, collect_comparisons(folder), controls,
+                          read_context_scores(folder))

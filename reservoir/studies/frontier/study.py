@@ -579,7 +579,8 @@ class FrontierStudy:
     def report(self) -> dict:
         study = read_study_file(self.path)
         return build_frontier(self.records(), study, collect_references(self.store), collect_comparisons(self.path),
-                              collect_controls(self.store, study["cells"], self.budgets))
+                              collect_controls(self.store, study["cells"], self.budgets),
+                              read_context_scores(self.path))
 
 
 def study_changes(before: dict, now: dict) -> list[str]:
