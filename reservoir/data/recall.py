@@ -10,7 +10,8 @@ on a CPU:
   with ``items`` key-value pairs (k1 v1 k2 v2 ..., the keys distinct, keys from the vocabulary's first half
   and values from its second), then a stretch of blanks in which every key is asked once, at a random
   position; the target after a queried key is its value. Zoology's figure 2 uses a vocabulary of 8,192,
-  lengths 64-256 with 4-16 pairs and power-law query gaps; here the vocabulary is 64 and the gaps uniform.
+  lengths 64-256 with 4-16 pairs and power-law query gaps; here length 32 with 4 pairs (its smallest ratio
+  of pairs to length, 1:8), a vocabulary of 32 and uniform gaps.
 - ``copying``: MAD's selective copying (Poli et al. 2024, athms/mad-lab). ``items`` tokens scattered in order
   among blanks, then a copy signal; the model must write the tokens back in order (teacher-forced: each
   target's input is the token before it). MAD's baseline is vocabulary 16, length 256, 16 tokens; here
@@ -90,4 +91,4 @@ class ProbeTask:
         return out
 
 
-PROBE_TASKS = {"mqar": ProbeTask("mqar", 64, 64, 8), "copying": ProbeTask("copying", 64, 16, 8)}
+PROBE_TASKS = {"mqar": ProbeTask("mqar", 32, 32, 4), "copying": ProbeTask("copying", 32, 16, 6)}

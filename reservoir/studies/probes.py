@@ -52,8 +52,8 @@ PROBE_FAMILIES = {
     "linear_reservoir": ("linear_reservoir", {"embed_dim": 32, "readout_hidden": 128},
                          [{"units": 32}, {"units": 128}, {"units": 512}]),
 }
-LEARNING_RATES = (1e-3, 4e-3)
-STEPS, BATCH, TEST_EXAMPLES = 600, 32, 1000
+LEARNING_RATES = (4e-3, 1e-3)  # every run at the first rate comes before any at the second
+STEPS, BATCH, TEST_EXAMPLES = 2000, 32, 1000  # 64,000 fresh sequences a run (Zoology: 100,000 x 64 epochs)
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,11 @@ class ProbeRun:
     size: int  # index into the family's sizes
     learning_rate: float
     seed: int = 0
+    steps: int = STEPS
 
     @property
     def key(self) -> str:
-        return f"{self.task}/{self.family}/{self.size}/lr{self.learning_rate:g}/seed{self.seed}"
+        return f"{self.task}/{self.family}/{self.size}/lr{self.learning_rate:g}/seed{self.seed}/steps{self.steps}"
 
 
 def build_probe_model(family: str, size: int, task: ProbeTask, seed: int):
@@ -113,9 +114,9 @@ def accuracy(model, inputs: np.ndarray, targets: np.ndarray, batch: int = 250) -
     return right / total
 
 
-def train_probe(run: ProbeRun, steps: int = STEPS, batch: int = BATCH) -> dict:
+def train_probe(run: ProbeRun, batch: int = BATCH) -> dict:
     """One model trained on fresh examples of its task (AdamW, warm-up then cosine), scored on held-out ones."""
-    task = PROBE_TASKS[run.task]
+    task, steps = PROBE_TASKS[run.task], run.steps
     torch.manual_seed(run.seed)
     model = build_probe_model(run.family, run.size, task, run.seed)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -199,8 +200,8 @@ class ProbeSet:
                    Path(own.get("RESULTS_DIR", "results")) / PROBES_FOLDER)
 
     def runs(self) -> list[ProbeRun]:
-        return [ProbeRun(t, f, s, lr, seed) for t in self.tasks for f in self.families
-                for s in range(len(PROBE_FAMILIES[f][2])) for lr in self.learning_rates for seed in self.seeds]
+        return [ProbeRun(t, f, s, lr, seed, self.steps) for lr in self.learning_rates for seed in self.seeds
+                for t in self.tasks for f in self.families for s in range(len(PROBE_FAMILIES[f][2]))]
 
     def command(self) -> str:
         return ("python probes.py" + (f" TASKS={','.join(self.tasks)}" if self.tasks != list(PROBE_TASKS) else "")
@@ -223,7 +224,7 @@ def read_records(folder: Path) -> dict[str, dict]:
             raise ResultsError(f"{file} line {n} is not a probe record as probes.py wrote it (edited or damaged): "
                                f"restore the file (git checkout -- {file}), or delete that line to train it again")
         records[ProbeRun(record["task"], record["family"], record["size"], record["learning_rate"],
-                         record["seed"]).key] = record
+                         record["seed"], record["steps"]).key] = record
     return records
 
 
@@ -234,9 +235,9 @@ def append_record(folder: Path, record: dict) -> None:
     atomic_write_text(file, before + json.dumps(signed(record), allow_nan=False) + "\n")
 
 
-def _train_one(run: ProbeRun, steps: int) -> dict:
+def _train_one(run: ProbeRun) -> dict:
     torch.set_num_threads(1)
-    return train_probe(run, steps=steps)
+    return train_probe(run)
 
 
 def run_probe_set(probes: ProbeSet, say) -> dict[str, dict]:
@@ -249,7 +250,7 @@ def run_probe_set(probes: ProbeSet, say) -> dict[str, dict]:
     todo = [r for r in probes.runs() if r.key not in records]
     say(f"probes: {len(probes.runs()) - len(todo)} runs recorded, {len(todo)} to train, {probes.workers} at once")
     with ProcessPoolExecutor(max_workers=probes.workers) as pool:
-        futures = {pool.submit(_train_one, run, probes.steps): run for run in todo}
+        futures = {pool.submit(_train_one, run): run for run in todo}
         for future in as_completed(futures):
             record = future.result()
             append_record(probes.folder, record)
