@@ -28,6 +28,7 @@ from reservoir.studies.frontier.grid import (
     DEFAULT_BUDGETS,
     DEFAULTS,
     FREE,
+    PRESETS,
     RESERVOIR_FAMILIES,
     RUN_SETTINGS,
     FrontierError,
@@ -222,23 +223,25 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
             f"{BOUNDS.get(at[b]['how'], '')}{at[b]['multiplier']:.2f}{'*' if at[b]['how'] == 'extrapolated' else ''}"
             for b in budgets) + " |")
     rate_edge = _edge_marks(sorted(report["grid"]["LEARNING_RATES"]))
-    size_edge = _edge_marks(sorted(report["grid"]["SIZES"], key=DEFAULTS["SIZES"].index))  # presets, smallest first
+    size_edge = _edge_marks(sorted(report["grid"]["SIZES"], key=PRESETS.index))  # presets, smallest first
+    batch_edge = _edge_marks(sorted(report["grid"]["BATCH_SIZES"]))
 
     def configuration(p: dict) -> str:
         return (f"{p['params_trained']:,} ({p['size']}{size_edge.get(p['size'], '')}, {p['learning_rate']:g}"
-                f"{rate_edge.get(p['learning_rate'], '')}, {p['batch_size']})")
+                f"{rate_edge.get(p['learning_rate'], '')}, {p['batch_size']}{batch_edge.get(p['batch_size'], '')})")
 
     lines += ["", "(* extrapolated along the reference's fitted curve; ≥ / ≤: beyond the reference's measured "
               "envelope.)", "", f"{h}# N_opt: the configuration each family chose", "",
               "Trained parameters of the envelope's configuration (size preset, peak learning rate, batch). ↑ / ↓: "
-              "the preset or the rate is the grid's largest / smallest, so a wider grid might still lower that "
-              "point.", "", head, rule]
+              "the preset, the rate or the batch is the grid's largest / smallest, so a wider grid might still lower "
+              "that point.", "", head, rule]
     for family in report["families"]:
         lines.append(f"| {family} | " + " | ".join(
             "–" if by.get(family, {}).get(b) is None else configuration(by[family][b]) for b in budgets) + " |")
     top = {f: points[max(points)] for f, points in by.items() if points}
     for what, at_edge in (("best rate", sorted(f for f, p in top.items() if p["learning_rate"] in rate_edge)),
-                          ("best size preset", sorted(f for f, p in top.items() if p["size"] in size_edge))):
+                          ("best size preset", sorted(f for f, p in top.items() if p["size"] in size_edge)),
+                          ("best batch", sorted(f for f, p in top.items() if p["batch_size"] in batch_edge))):
         if at_edge:
             lines += ["", f"At its largest budget the {what} of {', '.join(at_edge)} is at the grid's edge."]
     lines += ["", f"{h}# Train against validation", "",
