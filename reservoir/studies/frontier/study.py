@@ -106,6 +106,7 @@ class FrontierStudy:
     heartbeat_s: float = 30.0  # HEARTBEAT: a host that stops beating for 4x this loses its points to others
     shared: object = field(default=None, init=False, repr=False)
     planned: dict | None = field(default=None, init=False)  # plan.planned_flops: what REPORT sets spent against
+    replayed: dict = field(default_factory=dict, init=False)  # (point, seed) -> its record and its replay's score
 
     def __post_init__(self):
         self.path = Path(self.config["RESULTS_DIR"]) / self.name
@@ -507,7 +508,7 @@ class FrontierStudy:
                 f"checkpoints (REPLAY=True, under {self.path / REPLAYS})")
             self._run_all(jobs, run_points, None)
         for folder in folders:
-            self._check_replay(folder)
+            self.replayed.update({(r["point"], r["seed"]): r for r in self._check_replay(folder)})
         return folders
 
     @staticmethod
@@ -517,18 +518,21 @@ class FrontierStudy:
         return set(seeds) <= {r.get("seed") for r in read_json(folder / "summary.json", "a replay's summary")
                               if r.get("status") == "finished"}
 
-    def _check_replay(self, folder: Path) -> None:
-        """A replay scores as its record did (the same settings, seed and data: bit for bit on one kind of device)
-        or it is said how far apart they are."""
+    def _check_replay(self, folder: Path) -> list[dict]:
+        """A replay against its record, seed by seed (the same settings, seed and data; another machine's float
+        kernels may still move the score): a difference is said, and kept with what reads the replay."""
         if REPLAYS not in folder.relative_to(self.path).parts[:1]:
-            return
-        recorded = self.store.summary(self.path / folder.relative_to(self.path / REPLAYS)) or []
-        again = read_json(folder / "summary.json", "a replay's summary")
-        for old, new in zip(sorted(recorded, key=lambda r: r["seed"]), sorted(again, key=lambda r: r["seed"]),
-                            strict=False):
-            if old.get("val_bpc") != new.get("val_bpc"):
-                say(f"frontier {self.name}: the replay {folder} (seed {new.get('seed')}) scores {new.get('val_bpc')} "
-                    f"bits/char, its record {old.get('val_bpc')}: the comparisons read the replay")
+            return []
+        point = folder.relative_to(self.path / REPLAYS).as_posix()
+        recorded = {r.get("seed"): r.get("val_bpc") for r in self.store.summary(self.path / point) or []}
+        rows = []
+        for new in read_json(folder / "summary.json", "a replay's summary"):
+            rows.append({"point": point, "seed": new.get("seed"), "recorded_val_bpc": recorded.get(new.get("seed")),
+                         "replayed_val_bpc": new.get("val_bpc")})
+            if rows[-1]["recorded_val_bpc"] != rows[-1]["replayed_val_bpc"]:
+                say(f"frontier {self.name}: the replay of {point} (seed {new.get('seed')}) scores {new.get('val_bpc')} "
+                    f"bits/char, its record {rows[-1]['recorded_val_bpc']}: what follows reads the replay")
+        return rows
 
     def compare_at_the_top(self, budgets: list[float] | None = None, run_points=None) -> Path | None:
         """The paired difference (compare.py, with its diagnostics) between the best reservoir family and "the
@@ -560,13 +564,18 @@ class FrontierStudy:
 
         say(f"frontier {self.name}: the paired comparison at {budget:.3g} FLOPs, {best} against {reference}")
         try:
-            result = compare(side(best), side(reference), diagnostics=True)
+            a, b = side(best), side(reference)
+            result = compare(a, b, diagnostics=True)
         except CheckpointError as missing:  # records travel in git, checkpoints do not: the stages go on
             say(f"frontier {self.name}: no paired comparison at {budget:.3g} FLOPs: {missing}. It scores the "
                 "points' checkpoints, which stay in the point folders on the machine that trained them (never "
                 "committed; points.jsonl carries their records alone): run this command there")
             return None
         result.update({"budget": budget, "family_a": best, "family_b": reference})
+        replays = [r for (point, _), r in sorted(self.replayed.items())
+                   if any(self.replay_folder(self.path / point) == f for f in [*a.run_dirs, *b.run_dirs])]
+        if replays:  # checkpoints trained again here (REPLAY=True): the interval is of these models
+            result["replays"] = replays
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out, result)
         say(describe(result))
