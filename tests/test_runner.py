@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +27,8 @@ def test_every_model_runs_and_writes_the_results_contract(tmp_path):
     assert config["versions"]["torch"] == torch.__version__
     assert config["device"]["kind"] == "cpu" and config["device"]["world_size"] == 1
     assert config["device"]["global_batch"] == 8 and config["data"]["data_source"] == "synthetic"
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    assert config["device"]["processor"] and config["device"]["processor"] in (cpuinfo or config["device"]["processor"])
     summary = summary_of(run_dir)
     assert set(summary) == set(ALL_MODELS)
     vocab = summary["esn"]["vocab_size"]

@@ -108,3 +108,18 @@ def is_oversubscribed(runnable_mean: float, cores: int, cpu_share: float) -> boo
 def _process_cpu_seconds() -> float:
     times = os.times()
     return times.user + times.system
+
+
+def processor() -> str:
+    """The processor's model name (/proc/cpuinfo; elsewhere what the platform says), recorded with every run: one
+    setting trained on two kinds of processor may score differently (their float kernels differ, and training
+    amplifies that), and the records then say which ran where."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"

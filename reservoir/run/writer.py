@@ -21,6 +21,7 @@ import torch
 from reservoir.data.tokenizers import tokenizer_hash
 from reservoir.platform import device as dev
 from reservoir.platform.files import append_line, atomic_write_text
+from reservoir.platform.machine import processor
 from reservoir.platform.messages import warn
 from reservoir.run.checkpoint import (
     checkpoint_file,
@@ -107,7 +108,8 @@ class Run:
         if self.writes:
             content = {
                 "requested_config": requested, "effective_config": effective, "versions": versions(),
-                "device": {"kind": info.kind, "name": info.name, "precision": info.precision,
+                "device": {"kind": info.kind, "name": info.name, "processor": processor(),
+                           "precision": info.precision,
                            "world_size": info.world_size, "spmd_devices": info.spmd_devices,
                            "replicas": info.replicas, "per_device_batch": per_device, "global_batch": global_batch,
                            "tokens_per_step": global_batch and global_batch * effective["SEQ_LEN"]},
