@@ -284,10 +284,13 @@ def format_probes(records: dict[str, dict], level: int = 1, image: str = "probes
     tasks = [t for t in PROBE_TASKS if any(r["task"] == t for r in rows)]
     hours = sum(r["train_seconds"] for r in records.values()) / 3600
     rates = ", ".join(f"{rate:g}" for rate in sorted({r["learning_rate"] for r in records.values()}))
+    steps = ", ".join(f"{n:,}" for n in sorted({r["steps"] for r in records.values()}))
     lines = [f"{h} Probes: recall and copying against state size", "",
              "Made by `python probes.py` (results/probes/probes.jsonl; reservoir/data/recall.py says how each task "
-             "relates to Zoology's and MAD's). Test accuracy on 1,000 held-out sequences, the best of the learning "
-             f"rates {rates} per size; state: "
+             "relates to Zoology's and MAD's). Test accuracy on 1,000 held-out sequences after "
+             f"{steps} steps of 32 fresh ones, "
+             + (f"the best of the learning rates {rates} per size" if "," in rates else f"at learning rate {rates}")
+             + "; state: "
              "the numbers a model holds to read on (attention: its key-value cache at the task's length; a "
              f"recurrence: its carried state). {len(records)} runs, {hours:.2f} training hours on one thread each.",
              "", f"![accuracy against state size]({image})", ""]
