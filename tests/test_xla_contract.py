@@ -265,6 +265,12 @@ def test_transformer_weights_stay_tied_on_xla():
 
     on_cpu = build_model("transformer", 40, parse_overrides(["TRANSFORMER.n_embd=32"]))
     assert tied == "True" and int(count) == sum(p.numel() for p in on_cpu.parameters())
+    # the random transformer stays untied on XLA, its blocks frozen and its embeddings trained
+    random = script.replace("'TRANSFORMER.n_embd=32'", "'TRANSFORMER.n_embd=32', 'TRANSFORMER.trained=embeddings'")
+    random = random.replace("sum(p.numel() for p in m.parameters())",
+                            "sorted(n for n, p in m.named_parameters() if p.requires_grad)")
+    tied, trained = python(["-c", random]).stdout.split(" ", 1)
+    assert tied == "False" and trained.strip() == "['head.weight', 'tok.weight']"
 
 
 def test_a_two_worker_frontier_runs_each_point_in_its_own_xla_process(tmp_path):
