@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from torch.nn import functional as F
 
 from reservoir.data.recall import PROBE_TASKS, UNSCORED, ProbeTask
 from reservoir.platform.files import atomic_write_text, make_folder
+from reservoir.platform.machine import usable_cores
 from reservoir.platform.messages import OneLineError
 from reservoir.run.evaluation import carries_state
 from reservoir.run.records import ResultsError, signed
@@ -185,27 +185,20 @@ class ProbeSet:
                 return list(default)
             return positive_numbers(key, own[key], example, ProbeError, integers=integers)
 
-        workers = own.get("WORKERS", "auto")
-        if str(workers).strip().lower() == "auto":
-            workers = len(os.sched_getaffinity(0))
-        else:
-            workers = numbers("WORKERS", [1], "2", integers=True)[0]
-        seeds = [int(s) for s in str(own.get("SEEDS", "0")).strip("[]() ").split(",") if s.strip()] \
-            if all(s.strip().isdigit() for s in str(own.get("SEEDS", "0")).strip("[]() ").split(",")) else None
-        if not seeds:
+        auto = str(own.get("WORKERS", "auto")).strip().lower() == "auto"
+        workers = usable_cores() if auto else numbers("WORKERS", [1], "2", integers=True)[0]
+        seeds = [s.strip() for s in str(own.get("SEEDS", "0")).strip("[]() ").split(",")]
+        if not all(s.isdigit() for s in seeds):
             raise ProbeError(f"SEEDS must be non-negative integers, got {own.get('SEEDS')!r}; e.g. SEEDS=0,1")
+        seeds = [int(s) for s in seeds]
         return cls(names("TASKS", PROBE_TASKS), names("FAMILIES", PROBE_FAMILIES),
                    numbers("LEARNING_RATES", LEARNING_RATES, "1e-3,4e-3"),
-                   numbers("STEPS", [STEPS], "600", integers=True)[0], seeds, workers,
+                   numbers("STEPS", [STEPS], "2000", integers=True)[0], seeds, workers,
                    Path(own.get("RESULTS_DIR", "results")) / PROBES_FOLDER)
 
     def runs(self) -> list[ProbeRun]:
         return [ProbeRun(t, f, s, lr, seed, self.steps) for lr in self.learning_rates for seed in self.seeds
                 for t in self.tasks for f in self.families for s in range(len(PROBE_FAMILIES[f][2]))]
-
-    def command(self) -> str:
-        return ("python probes.py" + (f" TASKS={','.join(self.tasks)}" if self.tasks != list(PROBE_TASKS) else "")
-                + (f" FAMILIES={','.join(self.families)}" if self.families != list(PROBE_FAMILIES) else ""))
 
 
 def read_records(folder: Path) -> dict[str, dict]:
