@@ -168,8 +168,14 @@ def test_the_leaders_references_and_comparison_run_after_the_grid_and_once(tmp_p
     orders = [references[f"ngram-{k}"]["val_bpc"] for k in range(1, 5)]
     assert orders == sorted(orders, reverse=True)  # more context, lower loss on this corpus
     assert all(summary_of(Path(r["folder"]))[r["model"]]["bound_by"] == "data" for r in references.values())
-    # the controls: the reservoir family's envelope cell at the grid's top budget, its recurrence trained too
-    (control,) = report["controls"]
+    # the controls at the grid's top budget: the reservoir family's envelope cell with its recurrence trained too
+    # (the first seed), and the random transformer on every envelope seed
+    controls = {(c["family"], c["control"], c["seed"]): c for c in report["controls"]}
+    assert set(controls) == {("linear_reservoir", "unfrozen", 1337), ("transformer++", "random", 1337),
+                             ("transformer++", "random", 1338)}
+    assert all(c["trained"] == "embeddings" and c["params_trained"] < c["envelope_params_trained"]
+               for key, c in controls.items() if key[1] == "random")
+    control = controls[("linear_reservoir", "unfrozen", 1337)]
     assert (control["family"], control["control"], control["budget"]) == ("linear_reservoir", "unfrozen", 6e9)
     assert control["trained"] == "everything" and control["params_trained"] > control["envelope_params_trained"]
     assert control["difference"] == control["val_bpc"] - control["envelope_bpc"] and control["seed"] == 1337
@@ -377,3 +383,47 @@ def test_the_edges_stages_replay_what_another_machine_trained_and_score_every_co
     again = run_script("scaling.py", *args, timeout=900)  # everything recorded: nothing trains again
     assert "started" not in again.stdout and "runs to train" in again.stdout and "trained again here" not in \
         again.stdout
+
+
+@pytest.mark.slow
+def test_the_grid_edges_stage_walks_beyond_each_edge_once_and_the_report_says_where_it_ended(tmp_path):
+    """EDGES=True: at the grid's top two budgets, the step beyond each edge the envelope point sits on (here
+    the sizes xs and s: xxs below, m above) is trained on the first seed, and followed while it beats the point;
+    the walks are rebuilt from the records alone, and a second run trains nothing."""
+    from reservoir.studies.frontier.analysis import report_from_records
+
+    args = ["STUDY=edges", "FAMILIES=linear_reservoir", "SIZES=xs,s", "LEARNING_RATES=4e-3", "BATCH_SIZES=8",
+            "BUDGETS=3e9,6e9", "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=1", "EDGES=True",
+            "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=4096",
+            "SAMPLE_TOKENS=0", "WARMUP_STEPS=5", f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'c'}"]
+    proc = run_script("scaling.py", *args, timeout=900)
+    study = tmp_path / "results" / "edges"
+    report = json.loads((study / "frontier.json").read_text())
+    walks = report["edges"]["walks"]
+    assert sorted(w["budget"] for w in walks) == [3e9, 6e9] and all(w["axis"] == "size" for w in walks)
+    for w in walks:
+        envelope = min((r for r in report["grid_points"] if r["budget"] == w["budget"]), key=lambda r: r["val_bpc"])
+        assert (w["cell"], w["val_bpc"]) == (envelope["cell"], envelope["val_bpc"])
+        assert w["end"] in ("worse", "no preset beyond", "cannot train") and w["steps"]
+        expected = w["cell"].replace("-xs-", "-xxs-") if w["direction"] < 0 else w["cell"].replace("-s-", "-m-")
+        assert w["steps"][0]["cell"] == expected
+        scored = [s["val_bpc"] for s in w["steps"] if s["val_bpc"] is not None]
+        best = w["val_bpc"]
+        for score in scored[:-1]:  # followed while each step beat the best so far ...
+            assert score < best
+            best = score
+        assert w["end"] != "worse" or scored[-1] >= best  # ... and ended on the first that did not
+        assert w["moved"] == pytest.approx(min([w["val_bpc"], *scored]) - w["val_bpc"])
+        for step in w["steps"]:  # every step is an ordinary point folder, its record in points.jsonl
+            folder = study / "edges" / step["cell"] / ("flops-3.00e09" if w["budget"] == 3e9 else "flops-6.00e09")
+            assert step.get("why") or summary_of(folder)["linear_reservoir"]["val_bpc"] == step["val_bpc"]
+    assert "the grid's edges, round 1" in proc.stdout
+    text = (study / "frontier.md").read_text()
+    assert "Does the grid contain its optimum?" in text and "EDGES=True" in text
+    shutil.rmtree(study / "edges" / walks[0]["steps"][0]["cell"])  # points.jsonl alone holds the steps now
+    assert report_from_records(study)["edges"]["walks"] == walks
+    again = run_script("scaling.py", *args, timeout=900)
+    assert "started" not in again.stdout and "steps beyond to train" not in again.stdout
+    (study / "edges" / "not-a-cell").mkdir()
+    refused = run_script("scaling.py", f"REPORT={study}", check=False)
+    assert refused.returncode != 0 and "not a step beyond the grid's edge" in refused.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 from reservoir.run.records import ResultsError
 from reservoir.studies.curves import fit_curve
 from reservoir.studies.frontier.contexts import read_context_scores
+from reservoir.studies.frontier.edges import edges_report
 from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, FrontierError
 from reservoir.studies.frontier.records import (
     STUDY_FILE,
@@ -51,10 +52,12 @@ def _interpolated_compute(points: list[tuple[float, float]], loss: float) -> flo
 
 def build_frontier(rows: list[dict], study: dict, references: list[dict] | None = None,
                    comparisons: list[dict] | None = None, controls: list[dict] | None = None,
-                   contexts: dict | None = None) -> dict:
-    """frontier.json's content from the point rows, the study's grid, its reference runs and its controls."""
+                   contexts: dict | None = None, edges: dict | None = None) -> dict:
+    """frontier.json's content from the point rows, the study's grid, its reference runs, its controls and
+    the stages' results (contexts.py, edges.py)."""
     references, controls = references or [], controls or []
-    corpora = sorted({r["corpus"] for r in [*rows, *references, *controls] if r.get("corpus")})
+    stepped = (edges or {}).get("steps") or []
+    corpora = sorted({r["corpus"] for r in [*rows, *references, *controls, *stepped] if r.get("corpus")})
     if len(corpora) > 1:
         raise FrontierError(f"the records of study {study['study']} mix corpora ({' | '.join(corpora)}): one "
                             "frontier compares one corpus; keep each study's points in its own STUDY folder")
@@ -109,6 +112,7 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
             "isoflop": isoflop, "lr_sensitivity": lr_sensitivity, "reference": reference,
             "compute_multiplier": multipliers, "grid_points": rows, "references": references,
             "controls": _against_envelope(controls, rows), **({"contexts": contexts} if contexts else {}),
+            **({"edges": edges} if edges else {}),
             "lead_budget": (study.get("stages") or {}).get("lead_budget"), "stages": study.get("stages"),
             "skipped": skipped,
             "not_run_pruned": pruned, "spent": spent, **({"planned": study["planned"]} if "planned" in study else {})}
@@ -186,9 +190,10 @@ def report_from_records(folder: Path) -> dict:
         rows = collect_records(records, study["cells"], study_budgets(study))
         references = collect_references(records)
         controls = collect_controls(records, study["cells"], study["budgets"])
+        edges = edges_report(study, rows, records)
     except ResultsError:
         raise
     except (KeyError, TypeError) as e:
         raise FrontierError(f"{folder / STUDY_FILE} is damaged ({e}); re-run the study's command") from None
     return build_frontier(rows, study, references, collect_comparisons(folder), controls,
-                          read_context_scores(folder))
+                          read_context_scores(folder), edges)

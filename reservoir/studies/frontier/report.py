@@ -131,6 +131,8 @@ def study_command(report: dict) -> str:
         parts.append("CONTROLS=True")
     if stages.get("contexts"):
         parts.append("CONTEXTS=True")
+    if stages.get("edges"):
+        parts.append("EDGES=True")
     parts += [a for a in report["settings"] if a not in defaults]
     return " ".join(parts)
 
@@ -314,6 +316,7 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
                          f"| {_fmt(c['params_trained'], ',')}, {_fmt(c['envelope_params_trained'], ',')} |")
     lines += _random_transformer(report, h)
     lines += _contexts(report, h)
+    lines += _edges(report, h)
     published = next((rows for (train, val), rows in PUBLISHED.items()
                       if f"{train:,} training and {val:,} validation characters" in (report.get("corpus") or "")), [])
     if published:
@@ -478,4 +481,66 @@ def _contexts(report: dict, h: str) -> list[str]:
         lines.append(f"| {row['family']} | {row['seq_len']} | " + " | ".join(_fmt(row["scores"].get(c))
                                                                             for c in columns)
                      + f" | {_fmt(row.get('recorded_val_bpc'))} |")
+    return lines
+
+
+_AXIS_NAMES = {"size": ("size preset", "SIZES"), "learning_rate": ("rate", "LEARNING_RATES"),
+               "batch_size": ("batch", "BATCH_SIZES")}
+
+
+def _edge_value(axis: str, value) -> str:
+    return f"{value:g}" if axis == "learning_rate" else str(value)
+
+
+def _edges(report: dict, h: str) -> list[str]:
+    """EDGES=True: each envelope point on a grid edge, and the steps beyond it."""
+    edges = report.get("edges")
+    if not edges:
+        return []
+    limit = edges["max_tokens_per_param"]
+    lines = ["", f"{h}# Does the grid contain its optimum?", "",
+             "Each family's envelope point at the grid's top two budgets and the lead budget whose size preset, rate "
+             "or batch is its grid list's smallest (↓) or largest (↑), and the step beyond that edge, trained on the "
+             "first seed from step 0 (EDGES=True; `edges/`): the next preset, half or twice the rate, half or twice "
+             "the batch, one axis at a time. A step that beats the point is followed by the next, until one is worse. "
+             "Bits/char of the first seed, as the grid chose its envelope; the envelope's mean over seeds above is "
+             f"the grid's. †: more tokens per trained parameter than the grid's rule allows ({limit:g}); the grid "
+             "would have skipped that step, and it was trained to ask the question all the same.", ""]
+    walks = edges["walks"]
+    if not walks:
+        return [*lines, "No envelope point at these budgets sits on a grid edge."]
+    lines += ["| family | budget | envelope point (first seed) | edge | steps beyond (bits/char) | the point moved |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    order = {f: k for k, f in enumerate(report["families"])}
+    for w in sorted(walks, key=lambda w: (w["budget"], order.get(w["family"], 99), w["axis"], w["direction"])):
+        name, key = _AXIS_NAMES[w["axis"]]
+        steps = []
+        for step in w["steps"]:
+            over = "†" if (step.get("tokens_per_param") or 0) > limit else ""
+            score = _fmt(step["val_bpc"]) if not step.get("why") else f"cannot train: {step['why']}"
+            steps.append(f"{_edge_value(w['axis'], step['value'])}: {score}{over}")
+        if w["moved"] < 0:
+            ended = {"worse": "then a worse step", "not run yet": f"next: {w['next']}"}.get(w["end"], w["end"])
+            verdict = f"**{w['moved']:+.3f}** (grow {key}; {ended})"
+        elif w["end"] == "worse" and w["steps"] and w["steps"][0]["val_bpc"] is not None:
+            verdict = f"no: the step is worse ({w['steps'][0]['val_bpc'] - w['val_bpc']:+.3f})"
+        elif w["end"] == "worse":
+            verdict = "no: the step diverged"
+        else:
+            verdict = {"no preset beyond": "no preset beyond", "cannot train": "–",
+                       "not run yet": f"not run yet ({w['next']})"}[w["end"]]
+        arrow = "↓" if w["direction"] < 0 else "↑"
+        lines.append(f"| {w['family']} | {w['budget']:.3g} | {w['cell']}: {w['val_bpc']:.3f} | {name} "
+                     f"{_edge_value(w['axis'], w['from'])} {arrow} | {'; '.join(steps) or '–'} | {verdict} |")
+    moved = [w for w in walks if w["moved"] < 0]
+    pending = [w for w in walks if w["end"] == "not run yet"]
+    if moved:
+        most = min(moved, key=lambda w: w["moved"])
+        lines += ["", f"{len(moved)} of {len(walks)} edges held the point back: the grid should grow there (a grid "
+                  f"list may grow); the most, {most['family']} at {most['budget']:.3g} FLOPs, by {most['moved']:+.3f} "
+                  "bits/char on its first seed."]
+    else:
+        lines += ["", f"At none of the {len(walks) - len(pending)} edges walked did the step beyond beat the point."]
+    if pending:
+        lines.append(f"{len(pending)} walks are not finished: the study's command with EDGES=True continues them.")
     return lines

@@ -52,6 +52,15 @@ from reservoir.studies.frontier.contexts import (
     score_point,
     write_context_scores,
 )
+from reservoir.studies.frontier.edges import (
+    collect_edge_steps,
+    edge_budgets,
+    edge_folder,
+    edge_walks,
+    edges_report,
+    read_edge_file,
+    write_edge_file,
+)
 from reservoir.studies.frontier.grid import (
     CONTROLS,
     DEFAULT_BUDGETS,
@@ -59,6 +68,7 @@ from reservoir.studies.frontier.grid import (
     FAMILIES,
     ONE_PASS,
     OWN_SETTINGS,
+    PRESETS,
     REFERENCE_RUNS,
     RESERVOIR_FAMILIES,
     RUN_SETTINGS,
@@ -97,7 +107,7 @@ class FrontierStudy:
     settings: list[str]  # TinyStories.py KEY=VALUE held for every point (the study's defaults first)
     config: dict  # the validated settings of the first cell's first point
     stages: dict = field(default_factory=lambda: {"lead_budget": None, "leaders": "auto", "references": False,
-                                                  "controls": False, "contexts": False})
+                                                  "controls": False, "contexts": False, "edges": False})
     path: Path = field(init=False)
     store: PointRecords = field(init=False, repr=False)
     corpus: str | None = field(default=None, init=False)  # the data's corpus_label, once measure_cells read it
@@ -192,25 +202,24 @@ class FrontierStudy:
     def plan(self, measure) -> dict:
         """{cell name: {budget: None (runnable) or why it is skipped}} from ``measure(cell) -> (FLOPs per step,
         trained parameters, tokens per step)``."""
-        plan = {}
-        for cell in self.cells():
-            per_step, params, tokens_per_step = measure(cell)
-            plan[cell.name] = {}
-            for budget in self.budgets:
-                steps = math.ceil(budget / per_step)
-                ratio = steps * tokens_per_step / params
-                warmup = self.config["WARMUP_STEPS"]
-                if steps < self.grid["MIN_STEPS"] or steps * (1 - self.config["COOLDOWN_FRACTION"]) <= warmup:
-                    plan[cell.name][budget] = f"{steps} steps < {max(self.grid['MIN_STEPS'], warmup)}"
-                elif ratio > self.grid["MAX_TOKENS_PER_PARAM"]:
-                    limit = self.grid["MAX_TOKENS_PER_PARAM"]
-                    plan[cell.name][budget] = f"{ratio:.0f} tokens per parameter > {limit:g}"
-                else:
-                    plan[cell.name][budget] = None
+        plan = {cell.name: {budget: self.skip_reason(cell, budget, measure) for budget in self.budgets}
+                for cell in self.cells()}
         if not any(reason is None for cells in plan.values() for reason in cells.values()):
             raise FrontierError("every cell of the grid is skipped at every budget (too few steps or too many tokens "
                                 "per parameter): widen BUDGETS, add SIZES, or lower MIN_STEPS")
         return plan
+
+    def skip_reason(self, cell: Cell, budget: float, measure, tokens_per_param: bool = True) -> str | None:
+        """Why ``cell`` cannot take ``budget`` (too few optimizer steps, or too many tokens per trained parameter
+        where ``tokens_per_param``), or None."""
+        per_step, params, tokens_per_step = measure(cell)
+        steps = math.ceil(budget / per_step)
+        warmup, limit = self.config["WARMUP_STEPS"], self.grid["MAX_TOKENS_PER_PARAM"]
+        if steps < self.grid["MIN_STEPS"] or steps * (1 - self.config["COOLDOWN_FRACTION"]) <= warmup:
+            return f"{steps} steps < {max(self.grid['MIN_STEPS'], warmup)}"
+        if tokens_per_param and steps * tokens_per_step / params > limit:
+            return f"{steps * tokens_per_step / params:.0f} tokens per parameter > {limit:g}"
+        return None
 
     def check_corpus(self) -> None:
         """The data here must be the text the study's points trained on (by content: it may have moved to
@@ -316,6 +325,8 @@ class FrontierStudy:
         if self.stages["lead_budget"]:
             self._run_leaders(run_points, measure)
         self.compare_at_the_top(run_points=run_points)
+        if self.stages.get("edges"):
+            self._run_edges(run_points, measure)
         self.store.pack()
 
     def _run_references(self, run_points) -> None:
@@ -392,6 +403,42 @@ class FrontierStudy:
             rows[name] = {**row, "family": family, "cell": cell.name, "seed": seed, "point": self.store.key(point),
                           "recorded_val_bpc": recorded}
             write_context_scores(self.path, {"budget": top, "rows": rows})
+
+    def edge_walks(self) -> list[dict]:
+        """Every walk outward from an envelope point on a grid edge (edges.py), as the records have it now."""
+        budgets = edge_budgets(self.budgets, self.stages["lead_budget"])
+        return edge_walks(self.records(), collect_edge_steps(self.store, budgets), self.grid, budgets,
+                          self.config["SEED"], read_edge_file(self.path))
+
+    def _run_edges(self, run_points, measure) -> None:
+        """EDGES=True (edges.py): the step beyond each grid edge an envelope point sits on, at the grid's top two
+        budgets and the lead budget, on the first seed, from step 0; a step that beats the point is followed
+        by the next, round by round, until each walk ends."""
+        cannot = read_edge_file(self.path)
+        for round_ in range(1, 1 + len(PRESETS) + 64):  # a rate may halve many times; far more than any walk takes
+            jobs, listed = [], False
+            for w in self.edge_walks():
+                step, budget = w["next"], w["budget"]
+                if step is None:
+                    continue
+                why = self.skip_reason(step, budget, measure, tokens_per_param=False)
+                if why:
+                    cannot[f"{step.name}@{budget!r}"], listed = why, True
+                    continue
+                folder = edge_folder(self.path, step, budget)
+                if all(folder != f for f, _ in jobs):
+                    jobs.append((folder, [*self.settings, *step.settings(), f"FLOP_BUDGET={budget!r}",
+                                          *_continue_or_start(folder)]))
+            if listed:
+                write_edge_file(self.path, cannot)
+            if not jobs and not listed:
+                break
+            say(f"frontier {self.name}: the grid's edges, round {round_}: {len(jobs)} steps beyond to train")
+            self._run_all(jobs, run_points, None)
+        ended = self.edge_walks()
+        say(f"frontier {self.name}: the grid's edges: {len(ended)} walks, "
+            f"{sum(w['moved'] < 0 for w in ended)} moved a point, {sum(w['end'] == 'worse' for w in ended)} ended "
+            "on a worse step (REPORT: \"Does the grid contain its optimum?\")")
 
     def leaders(self) -> list[Cell]:
         """The top budget's envelope cells of LEADERS (auto: "the transformer" and the best reservoir family)."""
@@ -586,10 +633,10 @@ class FrontierStudy:
         return collect_records(self.store, [c.record() for c in self.cells()], self.all_budgets())
 
     def report(self) -> dict:
-        study = read_study_file(self.path)
-        return build_frontier(self.records(), study, collect_references(self.store), collect_comparisons(self.path),
+        study, rows = read_study_file(self.path), self.records()
+        return build_frontier(rows, study, collect_references(self.store), collect_comparisons(self.path),
                               collect_controls(self.store, study["cells"], self.budgets),
-                              read_context_scores(self.path))
+                              read_context_scores(self.path), edges_report(study, rows, self.store))
 
 
 def study_changes(before: dict, now: dict) -> list[str]:

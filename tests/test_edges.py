@@ -1,0 +1,74 @@
+"""EDGES=True's walks (reservoir/studies/frontier/edges.py): which edges an envelope point sits on, the step
+beyond each, and where a walk ends, from records alone. The stage end to end: tests/test_frontier_study.py."""
+
+import math
+
+import pytest
+
+from reservoir.studies.frontier.edges import edge_walks, edges_of, parse_cell, step_beyond, walk
+from reservoir.studies.frontier.grid import DEFAULTS, Cell
+
+GRID = {**DEFAULTS, "FAMILIES": ["transformer++", "lstm"]}  # xs..l, 1.5e-3..1.2e-2, batches 8 and 16
+
+
+def test_the_step_beyond_each_edge_is_the_next_preset_half_or_twice_the_rate_or_the_batch():
+    cell = Cell("transformer++", "xs", 1.5e-3, 8)
+    assert step_beyond(cell, "size", -1) == Cell("transformer++", "xxs", 1.5e-3, 8)
+    assert step_beyond(Cell("lstm", "l", 6e-3, 16), "size", +1).size == "xl"
+    assert step_beyond(Cell("lstm", "xl", 6e-3, 16), "size", +1) is None  # no preset beyond xl
+    assert step_beyond(Cell("lstm", "xxs", 6e-3, 16), "size", -1) is None
+    assert step_beyond(cell, "learning_rate", -1).learning_rate == 7.5e-4
+    assert step_beyond(cell, "learning_rate", +1).learning_rate == 3e-3
+    assert step_beyond(cell, "batch_size", -1).batch_size == 4 and step_beyond(cell, "batch_size", +1).batch_size == 16
+    assert step_beyond(Cell("lstm", "s", 6e-3, 1), "batch_size", -1) is None  # no batch below 1
+    assert step_beyond(Cell("lstm", "s", 6e-3, 3), "batch_size", -1) is None  # not half of 3
+
+
+def test_a_point_sits_on_the_edges_its_values_end_a_list_of_several():
+    assert edges_of(Cell("transformer++", "xs", 1.5e-3, 8), GRID) == [("size", -1), ("learning_rate", -1),
+                                                                      ("batch_size", -1)]
+    assert edges_of(Cell("lstm", "l", 1.2e-2, 16), GRID) == [("size", 1), ("learning_rate", 1), ("batch_size", 1)]
+    assert edges_of(Cell("lstm", "s", 3e-3, 16), GRID) == [("batch_size", 1)]
+    one = {**GRID, "SIZES": ["xs"], "LEARNING_RATES": [3e-3], "BATCH_SIZES": [8]}  # one value: a choice, no range
+    assert edges_of(Cell("lstm", "xs", 3e-3, 8), one) == []
+
+
+def test_a_walk_follows_better_steps_and_ends_on_the_first_worse_one():
+    start = Cell("lstm", "xs", 1.5e-3, 8)
+    rates = {7.5e-4: 1.90, 3.75e-4: 1.95}  # the first step beats the point (2.00), the second does not
+    row = walk(start, 2.0, "learning_rate", -1, lambda c: rates.get(c.learning_rate), {}, 1e12)
+    assert [s["value"] for s in row["steps"]] == [7.5e-4, 3.75e-4] and row["end"] == "worse"
+    assert row["moved"] == pytest.approx(-0.10) and row["next"] is None
+    worse = walk(start, 1.8, "learning_rate", -1, lambda c: rates.get(c.learning_rate), {}, 1e12)
+    assert len(worse["steps"]) == 1 and worse["end"] == "worse" and worse["moved"] == 0
+    # a step not run yet is the walk's next; one that cannot train at the budget ends it, with why
+    pending = walk(start, 2.0, "learning_rate", -1, lambda c: None, {}, 1e12)
+    assert pending["end"] == "not run yet" and pending["next"] == Cell("lstm", "xs", 7.5e-4, 8)
+    cannot = {f"{Cell('lstm', 'xs', 1.5e-3, 4).name}@{1e12!r}": "250 steps < 300"}
+    ended = walk(start, 2.0, "batch_size", -1, lambda c: None, cannot, 1e12)
+    assert ended["end"] == "cannot train" and ended["steps"][0]["why"] == "250 steps < 300"
+    # a diverged step is worse than any score; past the last preset the walk ends
+    assert walk(start, 2.0, "size", -1, lambda c: math.inf, {}, 1e12)["end"] == "worse"
+    smallest = walk(Cell("lstm", "xxs", 1.5e-3, 8), 2.0, "size", -1, lambda c: 1.0, {}, 1e12)
+    assert smallest["end"] == "no preset beyond" and smallest["steps"] == []
+
+
+def test_the_walks_start_from_each_familys_first_seed_best_and_read_the_steps_records():
+    def row(cell, budget, bpc, seed=1337, extra=False):
+        return {"cell": cell.name, "family": cell.family, "size": cell.size, "learning_rate": cell.learning_rate,
+                "batch_size": cell.batch_size, "budget": budget, "val_bpc": bpc, "seed": seed, "envelope_seed": extra}
+
+    best, other = Cell("lstm", "s", 3e-3, 8), Cell("lstm", "m", 3e-3, 8)
+    rows = [row(best, 1e12, 2.0), row(other, 1e12, 2.1), row(best, 1e12, 1.0, seed=1338, extra=True)]
+    steps = [row(Cell("lstm", "s", 3e-3, 4), 1e12, 2.05)]
+    walks = edge_walks(rows, steps, GRID, [1e12], 1337, {})
+    assert [(w["family"], w["cell"], w["axis"], w["end"]) for w in walks] == [("lstm", best.name, "batch_size",
+                                                                                "worse")]
+    assert walks[0]["val_bpc"] == 2.0  # the first seed's score, not the extra seed's
+
+
+def test_a_steps_folder_names_its_cell_or_is_refused():
+    for cell in (Cell("transformer++", "xxs", 7.5e-4, 4), Cell("frozen_retention", "xl", 2.4e-2, 32)):
+        assert parse_cell(cell.name) == cell
+    for name in ("logs", "transformer++-xs-lr0.003", "nosuch-xs-lr0.003-b8", "lstm-huge-lr0.003-b8"):
+        assert parse_cell(name) is None
