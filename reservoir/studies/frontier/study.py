@@ -16,8 +16,8 @@ and pays only its extension and its own cooldown. Successive halving bounds the 
 the next budget only if its point is among the family's KEEP best there, or within WITHIN of the
 family's best; cells too large for the budgets so far join when their steps suffice. The envelope
 points are then re-run on ENVELOPE_SEEDS seeds in all (mean ± sd). Stages a running study may add
-(STAGE_KEYS): the reference lines, the reservoir families' CONTROLS, the leaders at LEAD_BUDGET, and the
-paired comparison of the best reservoir family against the transformer.
+(STAGE_KEYS): the reference lines, the CONTROLS, the CONTEXTS, the leaders at LEAD_BUDGET, the paired
+comparison of the best reservoir family against the transformer, and the steps beyond the grid's EDGES.
 
 Each point is an ordinary run folder, RESULTS_DIR/STUDY/<cell>/flops-<budget>, run as its own
 TinyStories.py process on its own device: a CPU core (one thread, so its score does not depend on WORKERS),

@@ -1,0 +1,65 @@
+"""Train one recorded frontier point again here, directly, and set its score beside the record's: twice with
+this CPU's own kernels (is a run here deterministic?) and once with PyTorch's and oneDNN's kernels held to AVX2
+(what a CPU without AVX-512 runs). Run from the repository root:
+
+    python bench/reproduce_point.py results/frontier-shakespeare frozen_retention-xs-lr0.012-b8 5e11
+
+The runs go to a temporary folder (or OUT=<folder>), one thread each, one after another; nothing under the
+study is touched. The point's settings are the study file's and the cell's, as the study ran it (a direct
+run: bit-identical to the study's branched one on one machine, tests/test_frontier.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from reservoir.studies.budgets import point_name  # noqa: E402
+from reservoir.studies.frontier.edges import parse_cell  # noqa: E402
+from reservoir.studies.frontier.records import _first, read_study_file  # noqa: E402
+from reservoir.studies.store import PointRecords  # noqa: E402
+
+KERNELS = {"this CPU's (1st run)": {}, "this CPU's (2nd run)": {},
+           "AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "DNNL_MAX_CPU_ISA": "AVX2"}}
+
+
+def main(study_dir: str, cell_name: str, budget_text: str, out: str | None = None) -> None:
+    study = read_study_file(Path(study_dir))
+    cell, budget = parse_cell(cell_name), float(budget_text)
+    if cell is None:
+        sys.exit(f"error: {cell_name} is not a cell name (<family>-<size>-lr<rate>-b<batch>)")
+    record = _first(PointRecords(Path(study_dir)).summary(Path(study_dir) / cell_name / point_name(budget)) or [],
+                    study["seed"])
+    if record is None:
+        sys.exit(f"error: {study_dir} holds no record of {cell_name} at {budget:g} FLOPs on seed {study['seed']}")
+    where = Path(out or tempfile.mkdtemp(prefix="reproduce-"))
+    processor = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").exists() else "unknown"
+    rows = []
+    for k, (kernels, env) in enumerate(KERNELS.items()):
+        args = [*study["settings"], *cell.settings(), f"FLOP_BUDGET={budget!r}", f"RESULTS_DIR={where}",
+                f"RUN_NAME=run{k}"]
+        subprocess.run([sys.executable, str(ROOT / "TinyStories.py"), *args], cwd=ROOT, check=True,
+                       capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+        score = json.loads((where / f"run{k}" / "summary.json").read_text())[0]["val_bpc"]
+        rows.append({"kernels": kernels, "val_bpc": score, "record": record["val_bpc"],
+                     "difference": score - record["val_bpc"]})
+    print(f"{cell_name} at {budget:g} FLOPs, seed {study['seed']}, here on {processor} (runs in {where})\n")
+    print("| kernels | bits/char here | the record | here − record |\n| --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['kernels']} | {r['val_bpc']:.6f} | {r['record']:.6f} | {r['difference']:+.4f} |")
+    (where / "reproduce.json").write_text(json.dumps({"cell": cell_name, "budget": budget, "processor": processor,
+                                                      "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    main(*sys.argv[1:], out=os.environ.get("OUT"))
