@@ -65,6 +65,10 @@ def test_the_walks_start_from_each_familys_first_seed_best_and_read_the_steps_re
     assert [(w["family"], w["cell"], w["axis"], w["end"]) for w in walks] == [("lstm", best.name, "batch_size",
                                                                                 "worse")]
     assert walks[0]["val_bpc"] == 2.0  # the first seed's score, not the extra seed's
+    # the point trained again beside its steps (its record is another processor's): the walk reads that score
+    (beside,) = edge_walks(rows, [*steps, row(best, 1e12, 2.10)], GRID, [1e12], 1337, {})
+    assert (beside["val_bpc"], beside["recorded_bpc"], beside["trained_beside"]) == (2.10, 2.0, True)
+    assert beside["moved"] == pytest.approx(-0.05) and beside["next"] == Cell("lstm", "s", 3e-3, 2)
 
 
 def test_a_steps_folder_names_its_cell_or_is_refused():

@@ -12,6 +12,11 @@ are shown beside each step instead.
 The steps are ordinary run folders, ``<study>/edges/<cell>/flops-<budget>``, their records in points.jsonl;
 the steps that cannot train are listed, with why, in ``<study>/edge-steps.json`` (signed). ``edge_walks``
 rebuilds every walk from those records alone; REPORT shows them.
+
+A step and the point it is set against are trained on one kind of processor: across processors one point
+scores up to 0.04 bits/char apart (bench/README.md). Where the point's record names another processor than
+this machine's (or none), the point itself is trained again beside its steps, in ``edges/`` too, and its
+walks read that score.
 """
 
 from __future__ import annotations
@@ -101,8 +106,9 @@ def _walk_row(start, axis, direction, steps, best, start_bpc, end, pending) -> d
 def edge_walks(rows: list[dict], edge_rows: list[dict], grid: dict, budgets: list[float], seed: int,
                cannot: dict) -> list[dict]:
     """Every edge walk of every family at ``budgets``, from the grid's first-seed rows (``collect_records``),
-    the steps' rows (``collect_edge_steps``) and the steps that cannot train: one dict per family, budget and
-    edge, ``next`` the step still to train (a Cell) or None."""
+    the steps' rows (``collect_edge_steps``: the point's own too, where it was trained beside its steps) and the
+    steps that cannot train: one dict per family, budget and edge, ``next`` the step still to train (a Cell)
+    or None."""
     firsts = {(r["cell"], r["budget"]): r for r in rows if not r["envelope_seed"] and r["seed"] == seed}
     scores = {(r["cell"], r["budget"]): r["val_bpc"] for r in edge_rows if r["seed"] == seed}
     out = []
@@ -124,9 +130,14 @@ def edge_walks(rows: list[dict], edge_rows: list[dict], grid: dict, budgets: lis
                 value = scores[(cell.name, budget)]
                 return math.inf if value is None else value
 
+            # the point trained again beside its steps (another processor recorded it): its walks read that score
+            here = score(start)
+
+            start_bpc = r["val_bpc"] if here is None else here
             for axis, direction in edges_of(start, grid):
-                row = walk(start, r["val_bpc"], axis, direction, score, cannot, budget)
-                out.append({"family": family, "budget": budget, "cell": start.name, "val_bpc": r["val_bpc"], **row})
+                row = walk(start, start_bpc, axis, direction, score, cannot, budget)
+                out.append({"family": family, "budget": budget, "cell": start.name, "val_bpc": start_bpc,
+                            "recorded_bpc": r["val_bpc"], "trained_beside": here is not None, **row})
     return out
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from reservoir.config import parse_overrides
 from reservoir.models.settings import model_settings
 from reservoir.platform.device import study_slots
+from reservoir.platform.machine import processor
 from reservoir.platform.messages import say
 from reservoir.run.checkpoint import CheckpointError, checkpoint_file
 from reservoir.run.evaluation import CONTEXTS
@@ -58,6 +59,7 @@ from reservoir.studies.frontier.edges import (
     edge_folder,
     edge_walks,
     edges_report,
+    parse_cell,
     read_edge_file,
     write_edge_file,
 )
@@ -414,13 +416,22 @@ class FrontierStudy:
         """EDGES=True (edges.py): the step beyond each grid edge an envelope point sits on, at the grid's top two
         budgets and the lead budget, on the first seed, from step 0; a step that beats the point is followed
         by the next, round by round, until each walk ends."""
-        cannot = read_edge_file(self.path)
+        cannot, here = read_edge_file(self.path), processor()
         for round_ in range(1, 1 + len(PRESETS) + 64):  # a rate may halve many times; far more than any walk takes
             jobs, listed = [], False
-            for w in self.edge_walks():
+            walks = self.edge_walks()
+            for w in walks:  # a point recorded on another processor is trained again here, beside its steps
+                cell, budget = parse_cell(w["cell"]), w["budget"]
+                device = self.store.config(self.folder(cell, budget)).get("device") or {}
+                folder = edge_folder(self.path, cell, budget)
+                if device.get("processor") != here and not w["trained_beside"] and all(f != folder for f, _ in jobs):
+                    jobs.append((folder, [*self.settings, *cell.settings(), f"FLOP_BUDGET={budget!r}",
+                                          *_continue_or_start(folder)]))
+            starting = {f for f, _ in jobs}
+            for w in walks:
                 step, budget = w["next"], w["budget"]
-                if step is None:
-                    continue
+                if step is None or (w["steps"] and edge_folder(self.path, parse_cell(w["cell"]), budget) in starting):
+                    continue  # a walk goes past its first step once its point's own score here is known
                 why = self.skip_reason(step, budget, measure, tokens_per_param=False)
                 if why:
                     cannot[f"{step.name}@{budget!r}"], listed = why, True
