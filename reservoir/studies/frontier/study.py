@@ -444,6 +444,7 @@ class FrontierStudy:
                 write_edge_file(self.path, cannot)
             if not jobs and not listed:
                 break
+            jobs.sort(key=lambda job: float(job[0].name.removeprefix("flops-")))  # a budget's walks end first
             say(f"frontier {self.name}: the grid's edges, round {round_}: {len(jobs)} steps beyond to train")
             self._run_all(jobs, run_points, None)
         ended = self.edge_walks()
