@@ -2,9 +2,10 @@
 this CPU's own kernels (is a run here deterministic?) and once with PyTorch's and oneDNN's kernels held to AVX2
 (what a CPU without AVX-512 runs). Run from the repository root:
 
-    python bench/reproduce_point.py results/frontier-shakespeare frozen_retention-xs-lr0.012-b8 5e11
+    python bench/reproduce_point.py results/frontier-shakespeare frozen_retention-xs-lr0.012-b8 5e11 [KEY=VALUE ...]
 
-The runs go to a temporary folder (or OUT=<folder>), one thread each, one after another; nothing under the
+KEY=VALUE settings follow the study's (DATA_DIR where this machine keeps the data, CACHE_DIR). The runs go to a
+temporary folder (or OUT=<folder> in the environment), one thread each, one after another; nothing under the
 study is touched. The point's settings are the study file's and the cell's, as the study ran it (a direct
 run: bit-identical to the study's branched one on one machine, tests/test_frontier.py).
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from reservoir.platform.messages import OneLineError  # noqa: E402
 from reservoir.studies.budgets import point_name  # noqa: E402
 from reservoir.studies.frontier.edges import parse_cell  # noqa: E402
 from reservoir.studies.frontier.records import _first, read_study_file  # noqa: E402
@@ -30,11 +32,18 @@ KERNELS = {"this CPU's (1st run)": {}, "this CPU's (2nd run)": {},
            "AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "DNNL_MAX_CPU_ISA": "AVX2"}}
 
 
-def main(study_dir: str, cell_name: str, budget_text: str, out: str | None = None) -> None:
-    study = read_study_file(Path(study_dir))
-    cell, budget = parse_cell(cell_name), float(budget_text)
+def main(study_dir: str, cell_name: str, budget_text: str, *settings: str, out: str | None = None) -> None:
+    try:
+        study = read_study_file(Path(study_dir))
+    except OneLineError as e:
+        sys.exit(f"error: {e}")
+    cell = parse_cell(cell_name)
     if cell is None:
-        sys.exit(f"error: {cell_name} is not a cell name (<family>-<size>-lr<rate>-b<batch>)")
+        sys.exit(f"error: {cell_name} is not a cell name (<family>-<size>-lr<rate>-b<batch>, as the study's folders)")
+    try:
+        budget = float(budget_text)
+    except ValueError:
+        sys.exit(f"error: the budget must be a number of FLOPs, e.g. 5e11; got {budget_text!r}")
     record = _first(PointRecords(Path(study_dir)).summary(Path(study_dir) / cell_name / point_name(budget)) or [],
                     study["seed"])
     if record is None:
@@ -44,10 +53,13 @@ def main(study_dir: str, cell_name: str, budget_text: str, out: str | None = Non
                       if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").exists() else "unknown"
     rows = []
     for k, (kernels, env) in enumerate(KERNELS.items()):
-        args = [*study["settings"], *cell.settings(), f"FLOP_BUDGET={budget!r}", f"RESULTS_DIR={where}",
+        args = [*study["settings"], *cell.settings(), *settings, f"FLOP_BUDGET={budget!r}", f"RESULTS_DIR={where}",
                 f"RUN_NAME=run{k}"]
-        subprocess.run([sys.executable, str(ROOT / "TinyStories.py"), *args], cwd=ROOT, check=True,
-                       capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+        run = subprocess.run([sys.executable, str(ROOT / "TinyStories.py"), *args], cwd=ROOT, capture_output=True,
+                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+        if run.returncode != 0:
+            said = (run.stderr.strip().splitlines() or ["no message"])[-1]
+            sys.exit(f"error: the run with {kernels} kernels stopped (exit code {run.returncode}): {said}")
         score = json.loads((where / f"run{k}" / "summary.json").read_text())[0]["val_bpc"]
         rows.append({"kernels": kernels, "val_bpc": score, "record": record["val_bpc"],
                      "difference": score - record["val_bpc"]})
@@ -60,6 +72,6 @@ def main(study_dir: str, cell_name: str, budget_text: str, out: str | None = Non
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) < 4:
         sys.exit(__doc__)
     main(*sys.argv[1:], out=os.environ.get("OUT"))

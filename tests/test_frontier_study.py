@@ -427,3 +427,21 @@ def test_the_grid_edges_stage_walks_beyond_each_edge_once_and_the_report_says_wh
     (study / "edges" / "not-a-cell").mkdir()
     refused = run_script("scaling.py", f"REPORT={study}", check=False)
     assert refused.returncode != 0 and "not a step beyond the grid's edge" in refused.stderr
+
+
+def test_a_recorded_point_trained_again_here_repeats_bit_for_bit_on_one_kernel_path(studies, tmp_path):
+    """bench/reproduce_point.py: a point of the committed fixture trained again from its study file's settings,
+    twice with this CPU's kernels (the same bits both times) and once held to AVX2, beside its record."""
+    out = tmp_path / "out"
+    cell, record = "linear_reservoir-xs-lr0.004-b8", _seed_scores(studies / "micro" / "linear_reservoir-xs-lr0.004-b8"
+                                                                  / "flops-3.00e09")[0]
+    proc = run_script("bench/reproduce_point.py", studies / "micro", cell, "3e9", f"CACHE_DIR={tmp_path / 'c'}",
+                      env={"OUT": str(out)}, timeout=600)
+    rows = json.loads((out / "reproduce.json").read_text())["rows"]
+    assert [r["kernels"] for r in rows] == ["this CPU's (1st run)", "this CPU's (2nd run)", "AVX2"]
+    assert rows[0]["val_bpc"] == rows[1]["val_bpc"] and {r["record"] for r in rows} == {record}
+    assert f"| AVX2 | {rows[2]['val_bpc']:.6f} | {record:.6f} |" in proc.stdout
+    for args, said in (((cell, "3e99"), "holds no record of"), (("nosuch-xs", "3e9"), "is not a cell name"),
+                       ((cell, "lots"), "must be a number of FLOPs")):
+        refused = run_script("bench/reproduce_point.py", studies / "micro", *args, check=False)
+        assert refused.returncode != 0 and said in refused.stderr and "Traceback" not in refused.stderr
