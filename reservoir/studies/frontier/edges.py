@@ -132,7 +132,6 @@ def edge_walks(rows: list[dict], edge_rows: list[dict], grid: dict, budgets: lis
 
             # the point trained again beside its steps (another processor recorded it): its walks read that score
             here = score(start)
-
             start_bpc = r["val_bpc"] if here is None else here
             for axis, direction in edges_of(start, grid):
                 row = walk(start, start_bpc, axis, direction, score, cannot, budget)
