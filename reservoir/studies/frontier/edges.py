@@ -76,7 +76,7 @@ def walk(start: Cell, start_bpc: float, axis: str, direction: int, score, cannot
     """One edge's walk outward from the envelope point: each step's score (``score(cell)``: None where it has
     not run, inf where it diverged) until one is worse, none lies beyond, or one cannot train (``cannot``:
     '<cell>@<budget>' -> why); ``next``: the step to train now, if any."""
-    steps, best, current, end = [], start_bpc, start, None
+    steps, best, current, end, pending = [], start_bpc, start, None, None
     while True:
         step = step_beyond(current, axis, direction)
         if step is None:
@@ -89,16 +89,13 @@ def walk(start: Cell, start_bpc: float, axis: str, direction: int, score, cannot
             break
         bpc = score(step)
         if bpc is None:
-            return _walk_row(start, axis, direction, steps, best, start_bpc, "not run yet", step)
+            end, pending = "not run yet", step
+            break
         steps.append({"cell": step.name, "value": getattr(step, axis), "val_bpc": None if math.isinf(bpc) else bpc})
         if bpc >= best:
             end = "worse"
             break
         best, current = bpc, step
-    return _walk_row(start, axis, direction, steps, best, start_bpc, end, None)
-
-
-def _walk_row(start, axis, direction, steps, best, start_bpc, end, pending) -> dict:
     return {"axis": axis, "direction": direction, "from": getattr(start, axis), "steps": steps, "end": end,
             "best_bpc": best, "moved": best - start_bpc, "next": pending}
 
