@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from reservoir.platform.machine import processor  # noqa: E402
 from reservoir.platform.messages import OneLineError  # noqa: E402
 from reservoir.studies.budgets import point_name  # noqa: E402
 from reservoir.studies.frontier.edges import parse_cell  # noqa: E402
@@ -49,8 +50,7 @@ def main(study_dir: str, cell_name: str, budget_text: str, *settings: str, out: 
     if record is None:
         sys.exit(f"error: {study_dir} holds no record of {cell_name} at {budget:g} FLOPs on seed {study['seed']}")
     where = Path(out or tempfile.mkdtemp(prefix="reproduce-"))
-    processor = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").exists() else "unknown"
+    here = processor()
     rows = []
     for k, (kernels, env) in enumerate(KERNELS.items()):
         args = [*study["settings"], *cell.settings(), *settings, f"FLOP_BUDGET={budget!r}", f"RESULTS_DIR={where}",
@@ -63,11 +63,11 @@ def main(study_dir: str, cell_name: str, budget_text: str, *settings: str, out: 
         score = json.loads((where / f"run{k}" / "summary.json").read_text())[0]["val_bpc"]
         rows.append({"kernels": kernels, "val_bpc": score, "record": record["val_bpc"],
                      "difference": score - record["val_bpc"]})
-    print(f"{cell_name} at {budget:g} FLOPs, seed {study['seed']}, here on {processor} (runs in {where})\n")
+    print(f"{cell_name} at {budget:g} FLOPs, seed {study['seed']}, here on {here} (runs in {where})\n")
     print("| kernels | bits/char here | the record | here − record |\n| --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['kernels']} | {r['val_bpc']:.6f} | {r['record']:.6f} | {r['difference']:+.4f} |")
-    (where / "reproduce.json").write_text(json.dumps({"cell": cell_name, "budget": budget, "processor": processor,
+    (where / "reproduce.json").write_text(json.dumps({"cell": cell_name, "budget": budget, "processor": here,
                                                       "rows": rows}, indent=1))
 
 

@@ -183,6 +183,10 @@ class FrontierStudy:
         return [*self.settings, *cell.settings(), *where, f"RUN_NAME={folder.name}",
                 f"SEEDS={','.join(map(str, self.extra_seeds()))}"]
 
+    def direct_args(self, cell: Cell, budget: float, folder: Path) -> list[str]:
+        """A stage's point trained from step 0 (no stable phase to branch off) into ``folder``, or continued there."""
+        return [*self.settings, *cell.settings(), f"FLOP_BUDGET={budget!r}", *_continue_or_start(folder)]
+
     def slots(self) -> list:
         """Where this host runs the study's points at once: WORKERS of the slots its devices give (a core, a
         GPU or a TPU chip block each, DEVICES_PER_POINT devices a point), checked when the study starts."""
@@ -425,8 +429,7 @@ class FrontierStudy:
                 device = self.store.config(self.folder(cell, budget)).get("device") or {}
                 folder = edge_folder(self.path, cell, budget)
                 if device.get("processor") != here and not w["trained_beside"] and all(f != folder for f, _ in jobs):
-                    jobs.append((folder, [*self.settings, *cell.settings(), f"FLOP_BUDGET={budget!r}",
-                                          *_continue_or_start(folder)]))
+                    jobs.append((folder, self.direct_args(cell, budget, folder)))
             starting = {f for f, _ in jobs}
             for w in walks:
                 step, budget = w["next"], w["budget"]
@@ -438,8 +441,7 @@ class FrontierStudy:
                     continue
                 folder = edge_folder(self.path, step, budget)
                 if all(folder != f for f, _ in jobs):
-                    jobs.append((folder, [*self.settings, *step.settings(), f"FLOP_BUDGET={budget!r}",
-                                          *_continue_or_start(folder)]))
+                    jobs.append((folder, self.direct_args(step, budget, folder)))
             if listed:
                 write_edge_file(self.path, cannot)
             if not jobs and not listed:
@@ -560,8 +562,7 @@ class FrontierStudy:
                 continue
             if not self.grid.get("REPLAY"):
                 raise CheckpointError(f"{folder} is not on this machine (REPLAY=True trains it again here)")
-            jobs.append((replay, [*self.settings, *cell.settings(), f"FLOP_BUDGET={budget!r}",
-                                  *_continue_or_start(replay), f"SEEDS={','.join(map(str, seeds))}"]))
+            jobs.append((replay, [*self.direct_args(cell, budget, replay), f"SEEDS={','.join(map(str, seeds))}"]))
         if jobs:
             say(f"frontier {self.name}: {len(jobs)} points recorded on another machine trained again here for their "
                 f"checkpoints (REPLAY=True, under {self.path / REPLAYS})")
