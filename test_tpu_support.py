@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import traceback
 import unittest
 
 import torch
@@ -300,6 +301,13 @@ def describe_torch_tpu(status: dict | None) -> str:
     return f"{status['version']} installed and imports; {device}; this project runs on torch_xla"
 
 
+def _where(error: BaseException) -> str:
+    """The line a check failed on: many asserts here carry no message of their own."""
+    frames = traceback.extract_tb(error.__traceback__)
+    frame = ([f for f in frames if f.name.startswith("check_")] or frames)[-1]
+    return f"{os.path.basename(frame.filename)} line {frame.lineno}: {(frame.line or '').strip()}"
+
+
 def main(argv: list[str]) -> int:
     global _CONFIG
     _CONFIG = config_from_argv(argv)
@@ -321,7 +329,7 @@ def main(argv: list[str]) -> int:
             print(f"SKIP  {name}: {e}")
         except Exception as e:  # noqa: BLE001 - every failure is reported, none stops the others
             failed += 1
-            print(f"FAIL  {name}: {type(e).__name__}: {e}")
+            print(f"FAIL  {name}: {type(e).__name__}: {e} ({_where(e)})")
     print(f"{len(CHECKS) - failed - skipped} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 

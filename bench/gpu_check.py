@@ -36,6 +36,9 @@ TINY_SIZES = ["SEQ_LEN=32", "BATCH_SIZE=8", "TRANSFORMER.n_layer=1", "TRANSFORME
               "DEEP_LINEAR_RESERVOIR.width=32", "DEEP_LINEAR_RESERVOIR.mix_hidden=32", "NVAR.input_dim=4"]
 
 
+FAILED_TAIL_LINES = 20
+
+
 def run(cmd: list[str], timeout: int = 1800, env: dict | None = None) -> dict:
     start = time.perf_counter()
     try:
@@ -171,6 +174,12 @@ def markdown(report: dict) -> str:
         lines += ["", f"transformer: runner {t['runner_tokens_per_second']:,.0f} tok/s, minimal loop "
                   f"{t['minimal_tokens_per_second']:,.0f} tok/s (ratio {t['ratio_runner_to_minimal']}); "
                   f"MFU runner {t['runner_mfu']}, minimal {t['minimal_mfu']} (peak {t['peak_tflops']} TFLOP/s)"]
+    # a failed part's own last lines, so a log of the check alone says why (its JSON keeps 2,000 characters)
+    for name, part in report["parts"].items():
+        if part.get("ok") is False:
+            tail = part.get("tail", "").rstrip().splitlines()[-FAILED_TAIL_LINES:]
+            lines += ["", f"{name} failed (exit code {part.get('returncode')}): {part.get('command', '')}", "```",
+                      *tail, "```"]
     return "\n".join(lines)
 
 

@@ -94,3 +94,39 @@ def test_gpu_check_looks_for_a_gpu_before_it_downloads(tmp_path):
         "error: no CUDA GPU here (nvidia-smi finds none); bash bench/gpu_check.sh OUT_DIR --dry-run runs the "
         "CPU-safe parts"]
     assert not (copy / ".venv-gpu").exists()  # nothing installed, nothing downloaded
+
+
+def test_the_gpu_checks_report_shows_why_a_part_failed():
+    """CI and a lent GPU machine see the check's printed report alone: a failed part must carry its own last
+    lines there, not just False in the table."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    said = "\n".join(f"PASS  check_{i}" for i in range(30)) + "\nFAIL  loader: AssertionError: not pinned\n"
+    report = {"device": {"torch": "2.x"}, "parts": {
+        "test_tpu_support": {"ok": False, "returncode": 1, "command": "python test_tpu_support.py DEVICE=cpu",
+                             "seconds": 13.8, "tail": said + "1 failed"},
+        "sampling": {"ok": True, "returncode": 0, "command": "python bench/bench_sampling.py", "tail": "fine"}}}
+    text = gpu_check.markdown(report)
+    assert "| test_tpu_support | False | 13.8 |" in text
+    assert "test_tpu_support failed (exit code 1): python test_tpu_support.py DEVICE=cpu" in text
+    assert "FAIL  loader: AssertionError: not pinned" in text and "1 failed" in text
+    assert "PASS  check_0" not in text and "fine" not in text  # the last lines of the failed part alone
+
+
+def test_a_failed_set_up_check_names_the_line_it_failed_on(monkeypatch, capsys):
+    """Most of test_tpu_support.py's asserts carry no message: its FAIL line must say which one failed."""
+    import test_tpu_support as setup_check
+
+    def check_that_breaks():
+        loader_pinned = False
+        assert loader_pinned and 2 > 1
+
+    monkeypatch.setattr(setup_check, "CHECKS", [check_that_breaks])
+    assert setup_check.main(["DEVICE=cpu"]) == 1
+    said = capsys.readouterr().out
+    failed = [line for line in said.splitlines() if line.startswith("FAIL")]
+    assert failed and failed[0].startswith("FAIL  that_breaks: AssertionError:")
+    assert "line" in failed[0] and failed[0].endswith("assert loader_pinned and 2 > 1)")
