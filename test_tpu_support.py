@@ -197,8 +197,13 @@ def check_dummy_grad_scaler_parity():
             dev.zero_grad(cpu, optimizer)
         return [p.detach().clone() for p in model.parameters()]
 
-    reference = train(torch.amp.GradScaler("cpu", enabled=False))
-    dummy = train(dev.DummyGradScaler())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # bit-equality is the claim: one thread leaves no reduction order to chance
+    try:
+        reference = train(torch.amp.GradScaler("cpu", enabled=False))
+        dummy = train(dev.DummyGradScaler())
+    finally:
+        torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(reference, dummy, strict=True)), "DummyGradScaler changed the training"
     scaler = dev.DummyGradScaler()
     scaler.load_state_dict(scaler.state_dict())
