@@ -55,3 +55,25 @@ def test_workers_auto_on_this_cpu_and_an_accelerator_that_is_not_here():
     assert len(study_slots(config, 5)) == 5  # a number on the CPU is taken as given
     with pytest.raises(DeviceError, match="DEVICE='cuda' is not available"):
         study_slots({"DEVICE": "cuda", "USE_TPU": False}, "auto")
+
+
+def test_tpu_chips_are_counted_by_device_id_not_by_googles_vendor_id_alone(tmp_path):
+    """A GCE VM's virtual NIC (gVNIC) carries Google's PCI vendor id too: counted as a chip, a GPU VM would
+    offer TPU points and 'auto' would look for XLA. The PCI bus is the system edge, laid out here as sysfs does."""
+    from reservoir.platform.device import tpu_chip_count
+
+    def pci(address: str, vendor: str, device: str | None):
+        folder = tmp_path / address
+        folder.mkdir()
+        (folder / "vendor").write_text(vendor + "\n")
+        if device is not None:
+            (folder / "device").write_text(device + "\n")
+
+    pci("0000:00:04.0", "0x1ae0", "0x0042")  # gVNIC
+    pci("0000:00:05.0", "0x1af4", "0x1000")  # virtio
+    pci("0000:00:06.0", "0x1ae0", None)  # a device whose id cannot be read
+    assert tpu_chip_count(str(tmp_path)) == 0
+    for k, device in enumerate(("0x0063", "0x0063", "0x006f")):  # v5e, v5e, v6e
+        pci(f"0000:00:1{k}.0", "0x1ae0", device)
+    assert tpu_chip_count(str(tmp_path)) == 3
+    assert tpu_chip_count(str(tmp_path / "none")) == 0

@@ -29,7 +29,11 @@ import torch
 from reservoir.platform.machine import usable_cores
 from reservoir.platform.messages import TAG, OneLineError, warn
 
-_GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips appear on the PCI bus with Google's vendor id
+_GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips appear on the PCI bus with Google's vendor id, and so does a GCE
+# VM's virtual NIC (gVNIC, device 0x0042): a chip is known by its device id too (v2/v3, an unnamed one, v4,
+# v5p, v5e, v6e; the list JAX's hardware_utils keeps)
+_TPU_PCI_DEVICES = {"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f"}
+PCI_DEVICES = "/sys/bus/pci/devices"
 
 
 class DeviceError(OneLineError, RuntimeError):
@@ -725,13 +729,13 @@ def point_slots(kind: str, devices: list[str], per_point: int, cores: int) -> li
     return slots
 
 
-def tpu_chip_count() -> int:
-    """Real TPU chips on this host (Google's PCI devices)."""
+def tpu_chip_count(pci_devices: str = PCI_DEVICES) -> int:
+    """Real TPU chips on this host: Google's PCI devices whose device id is a TPU's."""
     count = 0
-    for vendor_file in glob.glob("/sys/bus/pci/devices/*/vendor"):
+    for folder in glob.glob(os.path.join(pci_devices, "*")):
         try:
-            with open(vendor_file) as f:
-                count += f.read().strip() == _GOOGLE_PCI_VENDOR
+            with open(os.path.join(folder, "vendor")) as vendor, open(os.path.join(folder, "device")) as device:
+                count += vendor.read().strip() == _GOOGLE_PCI_VENDOR and device.read().strip() in _TPU_PCI_DEVICES
         except OSError:
             continue
     return count
