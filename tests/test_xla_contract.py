@@ -27,7 +27,9 @@ EXPECTED = {"transformer": 1, "lstm": 1, "linear_reservoir": 1, "deep_linear_res
             "esn": 2, "deep_esn": 2, "nvar": 2, "ngram": 0}
 
 
-def python(args, env=None, timeout=600):
+def python(args, env=None, timeout=1800):
+    # a timeout catches a hang, not a slow host: tests/xla_probe.py deep_esn ran 16 min (13 s of it compiling)
+    # on a 2-core host where the quick suite took 42 min, and 600 s failed it there
     env = {**os.environ, "PJRT_DEVICE": "CPU", **(env or {})}
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=env,
                           timeout=timeout)
