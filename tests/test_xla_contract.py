@@ -285,7 +285,7 @@ def test_a_two_worker_frontier_runs_each_point_in_its_own_xla_process(tmp_path):
                    "LEARNING_RATES=2e-3,4e-3", "BATCH_SIZES=4", "BUDGETS=3e9,6e9", "MIN_STEPS=20",
                    "MAX_TOKENS_PER_PARAM=1e9", "ENVELOPE_SEEDS=1", "KEEP=2",
                    *[s for s in TINY if not s.startswith("BATCH_SIZE")], "FINAL_EVAL_TOKENS=512",
-                   f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'c'}"], timeout=1200)
+                   f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'c'}"])
     assert proc.stdout.count("started lstm-xs-") == 4 and "on xla:cpu" in proc.stdout, proc.stdout[-3000:]
     points = sorted((tmp_path / "results" / "xla").glob("lstm-*/flops-*/summary.json"))
     assert len(points) == 4
