@@ -76,3 +76,19 @@ def test_a_steps_folder_names_its_cell_or_is_refused():
         assert parse_cell(cell.name) == cell
     for name in ("logs", "transformer++-xs-lr0.003", "nosuch-xs-lr0.003-b8", "lstm-huge-lr0.003-b8"):
         assert parse_cell(name) is None
+
+
+def test_the_reports_summary_counts_the_edges_walked_and_the_walks_not_run_yet():
+    from reservoir.studies.frontier.report import _edges
+
+    point = {"cell": "lstm-s-lr0.003-b8", "family": "lstm", "size": "s", "learning_rate": 3e-3, "batch_size": 8,
+             "budget": 1e12, "val_bpc": 2.0, "seed": 1337, "envelope_seed": False}
+    step = {**point, "cell": "lstm-s-lr0.003-b4", "batch_size": 4, "val_bpc": 2.05}
+
+    def summary(steps):
+        report = {"families": ["lstm"], "edges": {"max_tokens_per_param": 300,
+                                                  "walks": edge_walks([point], steps, GRID, [1e12], 1337, {})}}
+        return [line for line in _edges(report, "##") if line and not line.startswith(("|", "#", "Each"))]
+
+    assert summary([]) == ["1 walks are not finished: the study's command with EDGES=True continues them."]
+    assert summary([step]) == ["At none of the 1 edges walked did the step beyond beat the point."]

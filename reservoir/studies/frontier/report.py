@@ -543,7 +543,7 @@ def _edges(report: dict, h: str) -> list[str]:
         lines += ["", f"{len(moved)} of {len(walks)} edges held the point back: the grid should grow there (a grid "
                   f"list may grow); the most, {most['family']} at {most['budget']:.3g} FLOPs, by {most['moved']:+.3f} "
                   "bits/char on its first seed."]
-    else:
+    elif len(pending) < len(walks):
         lines += ["", f"At none of the {len(walks) - len(pending)} edges walked did the step beyond beat the point."]
     if pending:
         lines.append(f"{len(pending)} walks are not finished: the study's command with EDGES=True continues them.")
