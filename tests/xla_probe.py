@@ -1,6 +1,7 @@
 """Measure one model's XLA graphs through the real training loop, in a fresh process.
 
     PJRT_DEVICE=CPU python tests/xla_probe.py transformer [--inject item|dynamic] [--seq-len 512] [--full-size]
+                                              [--compiles-only]
     PJRT_DEVICE=CPU python tests/xla_probe.py frozen_retention FROZEN_RETENTION.conv_width=4   # a model's options
 
 Prints one JSON line:
@@ -9,7 +10,9 @@ Prints one JSON line:
   with evaluations in between (must be 0: every shape was seen in warm-up);
 - executions_per_step: device executions per training step, from the difference
   between a K-step and a 2K-step fit (1 for gradient-trained models: the step marker);
-- compile_seconds: XLA's own CompileTime over the warm-up fit (every graph the model needs).
+- compile_seconds: XLA's own CompileTime over the warm-up fit (every graph the model needs);
+- traces_after_warmup: times the second fit traced a scanned cell in Python (torch_xla's ``scan``
+  traces with AOTAutograd; a cell traced on every call costs the host each step and evaluation chunk).
 
 ``--full-size`` keeps the default model sizes (SHARED_CONFIG) instead of tiny ones, for the
 compile times docs/hardware.md reports; ``--seq-len`` sets SEQ_LEN (compile time must not grow with it).
@@ -42,7 +45,8 @@ from reservoir.run.tracking import Trackers  # noqa: E402
 from reservoir.run.writer import Run  # noqa: E402
 
 BASE = ["USE_TPU=True", "MAX_STEPS=1", "DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=2",
-        "EVAL_TOKENS=128", "TIME_BUDGET_S=None", "CHECKPOINT_EVERY=0", "CHECKPOINT_EVERY_S=0", "WARMUP_STEPS=2"]
+        "EVAL_TOKENS=128", "FINAL_EVAL_TOKENS=256", "TRAIN_EVAL_TOKENS=128",  # the contract, not a score
+        "TIME_BUDGET_S=None", "CHECKPOINT_EVERY=0", "CHECKPOINT_EVERY_S=0", "WARMUP_STEPS=2"]
 TINY = ["ESN.units=32", "DEEP_ESN.units=16", "NVAR.input_dim=4", "LINEAR_RESERVOIR.units=16",
         "LINEAR_RESERVOIR.readout_hidden=32", "LSTM.hidden=32",
         "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=24", "DEEP_LINEAR_RESERVOIR.mix_hidden=32",
@@ -72,6 +76,21 @@ def inject(model, kind: str):
     return model
 
 
+_TRACES = [0]
+
+
+def count_scan_traces() -> None:
+    """Count the cell traces of torch_xla's ``scan`` (each goes through ``aot_function``)."""
+    scan = __import__("torch_xla.experimental.scan", fromlist=["aot_function"])
+    trace = scan.aot_function
+
+    def counted(*args, **kwargs):
+        _TRACES[0] += 1
+        return trace(*args, **kwargs)
+
+    scan.aot_function = counted
+
+
 def counters() -> tuple[int, int]:
     metrics = __import__("torch_xla.debug.metrics", fromlist=["counter_value"])
     return dev.xla_compile_count(), int(metrics.counter_value("ExecuteComputation") or 0)
@@ -98,19 +117,27 @@ def compile_seconds() -> float:
 
 
 def probe(name: str, injected: str | None = None, k: int = 4, track: list[str] | None = None,
-          seq_len: int = 16, full_size: bool = False, options: list[str] = ()) -> dict:
-    """``options``: KEY=VALUE overrides of the model's block (e.g. its train_recurrence switch)."""
+          seq_len: int = 16, full_size: bool = False, options: list[str] = (), compiles_only: bool = False) -> dict:
+    """``options``: KEY=VALUE overrides of the model's block (e.g. its train_recurrence switch);
+    ``compiles_only`` stops after the warm-up and the second fit (no executions per step)."""
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     BASE[BASE.index("SEQ_LEN=16")] = f"SEQ_LEN={seq_len}"
     SIZES[:] = ([] if full_size else TINY) + list(options)
     config = parse_overrides(BASE + SIZES + [f"CACHE_DIR={tempfile.mkdtemp()}"])
     info = dev.select_device(config)
     data = prepare_data(config)
+    count_scan_traces()
     fit_once(name, ["MAX_STEPS=3", "EVAL_EVERY=2", "LOG_EVERY=1"], data, info, injected)
     warm, _ = counters()
-    compiling = compile_seconds()
+    compiling, traced = compile_seconds(), _TRACES[0]
     fit_once(name, ["MAX_STEPS=8", "EVAL_EVERY=2", "LOG_EVERY=3"], data, info, injected)
     after, _ = counters()
+    traces = _TRACES[0]
+    result = {"model": name, "options": list(options), "seq_len": seq_len, "warmup_compiles": warm,
+              "compiles_after_warmup": after - warm, "traces_after_warmup": traces - traced,
+              "executions_per_step": None, "compile_seconds": round(compiling, 2)}
+    if compiles_only:
+        return result
     quiet = ["EVAL_EVERY=100000", "LOG_EVERY=100000"]  # only the final evaluation: runs differ by steps alone
     if track is not None:
         quiet = ["EVAL_EVERY=100000", "LOG_EVERY=1"]  # a loss read, sent to the trackers, every step
@@ -119,9 +146,7 @@ def probe(name: str, injected: str | None = None, k: int = 4, track: list[str] |
     _, e1 = counters()
     fit_once(name, [f"MAX_STEPS={2 * k}", *quiet], data, info, injected, track or ())
     _, e2 = counters()
-    return {"model": name, "options": list(options), "seq_len": seq_len, "warmup_compiles": warm,
-            "compiles_after_warmup": after - warm,
-            "executions_per_step": ((e2 - e1) - (e1 - e0)) / k, "compile_seconds": round(compiling, 2)}
+    return {**result, "executions_per_step": ((e2 - e1) - (e1 - e0)) / k}
 
 
 if __name__ == "__main__":
@@ -134,7 +159,9 @@ if __name__ == "__main__":
     parser.add_argument("--track", choices=("none", "tensorboard"), help="read the loss every step, for trackers")
     parser.add_argument("--seq-len", type=int, default=16)
     parser.add_argument("--full-size", action="store_true", help="the default model sizes, not tiny ones")
+    parser.add_argument("--compiles-only", action="store_true",
+                        help="graphs compiled after warm-up alone: skip the two fits that count executions per step")
     args = parser.parse_args()
     track = None if args.track is None else ([] if args.track == "none" else [args.track])
     print(json.dumps(probe(args.model, args.inject, track=track, seq_len=args.seq_len, full_size=args.full_size,
-                           options=args.options)), flush=True)
+                           options=args.options, compiles_only=args.compiles_only)), flush=True)

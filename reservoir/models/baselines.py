@@ -197,6 +197,16 @@ class Transformer(LanguageModel):
         return 6 * n + 12 * layers * width * t
 
 
+def _lstm_cell(carry, drive_t):
+    """One step of nn.LSTM's recurrence for ``time_scan``: the weight travels in the carry, since a scanned
+    cell may not close over tensors, and one function for every call, so the scan traces it once."""
+    h, c, w_hh = carry
+    i, f, g, o = (drive_t + h @ w_hh.T).chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    h = torch.sigmoid(o) * torch.tanh(c)
+    return (h, c, w_hh), h
+
+
 class LSTM(LanguageModel):
     """A standard LSTM language model, trained on independent windows from a zero state and
     evaluated as a stream, its state carried from chunk to chunk.
@@ -226,19 +236,12 @@ class LSTM(LanguageModel):
             bias = getattr(self.lstm, f"bias_ih_l{layer}") + getattr(self.lstm, f"bias_hh_l{layer}")
             drive = x @ w_ih.T + bias  # the input part of every gate, for all steps at once
 
-            def cell(carry, drive_t):
-                h, c, w_hh = carry  # the weight travels in the carry: a scanned cell may not close over tensors
-                i, f, g, o = (drive_t + h @ w_hh.T).chunk(4, dim=-1)
-                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-                h = torch.sigmoid(o) * torch.tanh(c)
-                return (h, c, w_hh), h
-
             if state is None:
                 h0 = drive.new_zeros(drive.shape[1], self.lstm.hidden_size)
                 c0 = h0.clone()
             else:
                 h0, c0 = state[0][layer].to(drive.dtype), state[1][layer].to(drive.dtype)
-            (h, c, _), x = self.time_scan(cell, (h0, c0, w_hh), drive)
+            (h, c, _), x = self.time_scan(_lstm_cell, (h0, c0, w_hh), drive)
             finals_h.append(h)
             finals_c.append(c)
             if layer < self.lstm.num_layers - 1 and self.lstm.dropout and self.training:

@@ -8,6 +8,7 @@ al. 2023 for diagonal linear recurrences).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import NamedTuple
@@ -118,6 +119,20 @@ def eigenvalues(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     return radius * torch.cos(module.phase), radius * torch.sin(module.phase)
 
 
+def _leaky_tanh_step(leak_rate: float, carry, drive_t):
+    x, w = carry
+    x = (1 - leak_rate) * x + leak_rate * torch.tanh(drive_t + w @ x)
+    return (x, w), x.clone()
+
+
+@functools.cache
+def leaky_tanh_cell(leak_rate: float):
+    """One step of the leaky-tanh recurrence for ``time_scan``: the matrix travels in the carry, since a
+    scanned cell may not close over tensors; one object per leak rate, so the scan traces it once for every
+    reservoir and model that shares the rate."""
+    return functools.partial(_leaky_tanh_step, leak_rate)
+
+
 class Reservoir(nn.Module):
     """Leaky-integrator tanh reservoir:
 
@@ -169,13 +184,7 @@ class Reservoir(nn.Module):
         if self.time_scan is not None:  # one compiled cell, however long the window
             drive = self._drive(inputs, by_id)
             x = torch.zeros_like(drive[0]) if x is None else x
-
-            def cell(carry, drive_t):
-                x, w = carry  # the matrix travels in the carry: a scanned cell may not close over tensors
-                x = (1 - a) * x + a * torch.tanh(drive_t + w @ x)
-                return (x, w), x.clone()
-
-            (x, _), states = self.time_scan(cell, (x, self.w), drive)
+            (x, _), states = self.time_scan(leaky_tanh_cell(a), (x, self.w), drive)
             return states.permute(2, 0, 1), x.T
         if by_id:  # W_in u_t + b is a column of this table, picked per step (no (T, units, B) drive array)
             table, ids = (self.w_in + self.bias).T.contiguous(), inputs.T.contiguous()

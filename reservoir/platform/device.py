@@ -598,6 +598,9 @@ def sequential_scan(fn, init, xs):
     return carry, torch.stack(ys)
 
 
+_SCAN_STAND_INS: dict[tuple, functools.partial] = {}  # (cell, mode) -> what torch_xla's scan caches traces by
+
+
 def time_scan(info: DeviceInfo):
     """How recurrent models loop over time, or None for their own fused kernels (nn.LSTM) and loops.
 
@@ -605,14 +608,30 @@ def time_scan(info: DeviceInfo):
     grows with SEQ_LEN (the LSTM took minutes at 128). torch_xla's ``scan`` compiles the cell once,
     as an XLA While loop. The function returned here uses it for tensors on the XLA device and a
     plain loop for any others (samples are generated on the CPU from the same model).
+
+    ``scan`` traces its cell with AOTAutograd, in Python, on every call unless told the cell is pure;
+    a step of a recurrent model (and every chunk of a stream evaluation) then spent most of its host
+    time tracing. So cells are traced once: ``fn`` must be the same object from call to call (a
+    module-level function, or one kept on the module) and pure (the tensors it needs travel in the
+    carry). torch_xla keys its cache by the cell and the shapes and dtypes it sees, not by whether
+    the scanned inputs need gradients or autocast is on, which change the traced graphs: each such
+    mode gets a stand-in of its own.
     """
     if not info.is_xla:
         return None
     xla_scan = importlib.import_module("torch_xla.experimental.scan").scan
+    stand_ins = _SCAN_STAND_INS
 
     def scan(fn, init, xs):
-        first = xs[0] if isinstance(xs, tuple) else xs
-        return xla_scan(fn, init, xs) if first.device.type == "xla" else sequential_scan(fn, init, xs)
+        leaves = xs if isinstance(xs, tuple) else (xs,)
+        if leaves[0].device.type != "xla":
+            return sequential_scan(fn, init, xs)
+        autocast = torch.is_autocast_enabled("xla")
+        mode = (fn, torch.is_grad_enabled(), tuple(x.requires_grad for x in leaves), autocast,
+                autocast and torch.get_autocast_dtype("xla"))
+        if mode not in stand_ins:
+            stand_ins[mode] = functools.partial(fn)
+        return xla_scan(stand_ins[mode], init, xs, is_fn_pure=True)
 
     return scan
 
