@@ -34,7 +34,9 @@ TINY_MODELS = ["ESN.units=64", "DEEP_ESN.units=32", "NVAR.input_dim=4", "LINEAR_
                "DEEP_LINEAR_RESERVOIR.mix_hidden=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32",
                "FROZEN_RETENTION.layers=1", "FROZEN_RETENTION.width=32", "FROZEN_RETENTION.ffn_hidden=64",
                "RESERVOIR_ATTENTION.units=16", "RESERVOIR_ATTENTION.width=32", "RESERVOIR_ATTENTION.layers=1"]
-TINY = [*TINY_DATA, *TINY_MODELS, "WARMUP_STEPS=5"]  # every model in seconds, on the synthetic corpus
+# every model in seconds, on the synthetic corpus; no PNGs (matplotlib's import and five figures cost a tiny run
+# about a third of its time): the tests that look at a run's plots ask for them with PLOTS=True
+TINY = [*TINY_DATA, *TINY_MODELS, "WARMUP_STEPS=5", "PLOTS=False"]
 ALL_MODELS = list(MODEL_NAMES)  # every model the runner builds
 
 

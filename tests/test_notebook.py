@@ -23,7 +23,7 @@ def test_notebook_runs_top_to_bottom(tmp_path):
     pytest.importorskip("ipykernel")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert not any(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), "commit it without outputs"
-    settings = [*TINY, "MODELS=ngram,transformer", "MAX_STEPS=10", "EVAL_EVERY=5",
+    settings = [*TINY, "PLOTS=True", "MODELS=ngram,transformer", "MAX_STEPS=10", "EVAL_EVERY=5",
                 f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}"]
     nb = with_parameters(nb, INSTALL=False, REPO_DIR=str(ROOT), USE_TPU=True, TIME_BUDGET_S=30, SETTINGS=settings)
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",

@@ -20,7 +20,7 @@ from tests.conftest import ALL_MODELS, ROOT, run_cli, run_then_sigkill, summary_
 
 def test_every_model_runs_and_writes_the_results_contract(tmp_path):
     models = f"MODELS={ALL_MODELS}"
-    run_cli(tmp_path, models, "MAX_STEPS=20", "EVAL_EVERY=10", "RUN_NAME=all")
+    run_cli(tmp_path, models, "MAX_STEPS=20", "EVAL_EVERY=10", "RUN_NAME=all", "PLOTS=True")
     run_dir = tmp_path / "results" / "all"
     config = json.loads((run_dir / "config.json").read_text())
     assert config["effective_config"]["MAX_STEPS"] == 20
