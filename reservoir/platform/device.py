@@ -612,7 +612,7 @@ def time_scan(info: DeviceInfo):
     ``scan`` traces its cell with AOTAutograd, in Python, on every call unless told the cell is pure;
     a step of a recurrent model (and every chunk of a stream evaluation) then spent most of its host
     time tracing. So cells are traced once: ``fn`` must be the same object from call to call (a
-    module-level function, or one kept on the module) and pure (the tensors it needs travel in the
+    module-level function, or a cached one) and pure (the tensors it needs travel in the
     carry). torch_xla keys its cache by the cell and the shapes and dtypes it sees, not by whether
     the scanned inputs need gradients or autocast is on, which change the traced graphs: each such
     mode gets a stand-in of its own.
@@ -620,7 +620,6 @@ def time_scan(info: DeviceInfo):
     if not info.is_xla:
         return None
     xla_scan = importlib.import_module("torch_xla.experimental.scan").scan
-    stand_ins = _SCAN_STAND_INS
 
     def scan(fn, init, xs):
         leaves = xs if isinstance(xs, tuple) else (xs,)
@@ -629,9 +628,9 @@ def time_scan(info: DeviceInfo):
         autocast = torch.is_autocast_enabled("xla")
         mode = (fn, torch.is_grad_enabled(), tuple(x.requires_grad for x in leaves), autocast,
                 autocast and torch.get_autocast_dtype("xla"))
-        if mode not in stand_ins:
-            stand_ins[mode] = functools.partial(fn)
-        return xla_scan(stand_ins[mode], init, xs, is_fn_pure=True)
+        if mode not in _SCAN_STAND_INS:
+            _SCAN_STAND_INS[mode] = functools.partial(fn)
+        return xla_scan(_SCAN_STAND_INS[mode], init, xs, is_fn_pure=True)
 
     return scan
 
