@@ -110,6 +110,44 @@ def test_a_study_whose_points_trained_elsewhere_says_why_it_cannot_compare_and_g
     assert not (studies / "micro" / "comparisons").exists()
 
 
+
+def test_a_point_trained_again_beside_its_edge_steps_serves_where_its_replay_would(studies, capsys):
+    """EDGES=True trains a point recorded on another machine again here (edges/<cell>/<budget>: its settings and
+    first seed, from step 0), as REPLAY=True would: the stages that read checkpoints (contexts, the paired
+    comparison) read that copy instead of training a third; its score against the record is said and kept."""
+    from reservoir.run.checkpoint import CheckpointError, checkpoint_file
+    from reservoir.studies.frontier.edges import edge_folder, parse_cell
+    from reservoir.studies.frontier.study import FrontierStudy
+
+    micro = studies / "micro"
+    PointRecords(micro).pack()
+    records_only(micro)
+    own = {"STUDY": "micro", "FAMILIES": "transformer++,linear_reservoir", "SIZES": "xs", "LEARNING_RATES": "4e-3",
+           "BATCH_SIZES": "8", "BUDGETS": "3e9,6e9", "ENVELOPE_SEEDS": "2"}
+    study = FrontierStudy.from_args(own, ["DATASET=synthetic", f"RESULTS_DIR={studies}"])
+    cell = parse_cell("transformer++-xs-lr0.004-b8")
+
+    def no_training(*_):
+        raise AssertionError("a point with a copy here is not trained again")
+
+    with pytest.raises(CheckpointError, match="REPLAY=True trains it again here"):
+        study.on_this_machine([(cell, 6e9, False)], no_training)
+    beside = edge_folder(micro, cell, 6e9)  # the point's folder as the edges stage trained it here
+    shutil.copytree(FIXTURE / "micro" / cell.name / "flops-6.00e09", beside)
+    summary = json.loads((beside / "summary.json").read_text())
+    summary[0]["val_bpc"] += 0.01  # another processor's kernels
+    (beside / "summary.json").write_text(json.dumps(summary))
+    checkpoint = checkpoint_file(beside, "transformer", 1337, [1337])
+    checkpoint.parent.mkdir()
+    checkpoint.write_bytes(b"")  # its presence is what is asked here; the slow stage tests load real ones
+    assert study.on_this_machine([(cell, 6e9, False)], no_training) == [beside]
+    point = f"{cell.name}/flops-6.00e09"
+    assert f"the copy beside its edge steps of {point} (seed 1337) scores" in capsys.readouterr().out
+    row = study.replayed[(point, 1337)]
+    assert row["copy"] == f"edges/{point}" and row["replayed_val_bpc"] == pytest.approx(row["recorded_val_bpc"] + 0.01)
+    with pytest.raises(CheckpointError):  # the other seeds have no copy beside the edges: still a replay's
+        study.on_this_machine([(cell, 6e9, True)], no_training)
+
 def test_the_committed_studies_rebuild_their_report_byte_for_byte_from_points_jsonl(tmp_path):
     """results/ as a clone has it (records only): REPORT.md, every frontier.json/.md/.png come out as committed."""
     committed = ROOT / "results"

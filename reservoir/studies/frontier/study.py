@@ -547,14 +547,21 @@ class FrontierStudy:
 
     def on_this_machine(self, points: list[tuple[Cell, float, bool]], run_points) -> list[Path]:
         """The folders of ``points`` ((cell, budget, extra seeds?)) with their checkpoints on this machine: a point
-        recorded elsewhere (points.jsonl alone) is read from its replay (<study>/replays/<point>), which REPLAY=True
-        trains now from step 0 with the point's own settings and seeds; CheckpointError where one is missing."""
+        recorded elsewhere (points.jsonl alone) is read from its copy trained here beside its edge steps
+        (EDGES=True: the same settings and first seed, from step 0) or from its replay (<study>/replays/<point>),
+        which REPLAY=True trains now from step 0 with the point's own settings and seeds; CheckpointError where
+        neither is here."""
         folders, jobs = [], []
         for cell, budget, extra in points:
             folder = self.folder(cell, budget, seeds=extra)
             seeds = self.extra_seeds() if extra else [self.config["SEED"]]
             if all(checkpoint_file(folder, cell.model, s, seeds).is_file() for s in seeds):
                 folders.append(folder)
+                continue
+            beside = edge_folder(self.path, cell, budget)  # trained again here by EDGES=True: no replay needed
+            if not extra and self.finished_here(beside, seeds) and all(
+                    checkpoint_file(beside, cell.model, s, seeds).is_file() for s in seeds):
+                folders.append(beside)
                 continue
             replay = self.replay_folder(folder)
             folders.append(replay)
@@ -567,8 +574,9 @@ class FrontierStudy:
             say(f"frontier {self.name}: {len(jobs)} points recorded on another machine trained again here for their "
                 f"checkpoints (REPLAY=True, under {self.path / REPLAYS})")
             self._run_all(jobs, run_points, None)
-        for folder in folders:
-            self.replayed.update({(r["point"], r["seed"]): r for r in self._check_replay(folder)})
+        for (cell, budget, extra), folder in zip(points, folders, strict=True):
+            self.replayed.update({(r["point"], r["seed"]): r
+                                  for r in self._check_copy(folder, self.folder(cell, budget, seeds=extra))})
         return folders
 
     @staticmethod
@@ -578,20 +586,23 @@ class FrontierStudy:
         return set(seeds) <= {r.get("seed") for r in read_json(folder / "summary.json", "a replay's summary")
                               if r.get("status") == "finished"}
 
-    def _check_replay(self, folder: Path) -> list[dict]:
-        """A replay against its record, seed by seed (the same settings, seed and data; another machine's float
-        kernels may still move the score): a difference is said, and kept with what reads the replay."""
-        if REPLAYS not in folder.relative_to(self.path).parts[:1]:
+    def _check_copy(self, folder: Path, point_folder: Path) -> list[dict]:
+        """A point's copy trained here (its replay, or its twin beside its edge steps) against its record, seed by
+        seed (the same settings, seed and data; another machine's float kernels may still move the score): a
+        difference is said, and kept with what reads the copy."""
+        if folder == point_folder:
             return []
-        point = folder.relative_to(self.path / REPLAYS).as_posix()
-        recorded = {r.get("seed"): r.get("val_bpc") for r in self.store.summary(self.path / point) or []}
+        point, copy = self.store.key(point_folder), self.store.key(folder)
+        replay = REPLAYS in folder.relative_to(self.path).parts[:1]
+        what = "the replay of" if replay else "the copy beside its edge steps of"
+        recorded = {r.get("seed"): r.get("val_bpc") for r in self.store.summary(point_folder) or []}
         rows = []
         for new in read_json(folder / "summary.json", "a replay's summary"):
             rows.append({"point": point, "seed": new.get("seed"), "recorded_val_bpc": recorded.get(new.get("seed")),
-                         "replayed_val_bpc": new.get("val_bpc")})
+                         "replayed_val_bpc": new.get("val_bpc"), "copy": copy})
             if rows[-1]["recorded_val_bpc"] != rows[-1]["replayed_val_bpc"]:
-                say(f"frontier {self.name}: the replay of {point} (seed {new.get('seed')}) scores {new.get('val_bpc')} "
-                    f"bits/char, its record {rows[-1]['recorded_val_bpc']}: what follows reads the replay")
+                say(f"frontier {self.name}: {what} {point} (seed {new.get('seed')}) scores {new.get('val_bpc')} "
+                    f"bits/char, its record {rows[-1]['recorded_val_bpc']}: what follows reads the copy ({copy})")
         return rows
 
     def compare_at_the_top(self, budgets: list[float] | None = None, run_points=None) -> Path | None:
@@ -632,9 +643,9 @@ class FrontierStudy:
                 "committed; points.jsonl carries their records alone): run this command there")
             return None
         result.update({"budget": budget, "family_a": best, "family_b": reference})
-        replays = [r for (point, _), r in sorted(self.replayed.items())
-                   if any(self.replay_folder(self.path / point) == f for f in [*a.run_dirs, *b.run_dirs])]
-        if replays:  # checkpoints trained again here (REPLAY=True): the interval is of these models
+        replays = [r for _, r in sorted(self.replayed.items())
+                   if any(self.path / r["copy"] == Path(f) for f in [*a.run_dirs, *b.run_dirs])]
+        if replays:  # checkpoints trained again here (REPLAY=True, or EDGES=True): the interval is of these models
             result["replays"] = replays
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out, result)
