@@ -148,6 +148,17 @@ def test_a_point_trained_again_beside_its_edge_steps_serves_where_its_replay_wou
     with pytest.raises(CheckpointError):  # the other seeds have no copy beside the edges: still a replay's
         study.on_this_machine([(cell, 6e9, True)], no_training)
 
+
+def test_a_paired_comparison_says_where_its_copies_were_trained():
+    from reservoir.studies.frontier.analysis import report_from_records
+    from reservoir.studies.frontier.report import format_study
+
+    report = report_from_records(ROOT / "results" / "frontier-tinystories")
+    replayed = next(c for c in report["comparisons"] if c.get("replays"))
+    assert "them (REPLAY=True; the records came from another)" in format_study(report, "frontier.png")
+    replayed["replays"][0]["copy"] = f"edges/{replayed['replays'][0]['point']}"
+    assert "them (REPLAY=True, or EDGES=True beside their edge steps; the" in format_study(report, "frontier.png")
+
 def test_the_committed_studies_rebuild_their_report_byte_for_byte_from_points_jsonl(tmp_path):
     """results/ as a clone has it (records only): REPORT.md, every frontier.json/.md/.png come out as committed."""
     committed = ROOT / "results"

@@ -279,8 +279,9 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
                   f"(per-token losses averaged over seeds; `comparisons/{c['file']}`, made by the study as "
                   "`python compare.py A+A-seeds:<model> B+B-seeds:<model> DIAGNOSTICS=True` would).", ""]
         if c.get("replays"):
-            lines[-1:] = ["", "Its checkpoints were trained again on the machine that scored them (REPLAY=True, or "
-                          "EDGES=True beside their edge steps; "
+            how = "REPLAY=True, or EDGES=True beside their edge steps" if any(
+                str(r.get("copy", "")).startswith("edges/") for r in c["replays"]) else "REPLAY=True"
+            lines[-1:] = ["", f"Its checkpoints were trained again on the machine that scored them ({how}; "
                           "the records came from another): " + "; ".join(
                               f"{r['point']} seed {r['seed']}: {_fmt(r['replayed_val_bpc'], '.4f')} (record "
                               f"{_fmt(r['recorded_val_bpc'], '.4f')})" for r in c["replays"])
