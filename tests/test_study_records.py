@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from reservoir.run.records import ResultsError
-from reservoir.studies.store import POINTS_FILE, PointRecords, merged, own_part, shared_part
+from reservoir.studies.store import AS_REQUESTED, POINTS_FILE, PointRecords, merged, own_part, shared_part
 from tests.conftest import ROOT, run_script
 
 FIXTURE = ROOT / "tests" / "fixtures" / "studies"  # a micro study's point folders (tests/fixtures/make_studies.sh)
@@ -37,6 +37,25 @@ def test_the_shared_and_own_parts_of_configs_merge_back_to_each_config():
     for config in configs:
         assert merged(shared, own_part(config, shared)) == config
     assert own_part(configs[0], shared) == {"block": {"y": 2}, "empty": {}, "only": {"k": 1}}
+
+
+def test_points_jsonl_says_what_its_records_share_once_and_reads_back_as_the_runs_wrote_them(studies):
+    """Settings run as requested, and summary fields every record shares, are not repeated a point a line; a file
+    packed before that (each point whole) still reads the same."""
+    study = studies / "micro"
+    written = {folder.relative_to(study).as_posix(): json.loads((folder / "summary.json").read_text())
+               for folder in PointRecords(study).local_points()}
+    PointRecords(study).pack()
+    head, *rows = [json.loads(line) for line in (study / POINTS_FILE).read_text().splitlines()]
+    assert head["shared_summary"]["flops_convention"] and head["shared_config"]["effective_config"] == AS_REQUESTED
+    said_once = {key for key, value in head["shared_summary"].items() if not isinstance(value, dict)}
+    assert said_once and all(not said_once & set(record) for row in rows for record in row["summary"])
+    records_only(study)
+    read = PointRecords(study).packed()["points"]
+    assert written and {key: read[key]["summary"] for key in written} == written  # integrity checked on reading
+    whole = [{"point": key, "config": point["config"], "summary": point["summary"]} for key, point in read.items()]
+    (study / POINTS_FILE).write_text("".join(json.dumps(line) + "\n" for line in [{"shared_config": {}}, *whole]))
+    assert PointRecords(study).packed()["points"] == read
 
 
 def test_a_study_of_records_alone_rebuilds_its_report_byte_for_byte_and_skips_every_finished_point(studies):

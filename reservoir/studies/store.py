@@ -1,14 +1,16 @@
 """A study's point records in one file: what a study commits, and what its report and a continued study read.
 
-    results/<study>/points.jsonl   line 1: the settings every point shares, and the tokenizers the points used;
-                                   then one line a point: its folder (relative to the study), its own settings
-                                   (config.json less the shared part) and its summary.json records
+    results/<study>/points.jsonl   line 1: the settings every point shares, the fields every summary record
+                                   shares, and the tokenizers the points used; then one line a point: its folder
+                                   (relative to the study), its own settings (config.json less the shared part)
+                                   and its summary.json records (each less the shared fields)
 
 A point's own folder (logs, samples, metrics, checkpoints) stays on the machine that ran it and is never
 committed; its config.json and summary.json travel in points.jsonl with their integrity hashes, checked on
 reading as the files are. A point is read from its folder where the folder has a summary, else from
 points.jsonl; ``pack`` writes points.jsonl anew from both (a folder's records replace the file's when they
-hold as many seeds).
+hold as many seeds). A config whose effective settings are its requested ones holds them once (the file is
+committed, and most of its bytes would be the same settings twice).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from reservoir.run.records import (
 
 POINTS_FILE = "points.jsonl"
 SKIPPED = ("logs", "comparisons", "replays")  # folders of a study that hold no points (replays: copies of points)
+AS_REQUESTED = "as requested_config"  # a packed config's effective_config where it equals its requested_config
 
 
 def shared_part(configs: list[dict]) -> dict:
@@ -69,6 +72,20 @@ def merged(shared: dict, own: dict) -> dict:
     return out
 
 
+def folded(config: dict) -> dict:
+    """``config`` with its effective settings said once where they are its requested ones (``unfolded`` undoes it)."""
+    requested = config.get("requested_config")
+    if isinstance(requested, dict) and config.get("effective_config") == requested:
+        return {**config, "effective_config": AS_REQUESTED}
+    return config
+
+
+def unfolded(config: dict) -> dict:
+    if config.get("effective_config") == AS_REQUESTED and isinstance(config.get("requested_config"), dict):
+        return {**config, "effective_config": dict(config["requested_config"])}
+    return config
+
+
 class PointRecords:
     """The records of the points of the study in ``path``: its point folders and its points.jsonl."""
 
@@ -101,17 +118,22 @@ class PointRecords:
                 raise ResultsError(f"{self.file} line {n} is not JSON: the file is damaged; {damaged}") from None
         if not rows or not isinstance(rows[0], dict) or not isinstance(rows[0].get("shared_config"), dict):
             raise ResultsError(f"{self.file} does not begin with the shared settings: the file is damaged; {damaged}")
+        shared_summary = rows[0].get("shared_summary") or {}  # files packed before it have none
+        if not isinstance(shared_summary, dict):
+            raise ResultsError(f"{self.file} line 1's shared_summary is not a JSON object: the file is damaged; "
+                               f"{damaged}")
         points = {}
         for n, row in enumerate(rows[1:], start=2):
             if not (isinstance(row, dict) and isinstance(row.get("point"), str) and isinstance(row.get("config"), dict)
-                    and isinstance(row.get("summary"), list)):
+                    and isinstance(row.get("summary"), list) and all(isinstance(r, dict) for r in row["summary"])):
                 raise ResultsError(f"{self.file} line {n} is not a point's record (point, config, summary): the "
                                    f"file is damaged; {damaged}")
             where = f"{self.file} ({row['point']})"
-            config = merged(rows[0]["shared_config"], row["config"])
+            config = unfolded(merged(rows[0]["shared_config"], row["config"]))
+            summary = [merged(shared_summary, record) for record in row["summary"]]
             check_run_config(config, where, f"undo the edit ({damaged})")
-            check_summary(row["summary"], where, f"undo the edit ({damaged})")
-            points[row["point"]] = {"config": config, "summary": row["summary"]}
+            check_summary(summary, where, f"undo the edit ({damaged})")
+            points[row["point"]] = {"config": config, "summary": summary}
         return {"points": points, "tokenizers": rows[0].get("tokenizers") or {}}
 
     def summary(self, folder: Path, what: str = "a point's summary") -> list[dict] | None:
@@ -185,11 +207,17 @@ class PointRecords:
                 tokenizers[digest] = json.loads(tokenizer.read_text(encoding="utf-8"))
         if not points:
             return None
-        shared = shared_part([p["config"] for p in points.values()])
-        lines = [{"shared_config": shared, "tokenizers": dict(sorted(tokenizers.items()))}]
-        lines += [{"point": key, "config": own_part(points[key]["config"], shared), "summary": points[key]["summary"]}
+        configs = {key: folded(point["config"]) for key, point in points.items()}
+        shared = shared_part(list(configs.values()))
+        records = [record for point in points.values() for record in point["summary"]]
+        shared_summary = shared_part(records) if records else {}
+        lines = [{"shared_config": shared, "shared_summary": shared_summary,
+                  "tokenizers": dict(sorted(tokenizers.items()))}]
+        lines += [{"point": key, "config": own_part(configs[key], shared),
+                   "summary": [own_part(record, shared_summary) for record in points[key]["summary"]]}
                   for key in sorted(points)]
-        text = "".join(json.dumps(finite_or_none(line), ensure_ascii=False, allow_nan=False) + "\n" for line in lines)
+        text = "".join(json.dumps(finite_or_none(line), ensure_ascii=False, allow_nan=False, sort_keys=True) + "\n"
+                       for line in lines)  # keys sorted: the same records pack to the same bytes, however read
         if not self.file.exists() or self.file.read_text(encoding="utf-8") != text:
             atomic_write_text(self.file, text)
         self._packed = {"points": points, "tokenizers": tokenizers}
