@@ -11,9 +11,9 @@ from tests.conftest import run_cli, run_script, summary_of
 def runs(tmp_path_factory):
     """Two runs on the same data: an LSTM with two seeds, and an n-gram."""
     tmp = tmp_path_factory.mktemp("compare")
-    run_cli(tmp, "MODELS=['lstm']", "SEEDS=[1337,1338]", "MAX_STEPS=20", "PLOTS=False", "RUN_NAME=rnn",
+    run_cli(tmp, "MODELS=['lstm']", "SEEDS=[1337,1338]", "MAX_STEPS=20", "RUN_NAME=rnn",
             "FINAL_EVAL_TOKENS=4096")
-    run_cli(tmp, "MODELS=['ngram','esn']", "MAX_STEPS=20", "PLOTS=False", "RUN_NAME=counts", "FINAL_EVAL_TOKENS=4096")
+    run_cli(tmp, "MODELS=['ngram','esn']", "MAX_STEPS=20", "RUN_NAME=counts", "FINAL_EVAL_TOKENS=4096")
     return tmp / "results"
 
 
@@ -70,14 +70,14 @@ def test_bad_input_is_one_line(runs, args, message):
 
 
 def test_runs_on_other_data_are_refused(runs, tmp_path):
-    run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=20", "PLOTS=False", "RUN_NAME=other", "SYNTHETIC_STORIES=200")
+    run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=20", "RUN_NAME=other", "SYNTHETIC_STORIES=200")
     proc = compare(f"{runs / 'counts'}:ngram", tmp_path / "results" / "other", check=False)
     assert proc.returncode != 0 and "not evaluated on the same text" in proc.stderr
 
 
 def test_seeds_of_several_runs_are_pooled_and_a_shared_seed_is_refused(runs, tmp_path):
     out = tmp_path / "pooled.json"
-    run_cli(tmp_path, "MODELS=['lstm']", "SEEDS=[7]", "MAX_STEPS=20", "PLOTS=False", "RUN_NAME=more",
+    run_cli(tmp_path, "MODELS=['lstm']", "SEEDS=[7]", "MAX_STEPS=20", "RUN_NAME=more",
             "FINAL_EVAL_TOKENS=4096")
     more = tmp_path / "results" / "more"
     compare(f"{runs / 'rnn'}+{more}:lstm", f"{runs / 'counts'}:ngram", f"OUT={out}")

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.cuda,
 
 
 def test_every_model_trains_on_the_gpu_with_the_precision_its_hardware_has(tmp_path):
-    run_cli(tmp_path, "DEVICE=cuda", f"MODELS={list(MODEL_NAMES)}", "MAX_STEPS=20", "RUN_NAME=gpu", "PLOTS=False")
+    run_cli(tmp_path, "DEVICE=cuda", f"MODELS={list(MODEL_NAMES)}", "MAX_STEPS=20", "RUN_NAME=gpu")
     run_dir = tmp_path / "results" / "gpu"
     config = json.loads((run_dir / "config.json").read_text())
     expected = "bf16" if dev.cuda_has_native_bf16(0) else "fp16"

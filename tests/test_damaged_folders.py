@@ -167,7 +167,7 @@ def test_an_ngram_whose_keys_would_overflow_is_refused_before_any_folder(tmp_pat
 def finished_run(tmp_path_factory):
     """A small finished run (n-gram and LSTM) and its token cache, made once; tests damage copies."""
     root = tmp_path_factory.mktemp("made")
-    run_cli(root, "MODELS=['ngram','lstm']", "MAX_STEPS=6", "CHECKPOINT_EVERY=3", "RUN_NAME=r", "PLOTS=False")
+    run_cli(root, "MODELS=['ngram','lstm']", "MAX_STEPS=6", "CHECKPOINT_EVERY=3", "RUN_NAME=r")
     return root
 
 

@@ -555,7 +555,7 @@ def test_the_random_transformer_trains_its_embeddings_alone_and_its_blocks_stay_
     from tests.conftest import run_cli
 
     run_cli(tmp_path, "MODELS=transformer", "TRANSFORMER.trained=embeddings", "MAX_STEPS=12", "EVAL_EVERY=12",
-            "PLOTS=False", "RUN_NAME=r", "SAMPLE_TOKENS=0")
+            "RUN_NAME=r", "SAMPLE_TOKENS=0")
     model, tokenizer, run = load_trained(tmp_path / "results" / "r", "transformer")
     start = build_model("transformer", tokenizer.vocab_size, run.config)
     assert run.step == 12 and model.trained == start.trained == "embeddings"

@@ -31,7 +31,7 @@ def records_of(run_dir) -> dict:
 
 
 def test_seeds_train_every_model_once_per_seed_and_report_mean_and_sd(tmp_path):
-    proc = run_cli(tmp_path, "MODELS=['esn','lstm']", "MAX_STEPS=8", "SEEDS=3,4,5", "RUN_NAME=s", "PLOTS=False")
+    proc = run_cli(tmp_path, "MODELS=['esn','lstm']", "MAX_STEPS=8", "SEEDS=3,4,5", "RUN_NAME=s")
     run_dir = tmp_path / "results" / "s"
     records = records_of(run_dir)
     assert set(records) == {(m, s) for m in ("esn", "lstm") for s in (3, 4, 5)}
@@ -71,7 +71,7 @@ def test_bad_seeds_are_refused():
 @pytest.mark.slow  # CI runs it apart (pytest -m slow); the README's command leaves it out
 def test_a_killed_multi_seed_run_resumes_to_the_same_results(tmp_path):
     args = ["MODELS=['ngram','lstm']", "MAX_STEPS=60", "SEEDS=1,2", "CHECKPOINT_EVERY=10", "LOG_EVERY=5",
-            "SAMPLE_TOKENS=5", "PLOTS=False"]
+            "SAMPLE_TOKENS=5"]
     run_cli(tmp_path, *args, "RUN_NAME=whole")
     killed = run_then_sigkill(tmp_path, args, "killed",  # inside the second seed's lstm, after its first checkpoint
                               lambda run_dir: (run_dir / "checkpoints" / "lstm-seed2.pt").exists())
@@ -116,7 +116,7 @@ def test_ridge_fit_cost_is_linear_in_its_chunks():
 def test_flop_budget_stops_every_kind_of_fit_at_the_same_compute(tmp_path):
     budget = 2e9
     run_cli(tmp_path, "MODELS=['ngram','esn','lstm','transformer']", "MAX_STEPS=None", f"FLOP_BUDGET={budget}",
-            "RUN_NAME=f", "PLOTS=False")
+            "RUN_NAME=f")
     summary = {model: r for (model, _), r in records_of(tmp_path / "results" / "f").items()}
     for model in ("esn", "lstm", "transformer"):
         r = summary[model]
@@ -128,7 +128,7 @@ def test_flop_budget_stops_every_kind_of_fit_at_the_same_compute(tmp_path):
         assert r["flops_counted_as"].startswith("FlopCounterMode") and r["flops_per_token"] > 0
     order = parse_overrides([])["NGRAM"]["order"]
     assert summary["ngram"]["epochs"] == pytest.approx(1.0)  # 2e9 / order count updates: more than the data
-    run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=None", "FLOP_BUDGET=250000", "RUN_NAME=n", "PLOTS=False")
+    run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=None", "FLOP_BUDGET=250000", "RUN_NAME=n")
     ngram = records_of(tmp_path / "results" / "n")[("ngram", 1337)]
     assert ngram["train_tokens"] == 250000 // order and ngram["train_flops"] == ngram["train_tokens"] * order
     assert ngram["flops_counted_as"].startswith("count updates")
@@ -219,8 +219,7 @@ def test_low_priority_background_work_does_not_raise_the_flag_but_peers_do():
 
 
 def test_epochs_are_reported_and_repeated_passes_said(tmp_path):
-    proc = run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=None", "TOKEN_BUDGET=300000", "RUN_NAME=e",
-                   "PLOTS=False")
+    proc = run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=None", "TOKEN_BUDGET=300000", "RUN_NAME=e")
     records = records_of(tmp_path / "results" / "e")
     lstm, ngram = records[("lstm", 1337)], records[("ngram", 1337)]
     train_tokens = ngram["train_tokens"]  # the n-gram counts the whole split once
@@ -240,16 +239,15 @@ def test_evaluations_are_spread_log_spaced_over_the_budget(tmp_path):
     resumed = EvalPoints(parse_overrides(["EVAL_POINTS=6"]), share_now=0.1)
     assert [step for step in range(11, 101) if resumed.due(step, step / 100)] == [16, 40]
     assert [s for s in range(1, 101) if EvalPoints(parse_overrides(["EVAL_EVERY=30"])).due(s, s / 100)] == [30, 60, 90]
-    run_cli(tmp_path, "MODELS=['transformer']", "MAX_STEPS=100", "EVAL_POINTS=6", "RUN_NAME=p", "PLOTS=False")
+    run_cli(tmp_path, "MODELS=['transformer']", "MAX_STEPS=100", "EVAL_POINTS=6", "RUN_NAME=p")
     steps = [r["step"] for r in read_metrics(tmp_path / "results" / "p")]
     assert steps == [1, 3, 7, 16, 40, 100]
     assert all(r.get("flops", 0) > 0 for r in read_metrics(tmp_path / "results" / "p"))
 
 
 def test_stream_runs_also_report_the_windows_score(tmp_path):
-    run_cli(tmp_path, "MODELS=['ngram','esn']", "MAX_STEPS=10", "RUN_NAME=stream", "PLOTS=False")
-    run_cli(tmp_path, "MODELS=['ngram','esn']", "MAX_STEPS=10", "RUN_NAME=windows", "EVAL_MODE=windows",
-            "PLOTS=False")
+    run_cli(tmp_path, "MODELS=['ngram','esn']", "MAX_STEPS=10", "RUN_NAME=stream")
+    run_cli(tmp_path, "MODELS=['ngram','esn']", "MAX_STEPS=10", "RUN_NAME=windows", "EVAL_MODE=windows")
     stream, windows = records_of(tmp_path / "results" / "stream"), records_of(tmp_path / "results" / "windows")
     for key in stream:
         assert stream[key]["windows_val_bpc"] == pytest.approx(windows[key]["val_bpc"], rel=1e-6)
@@ -307,9 +305,9 @@ def test_plot_help_lists_every_plot_and_each_model_keeps_its_colour(tmp_path):
 def test_comparison_plots_give_each_data_source_its_panel_and_label_runs_by_name(tmp_path):
     from reservoir.run import plots as plot_results
 
-    run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "RUN_NAME=small", "PLOTS=False")
+    run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "RUN_NAME=small")
     run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "RUN_NAME=large", "SYNTHETIC_STORIES=400",
-            "SEEDS=1,2", "PLOTS=False")
+            "SEEDS=1,2")
     runs = [plot_results.load_run(tmp_path / "results" / name) for name in ("small", "large")]
     groups = plot_results.by_data(runs)
     assert len(groups) == 2 and [run_label for run_label in map(plot_results.run_label, runs)] == ["small", "large"]
@@ -321,7 +319,7 @@ def test_comparison_plots_give_each_data_source_its_panel_and_label_runs_by_name
     import matplotlib.image
 
     wide = matplotlib.image.imread(out / "final_bpc.png").shape[1]
-    run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "RUN_NAME=same", "PLOTS=False")
+    run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "RUN_NAME=same")
     plot_results.plot_runs([tmp_path / "results" / "small", tmp_path / "results" / "same"], tmp_path / "one")
     assert matplotlib.image.imread(tmp_path / "one" / "final_bpc.png").shape[1] < wide  # one panel, not two
     assert not math.isnan(runs[1]["summary"][0]["val_bpc"])

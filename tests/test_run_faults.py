@@ -278,7 +278,7 @@ def test_real_full_and_read_only_disks_are_one_line_errors(tmp_path):
 
 
 def test_result_files_respect_the_umask(tmp_path):
-    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=3", "RUN_NAME=modes", "PLOTS=False")
+    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=3", "RUN_NAME=modes")
     run_dir = tmp_path / "results" / "modes"
     mask = os.umask(0)
     os.umask(mask)
@@ -323,7 +323,7 @@ def test_an_error_before_the_first_model_leaves_no_run_folder(tmp_path):
 def test_a_damaged_saved_config_is_a_one_line_error(tmp_path, damage, message):
     """A config.json whose integrity hash is gone (as written before runs recorded one) is checked like a
     command line; one with its hash is refused at the first edit (test_faults.py)."""
-    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=3", "RUN_NAME=d", "PLOTS=False")
+    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=3", "RUN_NAME=d")
     path = tmp_path / "results" / "d" / "config.json"
     config = json.loads(path.read_text())
     damage(config)
@@ -356,7 +356,7 @@ def test_a_non_main_process_uses_the_folder_its_launcher_claimed(tmp_path):
 
 
 def test_a_checkpoint_from_another_world_size_is_refused(tmp_path):
-    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=10", "CHECKPOINT_EVERY=5", "RUN_NAME=w", "PLOTS=False")
+    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=10", "CHECKPOINT_EVERY=5", "RUN_NAME=w")
     run_dir = tmp_path / "results" / "w"
     path = run_dir / "checkpoints" / "lstm.pt"
     ckpt = torch.load(path, weights_only=True)
@@ -376,11 +376,11 @@ def test_validation_text_the_tokenizer_never_saw_is_counted_and_warned(tmp_path)
     train.write_text("<|endoftext|>\n".join(["the cat sat on the mat. " * 20] * 30), encoding="utf-8")
     val.write_text("<|endoftext|>\n".join(["ΩΨΦ ЖЖЖ 日本語 " * 20] * 5), encoding="utf-8")
     proc = run_cli(tmp_path, f"TRAIN_PATH={train}", f"VAL_PATH={val}", "MODELS=['ngram']", "MAX_STEPS=3",
-                   "RUN_NAME=unk", "PLOTS=False", "EVAL_TOKENS=256")
+                   "RUN_NAME=unk", "EVAL_TOKENS=256")
     assert "validation tokens are characters the training text never has" in proc.stderr
     share = summary_of(tmp_path / "results" / "unk")["ngram"]["val_unknown_share"]
     assert 0.5 < share <= 1.0
-    quiet = run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=3", "RUN_NAME=known", "PLOTS=False")
+    quiet = run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=3", "RUN_NAME=known")
     assert "never has" not in quiet.stderr
     assert summary_of(tmp_path / "results" / "known")["ngram"]["val_unknown_share"] == 0.0
 
@@ -415,7 +415,7 @@ def test_reordered_tokens_and_an_edited_tokenizer_are_caught(tmp_path, capsys):
 
 
 def test_logs_that_are_not_a_terminal_get_plain_lines(tmp_path):
-    proc = run_cli(tmp_path, "MODELS=['lstm','esn']", "TIME_BUDGET_S=3", "ESN.units=32", "PLOTS=False")
+    proc = run_cli(tmp_path, "MODELS=['lstm','esn']", "TIME_BUDGET_S=3", "ESN.units=32")
     assert "\r" not in proc.stderr and "\r" not in proc.stdout  # no carriage-return bar updates in a log
     assert "lstm (budget: 3.0 s): 100% after" in proc.stderr  # the closing progress line
 

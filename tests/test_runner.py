@@ -133,7 +133,7 @@ class _Malicious:
 
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path):
-    base = ["MODELS=['transformer']", "MAX_STEPS=3", "SAMPLE_TOKENS=1", "PLOTS=False"]
+    base = ["MODELS=['transformer']", "MAX_STEPS=3", "SAMPLE_TOKENS=1"]
     run_cli(tmp_path, *base, "BATCH_SIZE=8", "GRAD_ACCUM=1", "RUN_NAME=big")
     run_cli(tmp_path, *base, "BATCH_SIZE=4", "GRAD_ACCUM=2", "RUN_NAME=accum")
     big = summary_of(tmp_path / "results" / "big")["transformer"]
@@ -143,8 +143,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
 
 
 def test_token_budget_stops_every_kind_of_fit(tmp_path):
-    run_cli(tmp_path, "MODELS=['ngram','esn','lstm']", "MAX_STEPS=None", "TOKEN_BUDGET=4096", "RUN_NAME=tok",
-            "PLOTS=False")
+    run_cli(tmp_path, "MODELS=['ngram','esn','lstm']", "MAX_STEPS=None", "TOKEN_BUDGET=4096", "RUN_NAME=tok")
     summary = summary_of(tmp_path / "results" / "tok")
     assert summary["lstm"]["train_tokens"] == 4096  # 16 steps of 8 x 32
     assert summary["ngram"]["train_tokens"] == 4096
@@ -180,8 +179,8 @@ def test_budget_and_learning_rate_schedule():
 
 
 def test_plot_script_compares_runs_and_reports_empty_ones(tmp_path):
-    run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "EVAL_EVERY=5", "RUN_NAME=a", "PLOTS=False")
-    run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=10", "RUN_NAME=b", "PLOTS=False", "NGRAM.order=3")
+    run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "EVAL_EVERY=5", "RUN_NAME=a")
+    run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=10", "RUN_NAME=b", "NGRAM.order=3")
     out = tmp_path / "cmp"
     proc = subprocess.run([sys.executable, str(ROOT / "plot_results.py"), str(tmp_path / "results" / "a"),
                            str(tmp_path / "results" / "b"), f"OUT={out}"], capture_output=True, text=True)

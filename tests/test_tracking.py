@@ -12,7 +12,7 @@ from reservoir.config import ConfigError, parse_overrides
 from reservoir.run.records import read_metrics
 from tests.conftest import run_cli
 
-TRACKED = ["MODELS=['ngram','transformer']", "MAX_STEPS=20", "EVAL_EVERY=10", "LOG_EVERY=5", "PLOTS=False",
+TRACKED = ["MODELS=['ngram','transformer']", "MAX_STEPS=20", "EVAL_EVERY=10", "LOG_EVERY=5",
            "RUN_NAME=tracked"]
 
 

@@ -12,7 +12,7 @@ from reservoir.run.train import adam_beta2, learning_rate
 from tests.conftest import run_cli, run_then_sigkill, summary_of, write_corpus
 
 # the transformer with dropout (the RNG must be carried exactly too), 40 and 80 steps on the wsd schedule
-WSD = ["MODELS=transformer", "TRANSFORMER.dropout=0.1", "LR_SCHEDULE=wsd", "WARMUP_STEPS=5", "PLOTS=False",
+WSD = ["MODELS=transformer", "TRANSFORMER.dropout=0.1", "LR_SCHEDULE=wsd", "WARMUP_STEPS=5",
        "FINAL_EVAL_TOKENS=4096", "EVAL_POINTS=3"]
 
 
