@@ -178,6 +178,23 @@ def test_a_paired_comparison_says_where_its_copies_were_trained():
     replayed["replays"][0]["copy"] = f"edges/{replayed['replays'][0]['point']}"
     assert "them (REPLAY=True, or EDGES=True beside their edge steps; the" in format_study(report, "frontier.png")
 
+def test_the_context_table_says_how_many_tokens_each_row_trained_on():
+    """At one FLOP budget a longer window buys fewer tokens: each row says its own, as its point's record has it."""
+    from reservoir.studies.frontier.analysis import report_from_records
+    from reservoir.studies.frontier.report import format_study
+
+    study = ROOT / "results" / "frontier-shakespeare"
+    report, store = report_from_records(study), PointRecords(study)
+    text = format_study(report, "frontier.png")
+    tokens = {}
+    for row in report["contexts"]["rows"].values():
+        record = next(r for r in store.summary(study / row["point"]) if r["seed"] == row["seed"])
+        tokens[row["seq_len"], row["family"]] = row["train_tokens"]
+        assert row["train_tokens"] == record["train_tokens"]
+        assert f"| {row['family']} | {row['seq_len']} | {record['train_tokens']:,} | " in text
+    assert tokens[512, "transformer++"] < tokens[128, "transformer++"]
+
+
 def test_the_committed_studies_rebuild_their_report_byte_for_byte_from_points_jsonl(tmp_path):
     """results/ as a clone has it (records only): REPORT.md, every frontier.json/.md/.png come out as committed."""
     committed = ROOT / "results"

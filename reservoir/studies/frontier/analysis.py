@@ -11,7 +11,7 @@ from pathlib import Path
 
 from reservoir.run.records import ResultsError
 from reservoir.studies.curves import fit_curve
-from reservoir.studies.frontier.contexts import read_context_scores
+from reservoir.studies.frontier.contexts import context_table
 from reservoir.studies.frontier.edges import edges_report
 from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, FrontierError
 from reservoir.studies.frontier.records import (
@@ -196,4 +196,4 @@ def report_from_records(folder: Path) -> dict:
     except (KeyError, TypeError) as e:
         raise FrontierError(f"{folder / STUDY_FILE} is damaged ({e}); re-run the study's command") from None
     return build_frontier(rows, study, references, collect_comparisons(folder), controls,
-                          read_context_scores(folder), edges)
+                          context_table(folder, records), edges)

@@ -49,6 +49,20 @@ def read_context_scores(study_path: Path) -> dict | None:
                             "command again, which scores the points again")
 
 
+def context_table(study_path: Path, store) -> dict | None:
+    """The context scores as a report shows them: each row with the tokens its point trained on (its record's),
+    since at one FLOP budget a longer window buys fewer tokens where attention pays its T x T square."""
+    scores = read_context_scores(study_path)
+    if not scores:
+        return scores
+    rows = {}
+    for name, row in scores["rows"].items():
+        records = store.summary(Path(study_path) / row["point"]) or []
+        rows[name] = {**row, "train_tokens": next((r.get("train_tokens") for r in records
+                                                   if r.get("seed") == row["seed"]), None)}
+    return {**scores, "rows": rows}
+
+
 def score_point(folder: Path, model_name: str, seed: int, data_cache: dict) -> dict:
     """Bits/char of one trained point at every evaluation context, on its run's final evaluation tokens."""
     model, _, run = load_trained(folder, model_name, seed)

@@ -475,12 +475,15 @@ def _contexts(report: dict, h: str) -> list[str]:
              "window protocol for every model, recurrent ones included) and through the whole stream (the state "
              "carried, for every model that has one; – where a model cannot: no state, or a position table "
              "shorter than the context). Below them the leaders trained again at 4 x SEQ_LEN, at the same FLOPs "
-             "and tokens per step (CONTEXTS=True; `context-scores.json`). recorded: the point's own final score.", "",
-             "| model | trained at SEQ_LEN | " + " | ".join(c if c == "stream" else f"context {c}" for c in columns)
-             + " | recorded |",
-             "| --- | --- | " + " | ".join("---" for _ in columns) + " | --- |"]
+             "and tokens per step (CONTEXTS=True; `context-scores.json`). tokens: what the point trained on (fewer "
+             "at the longer window where attention's T x T square costs more a token). recorded: the point's own "
+             "final score.", "",
+             "| model | trained at SEQ_LEN | tokens | " + " | ".join(c if c == "stream" else f"context {c}"
+                                                          for c in columns) + " | recorded |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in columns) + " | --- |"]
     for row in sorted(rows.values(), key=lambda r: (r["seq_len"], order.get(r["family"], 99))):
-        lines.append(f"| {row['family']} | {row['seq_len']} | " + " | ".join(_fmt(row["scores"].get(c))
+        lines.append(f"| {row['family']} | {row['seq_len']} | {_fmt(row.get('train_tokens'), ',')} | "
+                     + " | ".join(_fmt(row["scores"].get(c))
                                                                             for c in columns)
                      + f" | {_fmt(row.get('recorded_val_bpc'))} |")
     return lines

@@ -47,6 +47,7 @@ from reservoir.studies.budgets import parse_budgets, point_name, positive_number
 from reservoir.studies.frontier.analysis import build_frontier, envelope_cells
 from reservoir.studies.frontier.contexts import (
     LONG_CONTEXT_FACTOR,
+    context_table,
     long_context_folder,
     long_context_settings,
     read_context_scores,
@@ -660,7 +661,7 @@ class FrontierStudy:
         study, rows = read_study_file(self.path), self.records()
         return build_frontier(rows, study, collect_references(self.store), collect_comparisons(self.path),
                               collect_controls(self.store, study["cells"], self.budgets),
-                              read_context_scores(self.path), edges_report(study, rows, self.store))
+                              context_table(self.path, self.store), edges_report(study, rows, self.store))
 
 
 def study_changes(before: dict, now: dict) -> list[str]:
