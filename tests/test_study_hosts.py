@@ -35,8 +35,10 @@ def trials(url):
 
 
 def scores(points_jsonl):
-    rows = [json.loads(line) for line in points_jsonl.read_text().splitlines()[1:]]
-    return {row["point"]: [r["val_bpc"] for r in row["summary"]] for row in rows}
+    from reservoir.studies.store import PointRecords
+
+    points = PointRecords(points_jsonl.parent).packed()["points"]  # the records as written, checked
+    return {key: [r["val_bpc"] for r in point["summary"]] for key, point in points.items()}
 
 
 @pytest.mark.slow
