@@ -15,6 +15,7 @@ committed, and most of its bytes would be the same settings twice).
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def folded(config: dict) -> dict:
 
 def unfolded(config: dict) -> dict:
     if config.get("effective_config") == AS_REQUESTED and isinstance(config.get("requested_config"), dict):
-        return {**config, "effective_config": dict(config["requested_config"])}
+        return {**config, "effective_config": copy.deepcopy(config["requested_config"])}  # two blocks, not one
     return config
 
 
