@@ -482,10 +482,9 @@ def _contexts(report: dict, h: str) -> list[str]:
                                                           for c in columns) + " | recorded |",
              "| --- | --- | --- | " + " | ".join("---" for _ in columns) + " | --- |"]
     for row in sorted(rows.values(), key=lambda r: (r["seq_len"], order.get(r["family"], 99))):
-        lines.append(f"| {row['family']} | {row['seq_len']} | {_fmt(row.get('train_tokens'), ',')} | "
-                     + " | ".join(_fmt(row["scores"].get(c))
-                                                                            for c in columns)
-                     + f" | {_fmt(row.get('recorded_val_bpc'))} |")
+        scores = " | ".join(_fmt(row["scores"].get(c)) for c in columns)
+        lines.append(f"| {row['family']} | {row['seq_len']} | {_fmt(row.get('train_tokens'), ',')} | {scores} | "
+                     f"{_fmt(row.get('recorded_val_bpc'))} |")
     return lines
 
 
