@@ -178,6 +178,7 @@ def test_a_paired_comparison_says_where_its_copies_were_trained():
     replayed["replays"][0]["copy"] = f"edges/{replayed['replays'][0]['point']}"
     assert "them (REPLAY=True, or EDGES=True beside their edge steps; the" in format_study(report, "frontier.png")
 
+
 def test_the_context_table_says_how_many_tokens_each_row_trained_on():
     """At one FLOP budget a longer window buys fewer tokens: each row says its own, as its point's record has it."""
     from reservoir.studies.frontier.analysis import report_from_records
