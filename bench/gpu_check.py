@@ -79,6 +79,26 @@ def peak_tflops(name: str | None) -> float | None:
     return None
 
 
+class PartsWrittenAsTheyEnd(dict):
+    """A report's parts: each one, as it ends, is printed in a line and the report written to OUT_DIR, so a check
+    cut short (a lease's time limit) still leaves what it measured."""
+
+    def __init__(self, out: Path, report: dict):
+        super().__init__()
+        self.out, self.report = out, report
+        report["parts"] = self
+
+    def __setitem__(self, name: str, part: dict) -> None:
+        super().__setitem__(name, part)
+        print(f"{name}: ok={part.get('ok')} in {part.get('seconds', '')}s", flush=True)
+        write_report(self.out, self.report)
+
+
+def write_report(out: Path, report: dict) -> None:
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "gpu_check.md").write_text(markdown(report) + "\n")
+
+
 def main(out: Path, dry_run: bool) -> int:
     sys.path.insert(0, str(ROOT))
     out.mkdir(parents=True, exist_ok=True)
@@ -88,22 +108,22 @@ def main(out: Path, dry_run: bool) -> int:
         print("no CUDA GPU here: run with --dry-run for the CPU-safe parts", file=sys.stderr)
         return 2
     sizes = TINY_SIZES if dry_run else GPU_SIZES
-    steps = "MAX_STEPS=5" if dry_run else "TIME_BUDGET_S=60"
+    steps = "MAX_STEPS=5" if dry_run else f"TIME_BUDGET_S={os.environ.get('GPU_CHECK_SECONDS', '60')}"
     data = ["DATASET=synthetic", "SYNTHETIC_STORIES=400"] if dry_run else []
-    report: dict = {"device": facts, "parts": {}}
-    parts = report["parts"]
+    report: dict = {"device": facts}
+    parts = PartsWrittenAsTheyEnd(out, report)
     parts["test_tpu_support"] = run([PY, "test_tpu_support.py", f"DEVICE={device}"])
     if not dry_run:
         parts["cuda_tests"] = run([PY, "-m", "pytest", "-q", "-m", "cuda", "tests/"])
     common = [*data, *sizes, "FLOP_BUDGET=None", "PLOTS=False", f"RESULTS_DIR={out / 'results'}",
               f"CACHE_DIR={out / 'cache'}", f"DEVICE={device}", steps,
               "MODELS=['ngram','esn','deep_esn','nvar','linear_reservoir','deep_linear_reservoir','lstm','transformer']"]
-    parts["every_model"] = run([PY, "TinyStories.py", *common, "RUN_NAME=every-model"])
-    parts["every_model"]["models"] = runner_table(out / "results" / "every-model")
+    every_model = run([PY, "TinyStories.py", *common, "RUN_NAME=every-model"])
+    parts["every_model"] = {**every_model, "models": runner_table(out / "results" / "every-model")}
     if facts.get("gpus", 0) >= 2:
         torchrun = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={facts['gpus']}"]
-        parts["torchrun"] = run([*torchrun, "TinyStories.py", *common, "RUN_NAME=torchrun"])
-        parts["torchrun"]["models"] = runner_table(out / "results" / "torchrun")
+        on_all = run([*torchrun, "TinyStories.py", *common, "RUN_NAME=torchrun"])
+        parts["torchrun"] = {**on_all, "models": runner_table(out / "results" / "torchrun")}
 
     # the transformer: the runner's training tokens/s against a minimal loop at the same sizes
     budget = "MAX_STEPS=10" if dry_run else "MAX_STEPS=300"
@@ -145,8 +165,7 @@ def main(out: Path, dry_run: bool) -> int:
     except ImportError:
         parts["esn_vs_reservoirpy"] = {"ok": None, "tail": "skipped: reservoirpy is not installed here"}
 
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "gpu_check.md").write_text(markdown(report) + "\n")
+    write_report(out, report)
     print(markdown(report))
     return 0 if all(p.get("ok") is not False for p in parts.values()) else 1
 

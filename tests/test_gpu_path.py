@@ -116,6 +116,23 @@ def test_the_gpu_checks_report_shows_why_a_part_failed():
     assert "PASS  check_0" not in text and "fine" not in text  # the last lines of the failed part alone
 
 
+def test_the_gpu_check_writes_each_part_as_it_ends(tmp_path, capsys):
+    """A lent GPU machine's time runs out mid-check: what ended before must already be on disk and printed."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    report = {"device": {"torch": "2.x", "name": "NVIDIA H100"}}
+    parts = gpu_check.PartsWrittenAsTheyEnd(tmp_path, report)
+    parts["cuda_tests"] = {"ok": True, "returncode": 0, "command": "pytest -m cuda", "seconds": 46.0, "tail": "ok"}
+    written = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert written["parts"]["cuda_tests"]["seconds"] == 46.0
+    assert "| cuda_tests | True | 46.0 |" in (tmp_path / "gpu_check.md").read_text()
+    assert "cuda_tests: ok=True in 46.0s" in capsys.readouterr().out
+
+
 def test_a_failed_set_up_check_names_the_line_it_failed_on(monkeypatch, capsys):
     """Most of test_tpu_support.py's asserts carry no message: its FAIL line must say which one failed."""
     import test_tpu_support as setup_check
