@@ -1,18 +1,31 @@
 """Loss against compute: the curve L(C) = E + A·(C / C₀)^(−α) (Kaplan et al. 2020; Hoffmann et al. 2022)
-fitted with scipy's ``curve_fit``, where two fits cross, and the log-axes figures the studies draw.
+fitted by least squares, where two fits cross, and the log-axes figures the studies draw.
+
+The fit is computed in Python's ``decimal`` arithmetic rather than by scipy's ``curve_fit``: a report must come
+out byte for byte the same on every machine, and ``curve_fit`` moves with the machine's numpy dispatch (SIMD
+width) and BLAS around a fit's 9th digit, which rounding to any number of digits cannot hide (a value near a
+rounding boundary rounds both ways). ``decimal`` is exact software arithmetic, specified to the digit, so the
+same points give the same fit everywhere. The curve is linear in E and A for a given α (variable projection):
+α is searched on a fixed grid over its bounds, then refined by a fixed number of golden-section steps, with E
+and A solved in closed form (both ≥ 0) at each α.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
+from decimal import Context, Decimal, localcontext
 from pathlib import Path
 
 import numpy as np
 
 MIN_FIT_POINTS = 3  # distinct compute-bound budgets a curve needs (it has three parameters)
-FIT_DIGITS = 6  # significant digits a fit keeps: BLAS differs between machines around the 10th, and a report
-# regenerated anywhere must be byte-identical (the standard errors are larger than this by orders of magnitude)
+FIT_DIGITS = 6  # significant digits a fit keeps (its standard errors are larger by orders of magnitude)
+ALPHA_MAX = 5  # α's upper bound: past it the curve is a step, not a power law
+ALPHA_GRID = 500  # α searched at ALPHA_MAX / ALPHA_GRID steps before refining: finds the best of several minima
+GOLDEN_STEPS = 160  # golden-section steps from one grid step: 0.618^160 of it, far below FIT_DIGITS
+PRECISION = 50  # decimal digits of the fit's arithmetic
+CROSSOVER_GRID = 2000  # budgets, evenly spaced in log, where crossing curves are looked for
+CROSSOVER_PRECISION = 28  # decimal digits there (the budget kept is a grid midpoint, not a refined root)
 
 
 def curve(compute, e: float, a: float, alpha: float, c0: float):
@@ -21,48 +34,113 @@ def curve(compute, e: float, a: float, alpha: float, c0: float):
 
 
 def fit_curve(compute: list[float], bpc: list[float], c0: float) -> dict:
-    """E, A, α (± one standard error) of L(C) through the points, with residuals; or why not."""
-    from scipy.optimize import OptimizeWarning, curve_fit
-
-    x, y = np.asarray(compute, dtype=float), np.asarray(bpc, dtype=float)
-    if len(set(np.round(np.log(x), 6))) < MIN_FIT_POINTS:
+    """E, A, α (± one standard error, as ``curve_fit`` estimates it) of L(C) through the points, with residuals;
+    or why not. The same points give the same bytes on any machine (the module's docstring says how)."""
+    if not all(math.isfinite(v) for v in [*compute, *bpc, c0]) or min(*compute, c0) <= 0:
+        return {"converged": False, "reason": "a point's compute or bits/char is not a finite positive number"}
+    if len({round(math.log(c), 6) for c in compute}) < MIN_FIT_POINTS:
         return {"converged": False, "reason": f"fewer than {MIN_FIT_POINTS} compute-bound budgets"}
-    p0 = (0.9 * y.min(), max(y.max() - 0.9 * y.min(), 1e-3), 0.3)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", OptimizeWarning)
-            params, cov = curve_fit(lambda c, e, a, alpha: curve(c, e, a, alpha, c0), x, y, p0=p0,
-                                    bounds=([0.0, 0.0, 0.0], [np.inf, np.inf, 5.0]), maxfev=20000)
-    except (RuntimeError, ValueError, OptimizeWarning) as e:
-        return {"converged": False, "reason": f"curve_fit did not converge ({e})"}
-    errors = np.sqrt(np.diag(cov)) if np.all(np.isfinite(cov)) else np.full(3, np.nan)
-    residuals = y - curve(x, *params, c0)
-    return {"converged": True, "E": _kept(params[0]), "A": _kept(params[1]), "alpha": _kept(params[2]),
+    with localcontext(Context(prec=PRECISION)):
+        logs = [(Decimal(c) / Decimal(c0)).ln() for c in compute]
+        ys = [Decimal(v) for v in bpc]
+        alpha, (sse, e, a, us) = _best_alpha(logs, ys)
+        residuals = [y - e - a * u for y, u in zip(ys, us, strict=True)]
+        errors = _standard_errors(logs, us, a, sse, len(ys))
+        rms = (sse / len(ys)).sqrt()
+    return {"converged": True, "E": _kept(e), "A": _kept(a), "alpha": _kept(alpha),
             "E_se": _kept(errors[0]), "A_se": _kept(errors[1]), "alpha_se": _kept(errors[2]), "C0": c0,
-            "residuals": [_kept(r) for r in residuals], "rms_residual": _kept(np.sqrt(np.mean(residuals**2))),
-            "points": len(y)}
+            "residuals": [_kept(r) for r in residuals], "rms_residual": _kept(rms), "points": len(ys)}
+
+
+def _best_alpha(logs: list[Decimal], ys: list[Decimal]) -> tuple[Decimal, tuple]:
+    """α in [0, ALPHA_MAX] with the least squared error, and (that error, E, A, the (C/C₀)^−α)."""
+    step = Decimal(ALPHA_MAX) / ALPHA_GRID
+    grid = [(k * step, _solve(k * step, logs, ys)) for k in range(ALPHA_GRID + 1)]
+    best = min(range(len(grid)), key=lambda k: grid[k][1][0])  # the first of equals: a fixed choice
+    low, high = grid[max(best - 1, 0)][0], grid[min(best + 1, ALPHA_GRID)][0]
+    ratio = (Decimal(5).sqrt() - 1) / 2
+    left, right = high - ratio * (high - low), low + ratio * (high - low)
+    at_left, at_right = _solve(left, logs, ys), _solve(right, logs, ys)
+    for _ in range(GOLDEN_STEPS):
+        if at_left[0] <= at_right[0]:
+            high, right, at_right = right, left, at_left
+            left = high - ratio * (high - low)
+            at_left = _solve(left, logs, ys)
+        else:
+            low, left, at_left = left, right, at_right
+            right = low + ratio * (high - low)
+            at_right = _solve(right, logs, ys)
+    candidates = [grid[best], (left, at_left), (right, at_right)]
+    return min(candidates, key=lambda c: c[1][0])
+
+
+def _solve(alpha: Decimal, logs: list[Decimal], ys: list[Decimal]) -> tuple:
+    """At one α: (squared error, E, A, the (C/C₀)^−α) with E, A ≥ 0 the least-squares line through (u, y)."""
+    us = [(-alpha * x).exp() for x in logs]
+    n = len(ys)
+    mean_u, mean_y = sum(us) / n, sum(ys) / n
+    suu = sum((u - mean_u) ** 2 for u in us)
+    lines = []  # (E, A) candidates: the free line where it keeps E, A >= 0, else the best on each bound
+    if suu > 0:
+        a = sum((u - mean_u) * (y - mean_y) for u, y in zip(us, ys, strict=True)) / suu
+        if a >= 0 and mean_y - a * mean_u >= 0:
+            lines.append((mean_y - a * mean_u, a))
+    if not lines:
+        lines.append((max(mean_y, Decimal(0)), Decimal(0)))
+        lines.append((Decimal(0), max(sum(u * y for u, y in zip(us, ys, strict=True)) / sum(u * u for u in us),
+                                      Decimal(0))))
+    scored = [(sum((y - e - a * u) ** 2 for u, y in zip(us, ys, strict=True)), e, a) for e, a in lines]
+    sse, e, a = min(scored, key=lambda s: s[0])
+    return sse, e, a, us
+
+
+def _standard_errors(logs: list[Decimal], us: list[Decimal], a: Decimal, sse: Decimal, n: int) -> list:
+    """One standard error of E, A, α: the square roots of the covariance's diagonal, (JᵀJ)⁻¹ · SSE / (n − 3)
+    (``curve_fit``'s default); None where the points cannot say (no more points than parameters, or the
+    parameters not identifiable: JᵀJ singular)."""
+    if n <= 3:
+        return [None, None, None]
+    rows = [(Decimal(1), u, -a * u * x) for u, x in zip(us, logs, strict=True)]  # ∂L/∂E, ∂L/∂A, ∂L/∂α
+    m = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
+    cofactors = [[m[(i + 1) % 3][(j + 1) % 3] * m[(i + 2) % 3][(j + 2) % 3]
+                  - m[(i + 1) % 3][(j + 2) % 3] * m[(i + 2) % 3][(j + 1) % 3] for j in range(3)] for i in range(3)]
+    det = sum(m[0][j] * cofactors[0][j] for j in range(3))
+    scale = max(abs(v) for row in m for v in row)
+    if det <= scale ** 3 * Decimal(10) ** (-PRECISION // 2):
+        return [None, None, None]
+    variance = sse / (n - 3)
+    return [(cofactors[i][i] / det * variance).sqrt() for i in range(3)]
 
 
 def _kept(value) -> float | None:
-    """A fitted number as stored: FIT_DIGITS significant digits; None where it is not finite."""
-    return float(f"{float(value):.{FIT_DIGITS}g}") if np.isfinite(value) else None
+    """A fitted number as stored: FIT_DIGITS significant digits; None where there is none."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.{FIT_DIGITS}g}")  # a Decimal rounded to its digits in decimal, once
 
 
 def crossovers(fits: dict, low: float, high: float) -> list[dict]:
     """Budgets where two fitted curves cross, searched from the ladder's lowest budget up to 100x its highest
-    (the question is who wins with more compute; past the ladder a crossover is extrapolated)."""
-    grid = np.geomspace(low, high * 100, 2000)
-    found = []
+    (the question is who wins with more compute; past the ladder a crossover is extrapolated). In decimal
+    arithmetic on a fixed grid, as the fits: the same budgets on every machine."""
     names = [m for m, f in fits.items() if f.get("converged")]
-    for i, first in enumerate(names):
-        for second in names[i + 1:]:
-            a, b = fits[first], fits[second]
-            diff = curve(grid, a["E"], a["A"], a["alpha"], a["C0"]) - curve(grid, b["E"], b["A"], b["alpha"], b["C0"])
-            for k in np.flatnonzero(np.sign(diff[:-1]) * np.sign(diff[1:]) < 0):
-                at = float(math.exp((math.log(grid[k]) + math.log(grid[k + 1])) / 2))
-                better = first if diff[k + 1] < 0 else second
-                found.append({"models": [first, second], "budget": at, "better_above": better,
-                              "within_ladder": bool(low <= at <= high)})
+    if len(names) < 2:
+        return []
+    with localcontext(Context(prec=CROSSOVER_PRECISION)):
+        log_low, log_high = Decimal(low).ln(), Decimal(high * 100).ln()
+        logs = [log_low + (log_high - log_low) * k / (CROSSOVER_GRID - 1) for k in range(CROSSOVER_GRID)]
+        values = {m: [Decimal(fits[m]["E"]) + Decimal(fits[m]["A"]) * (-Decimal(fits[m]["alpha"]) * (
+            x - Decimal(fits[m]["C0"]).ln())).exp() for x in logs] for m in names}
+        found = []
+        for i, first in enumerate(names):
+            for second in names[i + 1:]:
+                diff = [a - b for a, b in zip(values[first], values[second], strict=True)]
+                for k in range(CROSSOVER_GRID - 1):
+                    if diff[k] * diff[k + 1] < 0:
+                        at = float(((logs[k] + logs[k + 1]) / 2).exp())
+                        found.append({"models": [first, second], "budget": at,
+                                      "better_above": first if diff[k + 1] < 0 else second,
+                                      "within_ladder": bool(low <= at <= high)})
     return found
 
 

@@ -11,7 +11,7 @@ work on it as on any run. Re-running the same study skips finished points and re
 interrupted one from its checkpoint: a killed study loses at most CHECKPOINT_EVERY_S of one point.
 
 The fit per model is L(C) = E + A·(C / C₀)^(−α) (Kaplan et al. 2020; Hoffmann et al. 2022) by
-scipy's ``curve_fit`` over every seed's point, C₀ the smallest budget (which keeps A of the
+least squares (curves.py) over every seed's point, C₀ the smallest budget (which keeps A of the
 order of the losses); the uncertainties are the square roots of the covariance's diagonal.
 A model whose fits all ended on their data (one pass of a closed-form fit, n-gram counts) has no
 compute to scale: it is reported and drawn as a reference line, not fitted.
