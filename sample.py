@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from configs import ConfigError, parse_options
+from reservoir.config import is_integer, is_number
 from reservoir.platform import device as dev
 from reservoir.platform.messages import TAG, OneLineError
 from reservoir.run.sampling import SampleSettings, write_stories
@@ -73,7 +74,7 @@ def _number(options: dict, key: str, default, kind, minimum, allow_none: bool = 
     value = options.get(key, default)
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and int(value) != value):
+    if not (is_integer(value) if kind is int else is_number(value)):
         raise ConfigError(f"{key} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
     if value < minimum:
         raise ConfigError(f"{key} must be >= {minimum}, got {value!r}")

@@ -250,6 +250,16 @@ def parse_literal(text: str):
         return text
 
 
+def is_number(value) -> bool:
+    """A finite int or float, not a bool (1e400 is read as infinity, nan as not a number: neither is one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_integer(value) -> bool:
+    """A number with no fractional part (3 or 3.0; not 3.5, True, or 1e400)."""
+    return is_number(value) and int(value) == value
+
+
 def _coerce(key: str, value, default):
     """Return ``value`` with the type of ``default``, or raise ConfigError saying what is allowed."""
     if value is None and (default is None or key in _OPTIONAL):
@@ -262,11 +272,11 @@ def _coerce(key: str, value, default):
             return bool(value)
         raise ConfigError(f"{key} must be True or False, got {value!r}")
     if expected is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        if not is_integer(value):
             raise ConfigError(f"{key} must be an integer, got {value!r}")
         return int(value)
     if expected is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not is_number(value):
             raise ConfigError(f"{key} must be a finite number, got {value!r}")
         return float(value)
     if expected is str:

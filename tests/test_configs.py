@@ -1,4 +1,5 @@
 import copy
+import importlib.util
 import subprocess
 import sys
 
@@ -68,6 +69,35 @@ def test_defaults_are_not_modified_by_overrides():
 def test_bad_values_name_what_is_allowed(arg, message):
     with pytest.raises(ConfigError, match=message):
         parse_overrides([arg])
+
+
+def _integer_settings() -> list[str]:
+    """Every setting whose default is an integer (model blocks' too), as KEY or BLOCK.key."""
+    keys = []
+    for key, value in SHARED_CONFIG.items():
+        if isinstance(value, dict):
+            keys += [f"{key}.{k}" for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)]
+        elif isinstance(value, int) and not isinstance(value, bool):
+            keys.append(key)
+    return keys
+
+
+@pytest.mark.parametrize("key", [*_integer_settings(), "EVAL_TOKENS", "FINAL_EVAL_TOKENS", "TOKEN_BUDGET",
+                                 "ADAM_BETA2_REF_TOKENS"])
+def test_a_number_past_floats_range_is_one_line_for_every_integer_setting(key):
+    """1e400 reads as infinity: int() of it raised OverflowError from deep in the parser."""
+    for value in ("1e400", "-1e400"):
+        with pytest.raises(ConfigError, match=f"{key.split('.')[-1]} must be an integer, got -?inf"):
+            parse_overrides([f"{key}={value}"])
+
+
+def test_sample_py_refuses_a_number_past_floats_range_in_one_line():
+    spec = importlib.util.spec_from_file_location("sample_script", ROOT / "sample.py")
+    sample = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sample)
+    for key, kind in (("MAX_NEW_TOKENS", int), ("TEMPERATURE", float)):
+        with pytest.raises(ConfigError, match=f"{key} must be .*, got inf"):
+            sample._number({key: float("inf")}, key, 1, kind, 0)
 
 
 def test_use_tpu_contradicting_device_is_refused():
