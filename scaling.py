@@ -58,6 +58,9 @@ def report_only(folder: str) -> int:
 
 def frontier(own: dict, settings: list[str]) -> int:
     planning = own.pop("PLAN", "false").strip().lower() in ("true", "1", "yes")
+    if "HOSTS" in own and not planning:
+        raise StudyError("HOSTS prices a study for that many hosts, with PLAN=True; the hosts of a running study "
+                         "are the machines that run its command (STUDY_STORAGE): add PLAN=True, or leave HOSTS out")
     hosts = positive_numbers("HOSTS", own.pop("HOSTS", "1"), "2", StudyError, integers=True)[0]
     study = FrontierStudy.from_args(own, settings)
     if planning:  # what it costs, before anything trains or is written

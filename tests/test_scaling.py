@@ -63,6 +63,22 @@ def test_a_study_refuses_what_it_sets_itself_and_checks_settings_before_running(
     assert f"RUN_NAME={point_name(1e9)}" in study.point_args(1e9)
 
 
+def test_an_empty_study_name_and_hosts_without_a_plan_are_one_line_each(tmp_path):
+    """STUDY= fell back to the default study, HOSTS without PLAN=True was dropped: both silently."""
+    from reservoir.studies.frontier.grid import FrontierError
+    from reservoir.studies.frontier.study import FrontierStudy
+
+    with pytest.raises(StudyError, match="STUDY= names no folder: give one .* leave STUDY out for 'scaling'"):
+        Study.from_args({"STUDY": ""}, [f"RESULTS_DIR={tmp_path}"])
+    with pytest.raises(FrontierError, match="STUDY= names no folder: give one .* leave STUDY out for 'frontier'"):
+        FrontierStudy.from_args({"STUDY": " ", "FAMILIES": "lstm"}, [f"RESULTS_DIR={tmp_path}"])
+    with pytest.raises(StudyError, match="STUDY must be a plain folder name, got '../elsewhere'"):
+        Study.from_args({"STUDY": "../elsewhere"}, [f"RESULTS_DIR={tmp_path}"])
+    proc = run_script("scaling.py", "FRONTIER=True", "HOSTS=4", f"RESULTS_DIR={tmp_path}", check=False)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: HOSTS prices a study") and "PLAN=True" in proc.stderr
+    assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == []
+
+
 # --------------------------------------------------------------------- the fit
 
 

@@ -43,6 +43,18 @@ def parse_budgets(value) -> list[float]:
     return budgets
 
 
+def study_name(own: dict, default: str, error=None) -> str:
+    """The study's folder under RESULTS_DIR: STUDY's value, or ``default`` where STUDY is not given. ``STUDY=``
+    with nothing after it is refused (it used to fall back to the default study silently)."""
+    name = own.get("STUDY", default)
+    if not name.strip():
+        raise (error or StudyError)(f"STUDY= names no folder: give one (STUDY=my-study), or leave STUDY out for "
+                                    f"{default!r}")
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise (error or StudyError)(f"STUDY must be a plain folder name, got {name!r}")
+    return name
+
+
 def point_name(budget: float) -> str:
     """The run folder of one budget: flops-2.50e12."""
     return "flops-" + f"{budget:.2e}".replace("+", "")

@@ -29,7 +29,7 @@ import numpy as np
 from reservoir.config import parse_overrides
 from reservoir.platform.messages import say, warn
 from reservoir.run.records import ResultsError, point_scores, read_json, read_summary, run_seeds, write_json_atomic
-from reservoir.studies.budgets import StudyError, parse_budgets, point_name, step_cost
+from reservoir.studies.budgets import StudyError, parse_budgets, point_name, step_cost, study_name
 from reservoir.studies.curves import crossovers, curve, fit_curve, log_axes, save_figure
 from reservoir.studies.runner import exit_status, hold_study
 
@@ -66,9 +66,7 @@ class Study:
         """The study of a command line: ``own``, its STUDY_KEYS (as config.split_arguments parts them
         from the rest), and ``settings``, the run settings that ``parse_overrides(args) -> config`` checks."""
         budgets = parse_budgets(own["BUDGETS"]) if "BUDGETS" in own else list(DEFAULT_BUDGETS)
-        name = own.get("STUDY") or "scaling"
-        if not name.strip() or "/" in name or "\\" in name or name in (".", ".."):
-            raise StudyError(f"STUDY must be a plain folder name, got {name!r}")
+        name = study_name(own, "scaling")
         given = {arg.partition("=")[0].strip().upper() for arg in settings}
         defaults = [f"{key}={value!r}" for key, value in DEFAULT_SETTINGS.items() if key not in given]
         for arg in settings:

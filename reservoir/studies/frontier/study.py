@@ -43,7 +43,7 @@ from reservoir.platform.messages import say
 from reservoir.run.checkpoint import CheckpointError, checkpoint_file
 from reservoir.run.evaluation import CONTEXTS
 from reservoir.run.records import read_json, write_json_atomic, write_signed_json
-from reservoir.studies.budgets import parse_budgets, point_name, positive_numbers, step_cost
+from reservoir.studies.budgets import parse_budgets, point_name, positive_numbers, step_cost, study_name
 from reservoir.studies.frontier.analysis import build_frontier, envelope_cells
 from reservoir.studies.frontier.contexts import (
     LONG_CONTEXT_FACTOR,
@@ -129,9 +129,7 @@ class FrontierStudy:
     def from_args(cls, own: dict[str, str], settings: list[str]) -> FrontierStudy:
         grid = parse_grid(own)
         budgets = parse_budgets(own["BUDGETS"]) if "BUDGETS" in own else list(DEFAULT_BUDGETS)
-        name = own.get("STUDY") or "frontier"
-        if not name.strip() or "/" in name or "\\" in name or name in (".", ".."):
-            raise FrontierError(f"STUDY must be a plain folder name, got {name!r}")
+        name = study_name(own, "frontier", FrontierError)
         for arg in settings:
             key = arg.partition("=")[0].strip().upper().partition(".")[0]
             if key in OWN_SETTINGS:
