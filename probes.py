@@ -16,7 +16,8 @@ from __future__ import annotations
 import sys
 
 from configs import split_arguments, wants_help
-from reservoir.platform.messages import OneLineError, say
+from reservoir.platform import stopping
+from reservoir.platform.messages import TAG, OneLineError, say
 from reservoir.studies.probes import PROBE_KEYS, ProbeSet, run_probe_set, write_probe_report
 
 
@@ -34,6 +35,9 @@ def main(argv: list[str]) -> int:
             say(f"wrote {path}")
     except OneLineError as e:
         raise SystemExit(f"error: {e}") from None
+    except stopping.Stopped as e:
+        print(f"{TAG} probes stopped by {e.signal_name}: {e.saved}", file=sys.stderr, flush=True)
+        return e.exit_code
     return 0
 
 

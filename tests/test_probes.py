@@ -2,6 +2,12 @@
 state each family carries, and the records a continued set trusts."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -95,3 +101,46 @@ def test_the_probe_set_records_each_run_once_and_refuses_an_edited_record(tmp_pa
 
 def test_the_probe_command_in_the_readme_is_the_entry_point():
     assert "python probes.py" in (ROOT / "README.md").read_text()
+
+
+def _children(pid: int) -> set[int]:
+    """The processes ``pid`` started that are alive now (Linux's /proc)."""
+    try:
+        text = (Path("/proc") / str(pid) / "task" / str(pid) / "children").read_text()
+    except OSError:
+        return set()
+    return {int(p) for p in text.split()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree from Linux's /proc")
+def test_a_sigterm_stops_the_probe_set_and_every_worker_and_says_how_to_go_on(tmp_path):
+    """The set's parent used to die alone on SIGTERM (exit 143, no line), its workers training on as orphans."""
+    command = [sys.executable, str(ROOT / "probes.py"), "TASKS=copying", "FAMILIES=lstm", "STEPS=100000",
+               "LEARNING_RATES=4e-3", "WORKERS=2", f"RESULTS_DIR={tmp_path}"]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline, workers = time.time() + 120, set()
+    while time.time() < deadline and len(workers) < 2 and proc.poll() is None:
+        workers |= _children(proc.pid)
+        time.sleep(0.1)
+    assert len(workers) == 2, proc.communicate()[1][-2000:]
+    time.sleep(1.0)  # the workers are training
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    said = [line for line in err.splitlines() if line.strip()]
+    assert said[-1].startswith("[ReservoirNLP] probes stopped by SIGTERM: 0 probe runs are recorded"), err[-2000:]
+    assert "the 3 not finished were stopped and train when the same command runs again" in said[-1]
+    assert "Traceback" not in err
+    deadline = time.time() + 10
+    while time.time() < deadline and any(_alive(w) for w in workers):
+        time.sleep(0.1)
+    assert not any(_alive(w) for w in workers)  # no orphan trains on

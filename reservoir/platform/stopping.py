@@ -10,6 +10,7 @@ one aborts at once (SIGINT as KeyboardInterrupt, SIGTERM with its default action
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -17,6 +18,7 @@ import threading
 from reservoir.platform.messages import warn
 
 _requested: str | None = None
+_announce = True  # the first signal says what happens next (a runner's own line may say it instead)
 
 
 class Stopped(Exception):
@@ -50,19 +52,35 @@ def _handler(signum, frame) -> None:
         os.kill(os.getpid(), signum)
         return
     _requested = name
-    warn(f"{name} received: finishing the current step, then saving a checkpoint "
-         f"(send it again to stop at once, losing the work since the last checkpoint)")
+    if _announce:
+        warn(f"{name} received: finishing the current step, then saving a checkpoint "
+             f"(send it again to stop at once, losing the work since the last checkpoint)")
 
 
-def install() -> None:
+def install(announce: bool = True) -> None:
     """Route SIGTERM and SIGINT to the flag. Python lets only the main thread do that; a run started in
-    another thread (torch_xla's launcher on XLA:CPU) shares the flag its process's main thread set up."""
-    global _requested
+    another thread (torch_xla's launcher on XLA:CPU) shares the flag its process's main thread set up.
+    ``announce=False``: the first signal is not said (the caller says in its own line how it stopped)."""
+    global _requested, _announce
     if threading.current_thread() is not threading.main_thread():
         return
-    _requested = None
+    _requested, _announce = None, announce
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _handler)
+
+
+@contextlib.contextmanager
+def installed(announce: bool = True):
+    """``install`` for a with block: the signal handlers from before it are put back after it (a probe set
+    called from a longer program leaves that program's Ctrl-C as it was)."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    install(announce)
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
 
 
 def requested() -> str | None:

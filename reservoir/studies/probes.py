@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 from torch.nn import functional as F
 
 from reservoir.data.recall import PROBE_TASKS, UNSCORED, ProbeTask
+from reservoir.platform import stopping
 from reservoir.platform.files import atomic_write_text, make_folder
 from reservoir.platform.machine import usable_cores
 from reservoir.platform.messages import OneLineError
@@ -233,24 +235,64 @@ def _train_one(run: ProbeRun) -> dict:
     return train_probe(run)
 
 
+def _leave_stopping_to_the_set() -> None:
+    """A worker ignores Ctrl-C (the terminal sends it to every process: the probe set stops its workers) and
+    ends on SIGTERM (a forked worker would otherwise keep the set's handler, which only sets a flag)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _stop_workers(pool) -> None:
+    """End the pool's worker processes now: a run in progress is lost (a probe run is a minute or two) and trains
+    again with the same command. ProcessPoolExecutor says how only from Python 3.14 (terminate_workers); before
+    it, its _processes are the workers."""
+    if hasattr(pool, "terminate_workers"):
+        pool.terminate_workers()
+        return
+    for process in list(getattr(pool, "_processes", {}).values()):
+        process.terminate()
+    for process in list(getattr(pool, "_processes", {}).values()):
+        process.join(timeout=10)
+
+
 def run_probe_set(probes: ProbeSet, say) -> dict[str, dict]:
     """Every run of ``probes`` not yet recorded, WORKERS at once (a process each, one thread), each recorded as it
-    finishes; the same command continues a stopped set."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
+    finishes; the same command continues a stopped set. SIGTERM or Ctrl-C stops every worker (none is left
+    running) and raises stopping.Stopped, which says what was kept."""
     make_folder(probes.folder)
     records = read_records(probes.folder)
     todo = [r for r in probes.runs() if r.key not in records]
     say(f"probes: {len(probes.runs()) - len(todo)} runs recorded, {len(todo)} to train, {probes.workers} at once")
-    with ProcessPoolExecutor(max_workers=probes.workers) as pool:
-        futures = {pool.submit(_train_one, run): run for run in todo}
-        for future in as_completed(futures):
-            record = future.result()
-            append_record(probes.folder, record)
-            records[futures[future].key] = record
-            say(f"probes: {record['task']} {record['family']} size {record['size']} (state {record['state_size']:,}) "
-                f"lr {record['learning_rate']:g}: accuracy {record['accuracy']:.3f} in {record['train_seconds']:.0f} s")
+    with stopping.installed(announce=False):
+        _train_all(probes, todo, records, say)
     return records
+
+
+def _train_all(probes: ProbeSet, todo: list[ProbeRun], records: dict[str, dict], say) -> None:
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    pool = ProcessPoolExecutor(max_workers=probes.workers, initializer=_leave_stopping_to_the_set)
+    futures = {pool.submit(_train_one, run): run for run in todo}
+    pending = set(futures)
+    try:
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for future in done:
+                record = future.result()
+                append_record(probes.folder, record)
+                records[futures[future].key] = record
+                say(f"probes: {record['task']} {record['family']} size {record['size']} (state "
+                    f"{record['state_size']:,}) lr {record['learning_rate']:g}: accuracy {record['accuracy']:.3f} in "
+                    f"{record['train_seconds']:.0f} s")
+            if stopping.requested() and pending:
+                raise stopping.Stopped(stopping.requested(), None,
+                                       f"{len(records)} probe runs are recorded in {probes.folder / RECORDS_FILE}; "
+                                       f"the {len(pending)} not finished were stopped and train when the same command "
+                                       "runs again")
+    finally:
+        if pending:
+            _stop_workers(pool)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def best_per_size(records: dict[str, dict]) -> list[dict]:
