@@ -45,7 +45,7 @@ from reservoir.studies.frontier.shared import export_records
 from reservoir.studies.frontier.study import FrontierExit, FrontierStudy, measure_cells
 from reservoir.studies.ladder import STUDY_KEYS, Study, StudyExit, format_report, plot_scaling, write_report
 from reservoir.studies.runner import run_point, run_points
-from reservoir.studies.storage import lost_storage_in
+from reservoir.studies.storage import lost_storage_in, shown
 
 
 def report_only(folder: str) -> int:
@@ -79,7 +79,7 @@ def frontier(own: dict, settings: list[str]) -> int:
         if lost is None:
             raise
         reason = " ".join(str(lost).split())[:160] or type(lost).__name__
-        raise StudyError(f"the study storage {study.storage_url} was lost mid-study ({reason}); every recorded "
+        raise StudyError(f"the study storage {shown(study.storage_url)} was lost mid-study ({reason}); every recorded "
                          "point is kept, and points this host finished are recorded when it is back: restart the "
                          "database, then run the same command") from None
     report = study.report()

@@ -120,3 +120,18 @@ def test_another_grid_an_edited_record_and_an_unreachable_storage_are_one_line(t
                              *other, check=False)
     assert unreachable.returncode != 0 and "cannot open the storage" in unreachable.stderr
     assert "check STUDY_STORAGE" in unreachable.stderr and "Traceback" not in unreachable.stderr
+
+
+def test_a_storage_url_s_password_is_never_printed():
+    """The URL that failed used to be printed whole, password and all, in a terminal line (and its logs)."""
+    from reservoir.studies.budgets import StudyError
+    from reservoir.studies.storage import open_rdb, shown
+    from reservoir.studies.sweeps import storage_lost
+
+    url = "postgresql+psycopg2://me:s3cret-word@127.0.0.1:1/studies"
+    assert shown(url) == "postgresql+psycopg2://me:***@127.0.0.1:1/studies"
+    assert shown("sqlite:///studies.db") == "sqlite:///studies.db" and shown(None) == "journal"
+    with pytest.raises(StudyError) as refused:
+        open_rdb(url, 1, lambda study, trial: None, StudyError, "STUDY_STORAGE")
+    assert "s3cret-word" not in str(refused.value) and "me:***@127.0.0.1:1" in str(refused.value)
+    assert "s3cret-word" not in str(storage_lost(url, ConnectionError("gone")))

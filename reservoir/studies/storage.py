@@ -13,6 +13,19 @@ import time
 import warnings
 
 
+def shown(url: str | None) -> str:
+    """A storage URL as printed: its password masked (SQLAlchemy's own rendering), so a terminal line or a
+    log never carries it; a value that is no database URL (a journal file) as given."""
+    if not url:
+        return "journal"
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads (or no SQLAlchemy): nothing to mask
+        return url
+
+
 def storage_errors() -> tuple[type[BaseException], ...]:
     """What a storage that went away raises: Optuna's wrapper and SQLAlchemy's own errors."""
     import optuna
@@ -67,5 +80,5 @@ def open_rdb(url: str, heartbeat_s: float, lost, error: type[Exception], what: s
                 time.sleep(0.5 * (attempt + 1))
                 continue
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise error(f"cannot open the storage {url} ({reason}); check {what}") from None
-    raise error(f"cannot create the storage's tables in {url}: other hosts keep racing; start again")
+            raise error(f"cannot open the storage {shown(url)} ({reason}); check {what}") from None
+    raise error(f"cannot create the storage's tables in {shown(url)}: other hosts keep racing; start again")

@@ -33,7 +33,7 @@ from reservoir.platform.files import atomic_write_text
 from reservoir.platform.machine import process_start
 from reservoir.platform.messages import OneLineError, say, warn
 from reservoir.run.records import run_seeds
-from reservoir.studies.storage import open_rdb, storage_errors
+from reservoir.studies.storage import open_rdb, shown, storage_errors
 
 # One declared search space per model, with the ranges reservoirpy's tutorials and the literature
 # use (log-uniform spectral radius 1e-2..10, leak rate 1e-3..1, input scaling 1e-2..10, ridge 1e-8..10;
@@ -73,7 +73,7 @@ class StorageLost(OneLineError, RuntimeError):
 def storage_lost(storage_url: str | None, error: BaseException) -> StorageLost:
     cause = error.__cause__ or error
     reason = " ".join(str(cause).split())[:160] or type(cause).__name__
-    return StorageLost(f"the sweep storage {storage_url or 'journal'} was lost mid-sweep ({reason}); the trial in "
+    return StorageLost(f"the sweep storage {shown(storage_url)} was lost mid-sweep ({reason}); the trial in "
                        "progress does not count toward TRIALS: restart the database, then run the same command "
                        "again to continue the study")
 

@@ -29,7 +29,7 @@ from reservoir.platform.files import make_folder
 from reservoir.platform.messages import say
 from reservoir.run.records import check_run_config, check_summary, portable_config, read_json, read_summary
 from reservoir.studies.frontier.grid import FrontierError, FrontierExit
-from reservoir.studies.storage import open_rdb, storage_errors
+from reservoir.studies.storage import open_rdb, shown, storage_errors
 
 POLL_S = 5.0  # at most this long between a waiting host's looks at the others' points (less with HEARTBEAT)
 
@@ -48,7 +48,7 @@ class SharedPoints:
             self.study = optuna.create_study(study_name=f"frontier:{name}", storage=self.storage, load_if_exists=True)
         except storage_errors() as e:
             reason = " ".join(str(getattr(e, "orig", None) or e).split())[:200]
-            raise FrontierError(f"cannot open the storage {url} ({reason}); check STUDY_STORAGE") from None
+            raise FrontierError(f"cannot open the storage {shown(url)} ({reason}); check STUDY_STORAGE") from None
 
     # --- the study's identity: every host must run the same grid on the same corpus
     def check_identity(self, identity: dict, differences) -> None:
