@@ -31,10 +31,20 @@ def test_an_eight_chip_tpu_host_gives_each_point_its_chips_bounds_and_port():
         ("0,1,2,3", "2,2,1"), ("4,5,6,7", "2,2,1")]
 
 
-def test_the_cpu_and_xla_cpu_give_a_core_to_each_point():
+def test_the_cpu_and_xla_cpu_give_a_core_to_each_point(capsys):
     assert [s.env["OMP_NUM_THREADS"] for s in point_slots("cpu", ["0", "1"], 1, 2)] == ["1", "1"]
     xla = point_slots("tpu", [], 1, 2)  # PJRT_DEVICE=CPU: no chips
     assert [s.label for s in xla] == ["xla:cpu", "xla:cpu"]
+    assert capsys.readouterr().err == ""
+
+
+def test_more_threads_per_point_than_cores_is_warned_as_workers_are(capsys):
+    """DEVICES_PER_POINT=100 on 2 cores gave its one point 100 threads, silently."""
+    slots = point_slots("cpu", ["0", "1"], 100, 2)
+    assert [s.env["OMP_NUM_THREADS"] for s in slots] == ["100"]
+    said = capsys.readouterr().err
+    assert "WARNING: DEVICES_PER_POINT=100 gives a point 100 threads on the 2 cores" in said
+    assert "DEVICES_PER_POINT=2 at most" in said
 
 
 @pytest.mark.parametrize("kind, devices, per_point, message", [
