@@ -135,3 +135,15 @@ def test_a_storage_url_s_password_is_never_printed():
         open_rdb(url, 1, lambda study, trial: None, StudyError, "STUDY_STORAGE")
     assert "s3cret-word" not in str(refused.value) and "me:***@127.0.0.1:1" in str(refused.value)
     assert "s3cret-word" not in str(storage_lost(url, ConnectionError("gone")))
+
+
+def test_an_export_into_a_folder_that_is_not_a_study_s_is_one_line_and_writes_nothing(tmp_path):
+    """EXPORT=/etc/base wrote a study's files into a system folder whose name matched the study's."""
+    foreign = tmp_path / "base"
+    foreign.mkdir()
+    (foreign / "passwd").write_text("root:x:0:0\n")
+    url = f"sqlite:///{tmp_path / 'never-opened.db'}"
+    proc = run_script("scaling.py", f"EXPORT={foreign}", f"STUDY_STORAGE={url}", check=False)
+    assert proc.returncode == 1 and "holds files but no frontier-study.json: not a study's folder" in proc.stderr
+    assert "Traceback" not in proc.stderr and sorted(p.name for p in foreign.iterdir()) == ["passwd"]
+    assert not (tmp_path / "never-opened.db").exists()  # refused before the storage is opened

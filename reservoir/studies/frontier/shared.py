@@ -239,6 +239,11 @@ def export_records(url: str, folder: Path, heartbeat_s: float = 30) -> Path:
     from reservoir.studies.frontier.records import STUDY_FILE
     from reservoir.studies.store import PointRecords
 
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / STUDY_FILE).exists():
+        raise FrontierError(f"EXPORT={folder} holds files but no {STUDY_FILE}: not a study's folder, and nothing is "
+                            f"written there; export into the study's own folder or a new one (EXPORT=results/<study>)")
+    if folder.exists() and not folder.is_dir():
+        raise FrontierError(f"EXPORT={folder} is a file: give a folder (EXPORT=results/<study>)")
     shared = SharedPoints(url, folder.name, heartbeat_s)
     identity = shared.study.user_attrs.get("identity")
     records = shared.records()
