@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -233,3 +234,52 @@ def test_an_edited_point_says_what_deleting_its_folder_does(tmp_path):
     (point / "summary.json").write_text(json.dumps(records))
     with pytest.raises(ResultsError, match="run the study's command again, which trains the point again"):
         PointRecords(study).summary(point)  # points.jsonl does not hold it: deleting the folder means re-training
+
+
+def _readme_study_command() -> list[str]:
+    """The README's command for the committed TinyStories study, its continuation lines joined."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    line = next(line for line in text.splitlines() if "scaling.py FRONTIER=True STUDY=frontier-tinystories" in line)
+    return line.split("python scaling.py", 1)[1].split()
+
+
+def _study_from(args: list[str], results: Path):
+    from reservoir.config import split_arguments
+    from reservoir.studies.frontier.grid import FRONTIER_KEYS
+    from reservoir.studies.frontier.study import FrontierStudy
+    from reservoir.studies.ladder import STUDY_KEYS
+
+    own, settings = split_arguments([*args, f"RESULTS_DIR={results}"], (*STUDY_KEYS, *FRONTIER_KEYS, "FRONTIER"))
+    own.pop("FRONTIER", None)
+    return own, settings, lambda: FrontierStudy.from_args(own, settings)
+
+
+def test_the_readme_s_study_command_is_the_committed_study_s_own(tmp_path):
+    """Run on the committed study, the README's command rewrote its stages (EDGES, CONTEXTS) as False, and the
+    next report lost the sections they had found: the command must be the study's own, stages and all."""
+    from reservoir.studies.frontier.grid import FREE, _placeless, parse_stages, portable_settings
+
+    shutil.copytree(ROOT / "results" / "frontier-tinystories", tmp_path / "frontier-tinystories")
+    recorded = json.loads((tmp_path / "frontier-tinystories" / "frontier-study.json").read_text())
+    own, settings, build = _study_from(_readme_study_command(), tmp_path)
+    study = build()
+    assert parse_stages(own, study.budgets, study.grid) == recorded["stages"]  # named in the command itself
+    assert study.budgets == recorded["budgets"]
+    assert {k: v for k, v in study.grid.items() if k not in FREE} == \
+        {k: v for k, v in recorded["grid"].items() if k not in FREE}
+    assert _placeless(portable_settings(study.settings)) == _placeless(recorded["settings"])
+
+
+def test_a_continued_study_keeps_its_recorded_stages_and_refuses_to_turn_one_off(tmp_path):
+    from reservoir.studies.frontier.grid import FrontierError
+
+    shutil.copytree(ROOT / "results" / "frontier-tinystories", tmp_path / "frontier-tinystories")
+    recorded = json.loads((tmp_path / "frontier-tinystories" / "frontier-study.json").read_text())["stages"]
+    fewer = [a for a in _readme_study_command() if not a.startswith(("EDGES=", "CONTEXTS=", "LEAD_BUDGET="))]
+    assert _study_from(fewer, tmp_path)[2]().stages == recorded  # left out: the recorded stages go on
+    _, _, build = _study_from([*fewer, "EDGES=False"], tmp_path)
+    with pytest.raises(FrontierError, match="records EDGES=True; continuing it with EDGES=False would drop") as refused:
+        build()
+    assert "python scaling.py FRONTIER=True STUDY=frontier-tinystories LEAD_BUDGET=4e+13" in str(refused.value)
+    assert "CONTEXTS=True EDGES=True" in str(refused.value)
+

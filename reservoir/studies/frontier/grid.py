@@ -307,3 +307,31 @@ def _grid_changes(before: dict, now: dict) -> list[str]:
 def grid_cells(grid: dict) -> list[Cell]:
     return [Cell(f, s, lr, b) for f in grid["FAMILIES"] for s in grid["SIZES"] for lr in grid["LEARNING_RATES"]
             for b in grid["BATCH_SIZES"]]
+
+
+def study_command(report: dict) -> str:
+    """The command that made (and continues) the study, from its study file: the settings and grid keys
+    that differ from the study's defaults."""
+    defaults = {f"{k}={v!r}" for k, v in RUN_SETTINGS.items()}
+    parts = ["python scaling.py FRONTIER=True", f"STUDY={report['study']}"]
+    grid_budgets = [b for b in report["budgets"] if b != report.get("lead_budget")]
+    if grid_budgets != list(DEFAULT_BUDGETS):
+        parts.append("BUDGETS=" + ",".join(f"{b:g}" for b in grid_budgets))
+    for key, value in report["grid"].items():
+        if value != DEFAULTS.get(key) and key not in FREE:  # WORKERS and the like: each host's own
+            parts.append(f"{key}=" + (",".join(map(str, value)) if isinstance(value, list) else str(value)))
+    stages = report.get("stages") or {}
+    if stages.get("lead_budget"):
+        parts.append(f"LEAD_BUDGET={stages['lead_budget']:g}")
+    if stages.get("leaders", "auto") != "auto":
+        parts.append("LEADERS=" + ",".join(stages["leaders"]))
+    if stages.get("references"):
+        parts.append("REFERENCES=True")
+    if stages.get("controls"):
+        parts.append("CONTROLS=True")
+    if stages.get("contexts"):
+        parts.append("CONTEXTS=True")
+    if stages.get("edges"):
+        parts.append("EDGES=True")
+    parts += [a for a in report["settings"] if a not in defaults]
+    return " ".join(parts)

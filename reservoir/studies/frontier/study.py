@@ -75,6 +75,7 @@ from reservoir.studies.frontier.grid import (
     REFERENCE_RUNS,
     RESERVOIR_FAMILIES,
     RUN_SETTINGS,
+    STAGE_KEYS,
     Cell,
     FrontierError,
     FrontierExit,
@@ -84,6 +85,7 @@ from reservoir.studies.frontier.grid import (
     parse_grid,
     parse_stages,
     portable_settings,
+    study_command,
 )
 from reservoir.studies.frontier.records import (
     COMPARISONS,
@@ -147,10 +149,30 @@ class FrontierStudy:
             raise FrontierError("a frontier study branches its budgets off one stable phase: it needs "
                                 "LR_SCHEDULE='wsd' (its default); drop LR_SCHEDULE from the command")
         study = cls(name, budgets, grid, study_settings, config, parse_stages(own, budgets, grid))
+        study.keep_recorded_stages({k for k in own if k in STAGE_KEYS})
         study.storage_url = own.get("STUDY_STORAGE") or None
         if "HEARTBEAT" in own:
             study.heartbeat_s = positive_numbers("HEARTBEAT", own["HEARTBEAT"], "30", FrontierError)[0]
         return study
+
+    def keep_recorded_stages(self, given: set[str]) -> None:
+        """A continued study keeps the stages its study file records (they are part of what it found): a stage the
+        command leaves out is the recorded one, so no report loses a section. A command that turns a recorded
+        stage off, or names other leaders or another lead budget, is refused in one line that gives the study's
+        recorded command; one that adds a stage adds it."""
+        if not (self.path / STUDY_FILE).is_file():
+            return
+        recorded_file = read_study_file(self.path)
+        recorded = recorded_file.get("stages") or {}
+        for key, value in recorded.items():
+            if key not in self.stages or self.stages[key] == value:
+                continue
+            if key.upper() not in given:
+                self.stages[key] = value
+            elif value not in (False, None, "auto"):
+                raise FrontierError(f"STUDY={self.name} records {key.upper()}={own_text(value)}; continuing it with "
+                                    f"{key.upper()}={own_text(self.stages[key])} would drop what that stage found. Its "
+                                    f"recorded command continues it: {study_command(recorded_file)}")
 
     # --- what runs where
     def cells(self) -> list[Cell]:
@@ -660,6 +682,13 @@ class FrontierStudy:
         return build_frontier(rows, study, collect_references(self.store), collect_comparisons(self.path),
                               collect_controls(self.store, study["cells"], self.budgets),
                               context_table(self.path, self.store), edges_report(study, rows, self.store))
+
+
+def own_text(value) -> str:
+    """A stage's value as a command line gives it."""
+    if isinstance(value, list):
+        return ",".join(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def study_changes(before: dict, now: dict) -> list[str]:
