@@ -283,3 +283,30 @@ def test_a_continued_study_keeps_its_recorded_stages_and_refuses_to_turn_one_off
     assert "python scaling.py FRONTIER=True STUDY=frontier-tinystories LEAD_BUDGET=4e+13" in str(refused.value)
     assert "CONTEXTS=True EDGES=True" in str(refused.value)
 
+
+
+def test_a_host_that_joins_a_shared_study_late_is_given_its_study_file_and_records(studies, tmp_path):
+    """A new host (an empty RESULTS_DIR) running the other hosts' command after points were recorded was refused
+    ("frontier-study.json is missing ... restore it"): the records it pulled were written before the study file."""
+    from reservoir.studies.frontier.study import FrontierStudy, measure_cells
+
+    own = {"STUDY": "micro", "FAMILIES": "transformer++,linear_reservoir", "SIZES": "xs", "LEARNING_RATES": "4e-3",
+           "BATCH_SIZES": "8", "BUDGETS": "3e9,6e9", "LEAD_BUDGET": "1.2e10", "REFERENCES": "True",
+           "CONTROLS": "True", "MIN_STEPS": "20", "MAX_TOKENS_PER_PARAM": "1000", "ENVELOPE_SEEDS": "2",
+           "STUDY_STORAGE": f"sqlite:///{tmp_path / 'shared.db'}", "HEARTBEAT": "1"}
+    settings = json.loads((studies / "micro" / "frontier-study.json").read_text())["settings"]
+    asked = []
+
+    def run_points(jobs, workers, finished):
+        asked.extend(jobs)
+        return [0] * len(jobs)
+
+    first = FrontierStudy.from_args(dict(own), [*settings, f"RESULTS_DIR={studies}"])
+    first.run(run_points, measure_cells(first))  # the first host: every point recorded, now in the database too
+    late = tmp_path / "late-host"
+    joined = FrontierStudy.from_args(dict(own), [*settings, f"RESULTS_DIR={late}"])
+    joined.run(run_points, measure_cells(joined))
+    assert asked == []  # nothing left to train
+    assert (late / "micro" / "frontier-study.json").is_file()
+    here, there = (PointRecords(folder / "micro").packed()["points"] for folder in (late, studies))
+    assert here.keys() == there.keys() and here  # the late host holds every record the first one made

@@ -302,10 +302,12 @@ class FrontierStudy:
 
                 self.shared = SharedPoints(self.storage_url, self.name, self.heartbeat_s)
                 self.shared.check_identity(self.study_content(plan), study_changes)
+            self.check_corpus()
+            # the study file first: a host that joins late (an empty folder) then pulls the others' records beside it
+            self.write_study_file(plan)
+            if self.shared is not None:
                 self.shared.push(self.store, self._point_finished)
                 self.shared.pull(self.store)
-            self.check_corpus()
-            self.write_study_file(plan)
             self._run_stages(plan, run_points, measure)
         finally:
             os.close(lock)
