@@ -310,3 +310,23 @@ def test_a_host_that_joins_a_shared_study_late_is_given_its_study_file_and_recor
     assert (late / "micro" / "frontier-study.json").is_file()
     here, there = (PointRecords(folder / "micro").packed()["points"] for folder in (late, studies))
     assert here.keys() == there.keys() and here  # the late host holds every record the first one made
+
+
+def test_points_jsonl_and_its_study_file_name_each_other_so_an_older_or_missing_records_file_is_one_line(tmp_path):
+    """Any earlier commit's points.jsonl beside today's study file was read silently (six edge walks 'not run
+    yet'), and a deleted one said 'run it first' (days of training) instead of how to restore it."""
+    from reservoir.studies.frontier.analysis import report_from_records
+
+    study = tmp_path / "frontier-tinystories"
+    shutil.copytree(ROOT / "results" / "frontier-tinystories", study)
+    noted = json.loads((study / "frontier-study.json").read_text())["records"]
+    lines = (study / POINTS_FILE).read_text().splitlines(keepends=True)
+    assert noted["points"] == len(lines) - 1  # the committed study file names its committed records
+    (study / POINTS_FILE).write_text("".join(lines[:-1]))  # an older file: one point fewer
+    with pytest.raises(ResultsError, match=f"is older than the frontier-study.json beside it: it holds "
+                                           f"{noted['points'] - 1} points .*git checkout"):
+        report_from_records(study)
+    (study / POINTS_FILE).unlink()
+    with pytest.raises(ResultsError, match=f"is missing, but frontier-study.json records {noted['points']} points in "
+                                           "it: restore it"):
+        report_from_records(study)

@@ -16,6 +16,7 @@ from reservoir.studies.frontier.edges import edges_report
 from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, FrontierError
 from reservoir.studies.frontier.records import (
     STUDY_FILE,
+    check_records_file,
     collect_comparisons,
     collect_controls,
     collect_records,
@@ -186,6 +187,7 @@ def report_from_records(folder: Path) -> dict:
         raise FrontierError(f"{folder} holds no {STUDY_FILE}: not a frontier study folder (REPORT=results/<study>)")
     study = read_study_file(folder)
     records = PointRecords(folder)
+    check_records_file(study, records)
     try:
         rows = collect_records(records, study["cells"], study_budgets(study))
         references = collect_references(records)

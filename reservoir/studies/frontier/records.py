@@ -4,10 +4,11 @@ references and controls), with the corpus each was scored on, and the paired com
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from reservoir.data.tokens import corpus_label
-from reservoir.run.records import point_scores, read_json, read_signed_json
+from reservoir.run.records import ResultsError, point_scores, read_json, read_signed_json, write_signed_json
 from reservoir.studies.budgets import point_name
 from reservoir.studies.frontier.grid import CONTROLS, REFERENCE_RUNS, FrontierError
 from reservoir.studies.store import PointRecords
@@ -26,6 +27,44 @@ def read_study_file(folder: Path) -> dict:
     """A study's frontier-study.json, trusted only as the study wrote it: it says which families, cells and
     budgets the report shows, so an edit (a family removed, another KEEP) would change the study silently."""
     return read_signed_json(Path(folder) / STUDY_FILE, "the study's grid", STUDY_FILE_REMEDY)
+
+
+def records_note(records: PointRecords) -> dict | None:
+    """What a study file says of the points.jsonl beside it: its points, their seeds and the file's SHA-256, so
+    the two files name each other; None where there is no points.jsonl."""
+    if not records.file.exists():
+        return None
+    points = records.packed()["points"]
+    return {"points": len(points), "seeds": sum(len(p["summary"]) for p in points.values()),
+            "sha256": hashlib.sha256(records.file.read_bytes()).hexdigest()}
+
+
+def check_records_file(study: dict, records: PointRecords) -> None:
+    """The points.jsonl beside a study file is the one it was written with, or a newer one (a study goes on):
+    a missing or older one (fewer points or seeds than the study file records) is one line saying how to
+    restore it. Study files written before they named their records are not checked."""
+    noted = study.get("records")
+    if not isinstance(noted, dict):
+        return
+    here = records_note(records)
+    if here is None:
+        raise ResultsError(f"{records.file} is missing, but {STUDY_FILE} records {noted['points']} points in it: "
+                           f"restore it (git checkout -- {records.file}); the study's command would train every "
+                           "point again")
+    if here["sha256"] != noted["sha256"] and (here["points"] < noted["points"] or here["seeds"] < noted["seeds"]):
+        raise ResultsError(f"{records.file} is older than the {STUDY_FILE} beside it: it holds {here['points']} "
+                           f"points ({here['seeds']} seeds), the study file records {noted['points']} "
+                           f"({noted['seeds']}); restore the one written with it (git checkout -- {records.file})")
+
+
+def note_records(folder: Path, records: PointRecords) -> None:
+    """After points.jsonl changed: the study file names it anew (checked first: an older file is refused, not
+    noted), signed again; written only when the note changes."""
+    study = read_study_file(folder)
+    check_records_file(study, records)
+    note = records_note(records)
+    if note is not None and study.get("records") != note:
+        write_signed_json(Path(folder) / STUDY_FILE, {**study, "records": note})
 
 
 def _first(records: list[dict], seed: int) -> dict | None:

@@ -30,7 +30,7 @@ from reservoir.studies.frontier.grid import (
     FrontierError,
     study_command,
 )
-from reservoir.studies.frontier.records import STUDY_FILE
+from reservoir.studies.frontier.records import STUDY_FILE, note_records
 from reservoir.studies.probes import PROBES_FOLDER, format_probes, read_records, write_probe_report
 from reservoir.studies.store import PointRecords
 
@@ -70,7 +70,9 @@ def write_from_records(folder: Path) -> list[Path]:
     folder = Path(folder)
     paths = study_folders(folder)
     for path in paths:  # the point folders here into each study's points.jsonl, the records it commits
-        PointRecords(path).pack()
+        records = PointRecords(path)
+        if records.pack() is not None:
+            note_records(path, records)  # the study file names the records file (an older one is refused)
     studies = [(path, report_from_records(path)) for path in paths]
     probes = read_records(folder / PROBES_FOLDER) if studies[0][0] != folder else {}
     written = []

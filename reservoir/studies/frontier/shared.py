@@ -236,7 +236,7 @@ def export_records(url: str, folder: Path, heartbeat_s: float = 30) -> Path:
     """The records of study ``folder.name`` in the storage at ``url`` written into ``folder`` as committable
     files: its frontier-study.json (the identity the hosts share, signed) and points.jsonl."""
     from reservoir.run.records import write_signed_json
-    from reservoir.studies.frontier.records import STUDY_FILE
+    from reservoir.studies.frontier.records import STUDY_FILE, note_records
     from reservoir.studies.store import PointRecords
 
     if folder.is_dir() and any(folder.iterdir()) and not (folder / STUDY_FILE).exists():
@@ -254,4 +254,6 @@ def export_records(url: str, folder: Path, heartbeat_s: float = 30) -> Path:
     write_signed_json(folder / STUDY_FILE, identity)
     store = PointRecords(folder)
     store.absorb(records)
-    return store.pack()
+    written = store.pack()
+    note_records(folder, store)
+    return written

@@ -94,10 +94,12 @@ from reservoir.studies.frontier.records import (
     STUDY_FILE,
     STUDY_FILE_REMEDY,
     _first,
+    check_records_file,
     collect_comparisons,
     collect_controls,
     collect_records,
     collect_references,
+    note_records,
     read_study_file,
 )
 from reservoir.studies.runner import hold_study
@@ -279,12 +281,21 @@ class FrontierStudy:
             raise FrontierError(f"{path} is missing, but {self.path} holds the records of trained points: "
                                 f"{STUDY_FILE_REMEDY}")
         if path.exists():
-            changed = study_changes(read_study_file(self.path), content)
+            recorded = read_study_file(self.path)
+            check_records_file(recorded, self.store)  # an older points.jsonl: restored, not trained again
+            changed = study_changes(recorded, content)
             if changed:
                 raise FrontierError(f"{path} holds another {', '.join(changed)} for STUDY={self.name}: run it with "
                                     "the same command to continue it (a grid list may grow: FAMILIES, SIZES, "
                                     "LEARNING_RATES, BATCH_SIZES), or name a new STUDY")
+            if "records" in recorded:
+                content["records"] = recorded["records"]
         write_signed_json(path, content)
+
+    def _pack_records(self) -> None:
+        """points.jsonl from the points here and the records it held, and the study file's note of it."""
+        if self.store.pack() is not None and (self.path / STUDY_FILE).exists():
+            note_records(self.path, self.store)
 
     def run(self, run_points, measure) -> None:
         """Every budget, smallest first: run the live cells' points (``run_points([(folder, args), ...], workers)``
@@ -308,6 +319,7 @@ class FrontierStudy:
             if self.shared is not None:
                 self.shared.push(self.store, self._point_finished)
                 self.shared.pull(self.store)
+                self._pack_records()
             self._run_stages(plan, run_points, measure)
         finally:
             os.close(lock)
@@ -356,7 +368,7 @@ class FrontierStudy:
         self.compare_at_the_top(run_points=run_points)
         if self.stages.get("edges"):
             self._run_edges(run_points, measure)
-        self.store.pack()
+        self._pack_records()
 
     def _run_references(self, run_points) -> None:
         jobs = []
@@ -515,12 +527,12 @@ class FrontierStudy:
                 self.shared.run(jobs, self.store, lambda batch: run_points(batch, self.slots(), self._point_finished),
                                 len(self.slots()), self._point_finished)
             finally:
-                self.store.pack()
+                self._pack_records()
             return
         try:
             codes = run_points(jobs, self.slots(), self._point_finished)  # None: never started
         finally:
-            self.store.pack()  # what finished is in points.jsonl, ready to commit, even if the study stops here
+            self._pack_records()  # what finished is in points.jsonl, ready to commit, even if the study stops here
         failed = [code for code in codes if code not in (0, None)]
         if failed or None in codes:
             where = f"at {budget:.3g} FLOPs" if budget else "after the grid"
