@@ -87,3 +87,15 @@ def test_the_stages_import_from_any_folder(tmp_path):
             "from reservoir.run import run_experiment, load_trained; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_run_outputs_stay_out_of_git_but_the_committed_records_do_not():
+    """A run, a demo, scratch/ or a comparison written under results/ showed up as untracked files to commit."""
+    ignored = ["results/demo/summary.json", "results/demo/comparisons/lstm-vs-demo-ngram.json", "scratch/probes/x",
+               "results/scaling/flops-1.00e12/summary.json", "results/frontier-new/lstm-xs-lr0.004-b8/flops-3/x"]
+    kept = ["results/REPORT.md", "results/README.md", "results/default-run/summary.json", "results/probes/probes.md",
+            "results/frontier-tinystories/points.jsonl", "results/frontier-new/frontier-study.json",
+            "results/frontier-new/comparisons/a.json"]
+    listed = subprocess.run(["git", "check-ignore", "--no-index", *ignored, *kept], cwd=ROOT, capture_output=True,
+                            text=True).stdout.split()
+    assert listed == ignored
