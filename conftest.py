@@ -9,6 +9,7 @@ runs the test suites is marked above it, with the reason: ``<!-- skip: next "why
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from sybil import Sybil
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 
@@ -62,3 +64,41 @@ pytest_collect_file = Sybil(
     setup=_setup,
     teardown=_teardown,
 ).pytest()
+
+
+# ------------------------------------------------------------------ where the suites' time goes
+# RESERVOIR_TEST_TIMES=FILE: per test file, the seconds its tests took and the Python processes they started
+# (counted by an audit hook on subprocess.Popen), written to FILE as JSON at the end (bench/test_times.py
+# turns it into docs/testing.md's table)
+_TIMES: dict = {}
+_RUNNING: list = [None]
+
+
+def _count_python_processes(event: str, args: tuple) -> None:
+    if event == "subprocess.Popen" and _RUNNING[0] is not None:
+        command = args[1] if isinstance(args[1], (list, tuple)) else [args[0] or args[1]]
+        if "python" in Path(str(command[0])).name:
+            _TIMES.setdefault(_RUNNING[0], {"seconds": 0.0, "processes": 0, "tests": 0})["processes"] += 1
+
+
+if os.environ.get("RESERVOIR_TEST_TIMES"):
+    sys.addaudithook(_count_python_processes)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _RUNNING[0] = item.location[0]
+    yield
+    _RUNNING[0] = None
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("RESERVOIR_TEST_TIMES"):
+        entry = _TIMES.setdefault(report.location[0], {"seconds": 0.0, "processes": 0, "tests": 0})
+        entry["seconds"] += report.duration
+        entry["tests"] += report.when == "call" or (report.when == "setup" and report.skipped)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("RESERVOIR_TEST_TIMES"):
+        Path(os.environ["RESERVOIR_TEST_TIMES"]).write_text(json.dumps(_TIMES, indent=1, sort_keys=True) + "\n")

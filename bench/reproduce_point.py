@@ -33,7 +33,14 @@ KERNELS = {"this CPU's (1st run)": {}, "this CPU's (2nd run)": {},
            "AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "DNNL_MAX_CPU_ISA": "AVX2"}}
 
 
-def main(study_dir: str, cell_name: str, budget_text: str, *settings: str, out: str | None = None) -> None:
+def main(argv: list[str]) -> int:
+    if len(argv) < 3:
+        sys.exit(__doc__)
+    reproduce(*argv, out=os.environ.get("OUT"))
+    return 0
+
+
+def reproduce(study_dir: str, cell_name: str, budget_text: str, *settings: str, out: str | None = None) -> None:
     try:
         study = read_study_file(Path(study_dir))
     except OneLineError as e:
@@ -72,6 +79,4 @@ def main(study_dir: str, cell_name: str, budget_text: str, *settings: str, out: 
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 4:
-        sys.exit(__doc__)
-    main(*sys.argv[1:], out=os.environ.get("OUT"))
+    sys.exit(main(sys.argv[1:]))

@@ -9,12 +9,18 @@ Heavy end-to-end tests are marked ``slow``: the README's test command leaves the
 (``-m "not slow"`` in pyproject's addopts) and CI runs them apart (``pytest -m slow``).
 """
 
+import contextlib
+import importlib.util
+import io
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 import pytest
@@ -45,24 +51,117 @@ def make_config(tmp_path, *args) -> dict:
     return parse_overrides([f"CACHE_DIR={tmp_path / 'cache'}", f"DATA_DIR={tmp_path / 'nodata'}", *args])
 
 
-def run_cli(tmp_path, *args, env=None, check=True, replace_env=False, settings=TINY):
-    """TinyStories.py on ``settings`` (TINY) and ``args``, results and caches in ``tmp_path``."""
-    cmd = [sys.executable, str(ROOT / "TinyStories.py"), *settings, f"RESULTS_DIR={tmp_path / 'results'}",
-           f"CACHE_DIR={tmp_path / 'cache'}", *args]
-    environment = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=environment, timeout=600)
+def run_cli(tmp_path, *args, env=None, check=True, replace_env=False, settings=TINY, in_process=True):
+    """TinyStories.py on ``settings`` (TINY) and ``args``, results and caches in ``tmp_path``: its ``main`` in
+    this process (``run_in_process``), or its own process where the process boundary is what a test is about
+    (``in_process=False``, an environment replaced whole, or PJRT_DEVICE set: ``_may_reach_xla``)."""
+    args = [*settings, f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}", *args]
+    if in_process and not replace_env and not _may_reach_xla(env):
+        proc = run_in_process("TinyStories.py", args, env=env)
+    else:
+        environment = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
+        proc = subprocess.run([sys.executable, str(ROOT / "TinyStories.py"), *args], cwd=ROOT, capture_output=True,
+                              text=True, env=environment, timeout=600)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
-def run_script(script: str, *args, check=True, env=None, timeout=300):
-    """A root script (sample.py, compare.py, ...) on ``args``; asserts it succeeded unless not ``check``."""
-    proc = subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env=None if env is None else {**os.environ, **env})
+def run_script(script: str, *args, check=True, env=None, timeout=300, in_process=True):
+    """A root script (sample.py, compare.py, ...) on ``args``; asserts it succeeded unless not ``check``. In this
+    process as ``run_cli``; ``in_process=False`` (or a ``timeout`` that matters) for its own process."""
+    if in_process and not _may_reach_xla(env):
+        proc = run_in_process(script, list(map(str, args)), env=env)
+    else:
+        proc = subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=timeout, env=None if env is None else {**os.environ, **env})
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+# ---------------------------------------------------------------------------- a root script in this process
+def _may_reach_xla(env: dict | None) -> bool:
+    """With PJRT_DEVICE set (the XLA suite) a run may start torch_xla's runtime, which is set up once per
+    process (its devices, SPMD): such a run gets a process of its own."""
+    return bool({**os.environ, **(env or {})}.get("PJRT_DEVICE"))
+
+
+_SCRIPTS: dict = {}
+_SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2]
+# Python's own warning filters at start-up (the test runner's are put aside while a script runs)
+_STARTUP_FILTERS = [("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, None),
+                    ("ignore", PendingDeprecationWarning, None), ("ignore", ImportWarning, None),
+                    ("ignore", ResourceWarning, None)]
+
+
+def _script_module(script: str):
+    """A root script imported once, as a module of its own (its ``__main__`` block does not run)."""
+    if script not in _SCRIPTS:
+        spec = importlib.util.spec_from_file_location(f"root_script_{Path(script).stem}", ROOT / script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _SCRIPTS[script] = module
+    return _SCRIPTS[script]
+
+
+def _print_warning(message, category, filename, lineno, file=None, line=None):
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def run_in_process(script: str, argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    """``script``'s ``main(argv)`` here, as ``python script argv...`` would run it from the repository root: its
+    stdout and stderr captured, its exit status returned (an uncaught exception as a traceback and 1, ``SystemExit``
+    as Python reports it), and what a run changes in its process put back afterwards: the environment, the
+    working folder, signal handlers, torch's threads and random state, numpy's and Python's random state, the
+    warning filters, the root logger's handlers and ``sys.argv``. Starting Python and importing torch costs 2-3 s a
+    process on a 2-core host; the suites run a few hundred root scripts."""
+    import random
+
+    import numpy as np
+    import torch
+
+    module = _script_module(script)
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    saved_signals = {s: signal.getsignal(s) for s in _SIGNALS}
+    saved_threads, saved_torch_rng = torch.get_num_threads(), torch.get_rng_state()
+    saved_np_rng, saved_random = np.random.get_state(), random.getstate()
+    saved_handlers = list(logging.getLogger().handlers)
+    out, err = io.StringIO(), io.StringIO()
+    code: object = 0
+    try:
+        os.environ.update({k: str(v) for k, v in (env or {}).items()})
+        os.chdir(ROOT)
+        sys.argv = [str(ROOT / script), *argv]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.resetwarnings()
+            for action, category, module_name in reversed(_STARTUP_FILTERS):
+                warnings.filterwarnings(action, category=category, module=module_name or "")
+            warnings.showwarning = _print_warning
+            try:
+                code = module.main(list(argv))
+            except SystemExit as e:
+                code = e.code
+                if code is not None and not isinstance(code, int):
+                    print(code, file=sys.stderr)
+                    code = 1
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        for s, handler in saved_signals.items():
+            signal.signal(s, handler)
+        torch.set_num_threads(saved_threads)
+        torch.set_rng_state(saved_torch_rng)
+        np.random.set_state(saved_np_rng)
+        random.setstate(saved_random)
+        logging.getLogger().handlers[:] = saved_handlers
+    return subprocess.CompletedProcess([sys.executable, script, *argv], 0 if code is None else code,
+                                       out.getvalue(), err.getvalue())
 
 
 def run_then_sigkill(tmp_path, args, run_name, ready) -> Path:
