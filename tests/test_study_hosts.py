@@ -147,3 +147,24 @@ def test_an_export_into_a_folder_that_is_not_a_study_s_is_one_line_and_writes_no
     assert proc.returncode == 1 and "holds files but no frontier-study.json: not a study's folder" in proc.stderr
     assert "Traceback" not in proc.stderr and sorted(p.name for p in foreign.iterdir()) == ["passwd"]
     assert not (tmp_path / "never-opened.db").exists()  # refused before the storage is opened
+
+
+def test_a_lost_database_is_said_by_the_driver_s_error_not_optuna_s_commit_text():
+    """Optuna wraps a database that stopped mid-commit in a text that blames "invalid data in the commit"."""
+    import optuna
+    from sqlalchemy.exc import OperationalError
+
+    from reservoir.studies.storage import lost_storage_in
+    from reservoir.studies.sweeps import storage_lost
+
+    try:
+        try:
+            raise OperationalError("COMMIT", {}, ConnectionError("server closed the connection unexpectedly"))
+        except OperationalError as e:
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit. This typically "
+                                                         "happens due to invalid data in the commit") from e
+    except optuna.exceptions.StorageInternalError as raised:
+        lost = lost_storage_in(raised)
+    assert isinstance(lost, OperationalError) and "server closed the connection" in str(lost)
+    said = str(storage_lost("postgresql+psycopg2://me:pw@db/s", lost))
+    assert "server closed the connection unexpectedly" in said and "invalid data" not in said and ":pw@" not in said

@@ -41,15 +41,17 @@ def storage_errors() -> tuple[type[BaseException], ...]:
 
 
 def lost_storage_in(error: BaseException) -> BaseException | None:
-    """The storage error behind ``error``, if any: Optuna can end a trial on a lost database with an
-    error of its own raised while handling the storage's (its post-processing meets the same loss)."""
-    seen = set()
+    """The storage error behind ``error``, if any, the deepest one: Optuna can end a trial on a lost database
+    with an error of its own raised while handling the storage's (its post-processing meets the same loss), and
+    its wrapper's text blames "invalid data in the commit" where the database had stopped; the driver's error
+    beneath it says what happened."""
+    seen, found = set(), None
     while error is not None and id(error) not in seen:
         if isinstance(error, storage_errors()):
-            return error
+            found = error
         seen.add(id(error))
         error = error.__cause__ or error.__context__
-    return None
+    return found
 
 
 def _stale_callback_name() -> str:
