@@ -1,4 +1,4 @@
-"""Every code block of README.md and docs/*.md runs as a test, with Sybil.
+"""Every code block of README.md, README_TPU.md and docs/*.md runs as a test, with Sybil.
 
 Sybil parses Markdown's fenced blocks and hands each to pytest: Python blocks run in one namespace per page
 (in order, so a page's later block may use what an earlier one made), ``bash`` blocks with bash. Both run in
@@ -60,7 +60,7 @@ def _run_shell(example) -> str | None:
 
 pytest_collect_file = Sybil(
     parsers=[PythonCodeBlockParser(), CodeBlockParser(language="bash", evaluator=_run_shell), SkipParser()],
-    patterns=["README.md", "docs/*.md"],
+    patterns=["README.md", "README_TPU.md", "docs/*.md"],
     setup=_setup,
     teardown=_teardown,
 ).pytest()

@@ -298,7 +298,7 @@ globals().update({_as_pytest(check).__name__: _as_pytest(check) for check in CHE
 def describe_torch_tpu(status: dict | None) -> str:
     """One informational line on TorchTPU (torch_xla's successor); it never passes or fails the set-up."""
     if status is None:
-        return "not installed (PyPI torch-tpu, torch_xla's successor; torch_xla 2.9 here: docs/hardware.md)"
+        return "not installed (PyPI torch-tpu, torch_xla's successor; torch_xla 2.9 here: README_TPU.md)"
     if not status["imported"]:
         return f"{status['version']} installed, but {status['error']}; no 'tpu' device"
     device = (f"'tpu' device registered ({status['devices']} devices)" if status["tpu_device"]

@@ -5,7 +5,7 @@ import re
 
 from tests.conftest import ROOT
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "README_TPU.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUN = {"python", "bash"}  # the blocks conftest.py's Sybil runs
 SHOWN = {"", "text"}  # printed output and trees: shown, not run
 
@@ -26,6 +26,9 @@ def test_the_readme_is_a_guide_of_at_most_250_lines_with_its_reference_in_docs()
     assert len(readme.splitlines()) <= 250
     for page in ("configuration", "runs", "studies", "hardware", "testing", "design"):
         assert f"(docs/{page}.md)" in readme and (ROOT / "docs" / f"{page}.md").exists(), page
+    # the TPU guide at the top level, where the project's design names it, and linked from both guides
+    assert "(README_TPU.md)" in readme and "(../README_TPU.md)" in (ROOT / "docs" / "hardware.md").read_text()
+    assert (ROOT / "README_TPU.md").read_text().startswith("# TPUs (torch_xla)")
     glossary = readme.index("## Words this page uses")
     for word in ("envelope", "wsd", "N_opt", "compute multiplier", "budget"):
         assert readme.index(f"**{word}**") > glossary

@@ -21,7 +21,7 @@ TINY = ["DATASET=synthetic", "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "BATCH_SIZE=
 
 # Device executions per training step after warm-up (tests/xla_probe.py): 1 for gradient-trained
 # models (the step marker), 2 for ridge fits (the chunk's features and state, then XᵀX/XᵀY off the
-# device), 0 for the host-side n-gram. docs/hardware.md has the table with the warm-up graph counts.
+# device), 0 for the host-side n-gram. README_TPU.md has the table with the warm-up graph counts.
 EXPECTED = {"transformer": 1, "lstm": 1, "linear_reservoir": 1, "deep_linear_reservoir": 1, "frozen_retention": 1,
             "reservoir_attention": 1,
             "esn": 2, "deep_esn": 2, "nvar": 2, "ngram": 0}
@@ -188,7 +188,7 @@ def test_persistent_compile_cache_is_written_and_looked_up_by_a_second_process(t
     """XLA_CACHE_DIR reaches torch_xla: the first process writes every graph, the second
     looks every one up. torch_xla 2.9 then fails to deserialize them (pytorch/xla#9094,
     also on TPU; fix pending upstream), so the second run still compiles: this asserts
-    the wiring, and fails loudly the day hits start (update docs/hardware.md then)."""
+    the wiring, and fails loudly the day hits start (update README_TPU.md then)."""
     script = (
         "import sys; sys.path.insert(0, '.');"
         "import torch, torch_xla.debug.metrics as met;"
@@ -203,7 +203,7 @@ def test_persistent_compile_cache_is_written_and_looked_up_by_a_second_process(t
     assert len(list((tmp_path / "xla" / "process0").iterdir())) == miss  # one file per graph, per process
     miss2, hit2, failed2 = map(int, python(["-c", script]).stdout.split()[-3:])
     assert miss2 == 0 and hit2 + failed2 == miss  # every graph found on disk
-    assert failed2 == miss, "torch_xla now reads its cache back: say so in docs/hardware.md and assert hits"
+    assert failed2 == miss, "torch_xla now reads its cache back: say so in README_TPU.md and assert hits"
 
 
 CHECKPOINTED = ("transformer", "lstm", "linear_reservoir", "deep_linear_reservoir", "frozen_retention",

@@ -15,7 +15,7 @@ Prints one JSON line:
   traces with AOTAutograd; a cell traced on every call costs the host each step and evaluation chunk).
 
 ``--full-size`` keeps the default model sizes (SHARED_CONFIG) instead of tiny ones, for the
-compile times docs/hardware.md reports; ``--seq-len`` sets SEQ_LEN (compile time must not grow with it).
+compile times README_TPU.md reports; ``--seq-len`` sets SEQ_LEN (compile time must not grow with it).
 
 ``--track tensorboard`` reads the loss every step and sends it to the trackers, so a test can
 check that tracking adds no device execution to the step.

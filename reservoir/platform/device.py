@@ -179,7 +179,7 @@ def resolve_kind(device: str = "auto", use_tpu: bool = False) -> str:
         warn(
             f"a TPU was requested (USE_TPU=True) but {why}; "
             f"using {'the GPU' if fallback == 'cuda' else 'the CPU'} ({fallback}) instead. "
-            "See docs/hardware.md to set up torch_xla."
+            "See README_TPU.md to set up torch_xla."
         )
         return fallback
     if device == "auto":
@@ -188,7 +188,7 @@ def resolve_kind(device: str = "auto", use_tpu: bool = False) -> str:
         hint = ""
         if device == "tpu":
             hint = (
-                " (install torch_xla: see docs/hardware.md)"
+                " (install torch_xla: see README_TPU.md)"
                 if not xla_installed()
                 else " (no TPU chips found; set PJRT_DEVICE=CPU to run the XLA path on the CPU)"
             )
