@@ -1,7 +1,5 @@
 import copy
 import importlib.util
-import subprocess
-import sys
 
 import pytest
 
@@ -17,7 +15,7 @@ from reservoir.config import (
     split_arguments,
 )
 from reservoir.platform import device as dev
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_script
 
 
 def test_every_key_is_documented_and_listed_in_help():
@@ -114,13 +112,13 @@ def test_tpu_adjustments_return_a_new_config():
 
 @pytest.mark.parametrize("script", ["TinyStories.py", "test_tpu_support.py"])
 def test_cli_errors_are_one_line_without_traceback(script):
-    r = subprocess.run([sys.executable, script, "BATCH_SZE=3"], cwd=ROOT, capture_output=True, text=True)
+    r = run_script(script, "BATCH_SZE=3", check=False)
     assert r.returncode != 0
     assert r.stderr.strip() == "error: unknown config key BATCH_SZE; did you mean BATCH_SIZE?"
 
 
 def test_cli_help_lists_every_key_with_default():
-    r = subprocess.run([sys.executable, "TinyStories.py", "--help"], cwd=ROOT, capture_output=True, text=True)
+    r = run_script("TinyStories.py", "--help", check=False)
     assert r.returncode == 0, r.stderr
     for key, value in SHARED_CONFIG.items():
         assert key in r.stdout and f"default {value!r}" in r.stdout
@@ -181,7 +179,7 @@ def test_root_scripts_import_no_other_script_and_read_key_value_through_configs(
                                           ("compare.py", ["a", "b", "COLOUR=red"]),
                                           ("plot_results.py", ["a", "COLOUR=red"])])
 def test_a_scripts_unknown_key_is_one_line_that_lists_its_keys(script, args):
-    r = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True)
+    r = run_script(script, *args, check=False)
     assert r.returncode == 1 and r.stderr.startswith("error: 'COLOUR=red' is not one of ")
     assert len(r.stderr.strip().splitlines()) == 1
 

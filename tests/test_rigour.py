@@ -18,9 +18,7 @@ from reservoir.run import flops
 from reservoir.run.evaluation import EvalPoints
 from reservoir.run.records import read_metrics
 from reservoir.run.tables import format_table
-from tests.conftest import ROOT, run_cli, run_script, run_then_sigkill
-
-PLOT = str(ROOT / "plot_results.py")
+from tests.conftest import run_cli, run_script, run_then_sigkill
 
 
 def records_of(run_dir) -> dict:
@@ -49,14 +47,12 @@ def test_seeds_train_every_model_once_per_seed_and_report_mean_and_sd(tmp_path):
 
     # sample.py reads any seed's model; its default sampling seed is the training seed, as the run sampled
     for seed in (3, 5):
-        out = subprocess.run([sys.executable, str(ROOT / "sample.py"), str(run_dir), "MODEL=esn", f"TRAIN_SEED={seed}",
-                              "STOP_AT_END=True", "PROMPT=Once upon a time"], capture_output=True, text=True,
-                             cwd=ROOT, timeout=300)
+        out = run_script("sample.py", run_dir, "MODEL=esn", f"TRAIN_SEED={seed}", "STOP_AT_END=True",
+                         "PROMPT=Once upon a time", check=False)
         assert out.returncode == 0, out.stderr
         written = next(s["text"] for s in records[("esn", seed)]["samples"] if s["prompt"] == "Once upon a time")
         assert out.stdout.strip() == written.strip() and f"training seed {seed})" in out.stderr
-    bad = subprocess.run([sys.executable, str(ROOT / "sample.py"), str(run_dir), "TRAIN_SEED=9"], capture_output=True,
-                         text=True, cwd=ROOT, timeout=300)
+    bad = run_script("sample.py", run_dir, "TRAIN_SEED=9", check=False)
     assert bad.returncode != 0 and "TRAIN_SEED=9 is not a seed of this run (its seeds: 3, 4, 5)" in bad.stderr
 
 
@@ -289,7 +285,7 @@ def test_load_and_bound_by_are_read_by_column_when_a_warm_up_column_follows_them
 def test_plot_help_lists_every_plot_and_each_model_keeps_its_colour(tmp_path):
     from reservoir.run import plots as plot_results
 
-    help_text = subprocess.run([sys.executable, PLOT, "--help"], capture_output=True, text=True).stdout
+    help_text = run_script("plot_results.py", "--help", check=False).stdout
     assert all(name in help_text for name in plot_results.PLOTS) and "OUT=DIR" in help_text
     assert plot_results.model_colour("esn") == plot_results.model_colour("esn")
     colours = {plot_results.model_colour(m) for m in ("ngram", "esn", "deep_esn", "linear_reservoir", "nvar",
@@ -312,8 +308,8 @@ def test_comparison_plots_give_each_data_source_its_panel_and_label_runs_by_name
     groups = plot_results.by_data(runs)
     assert len(groups) == 2 and [run_label for run_label in map(plot_results.run_label, runs)] == ["small", "large"]
     out = tmp_path / "cmp"
-    proc = subprocess.run([sys.executable, PLOT, *(str(tmp_path / "results" / n) for n in ("small", "large")),
-                           f"OUT={out}"], capture_output=True, text=True)
+    proc = run_script("plot_results.py", *(tmp_path / "results" / n for n in ("small", "large")), f"OUT={out}",
+                      check=False)
     assert proc.returncode == 0, proc.stderr
     assert {p.name for p in out.iterdir()} == set(plot_results.PLOTS)
     import matplotlib.image

@@ -17,7 +17,7 @@ from reservoir.platform import files
 from reservoir.run.folders import claim_run_folder
 from reservoir.run.records import ResultsError, read_metrics
 from reservoir.run.writer import Run
-from tests.conftest import ROOT, TINY, run_cli, run_then_sigkill, summary_of
+from tests.conftest import ROOT, TINY, run_cli, run_script, run_then_sigkill, summary_of
 
 # --------------------------------------------------------------------- 1. the NaN guard
 
@@ -421,7 +421,7 @@ def test_logs_that_are_not_a_terminal_get_plain_lines(tmp_path):
 
 
 def test_help_shows_shell_safe_list_forms():
-    out = subprocess.run([sys.executable, str(ROOT / "TinyStories.py"), "--help"], capture_output=True, text=True)
+    out = run_script("TinyStories.py", "--help", check=False)
     assert "MODELS=esn,lstm" in out.stdout and "\"MODELS=['esn', 'lstm']\"" in out.stdout
 
 

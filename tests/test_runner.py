@@ -3,8 +3,6 @@
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from reservoir.run.checkpoint import CheckpointError, load_checkpoint
 from reservoir.run.folders import find_run_dir, resumed_config
 from reservoir.run.records import SUMMARY_FIELDS, ResultsError, read_metrics
 from reservoir.run.train import Budget, Progress, WarmUp, learning_rate
-from tests.conftest import ALL_MODELS, ROOT, run_cli, run_then_sigkill, summary_of
+from tests.conftest import ALL_MODELS, run_cli, run_script, run_then_sigkill, summary_of
 
 
 def test_every_model_runs_and_writes_the_results_contract(tmp_path):
@@ -182,14 +180,13 @@ def test_plot_script_compares_runs_and_reports_empty_ones(tmp_path):
     run_cli(tmp_path, "MODELS=['ngram','lstm']", "MAX_STEPS=10", "EVAL_EVERY=5", "RUN_NAME=a")
     run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=10", "RUN_NAME=b", "NGRAM.order=3")
     out = tmp_path / "cmp"
-    proc = subprocess.run([sys.executable, str(ROOT / "plot_results.py"), str(tmp_path / "results" / "a"),
-                           str(tmp_path / "results" / "b"), f"OUT={out}"], capture_output=True, text=True)
+    proc = run_script("plot_results.py", tmp_path / "results" / "a", tmp_path / "results" / "b", f"OUT={out}",
+                      check=False)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["bpc_vs_flops.png", "bpc_vs_params.png", "bpc_vs_seconds.png",
                                                       "bpc_vs_tokens.png", "bpc_vs_train_flops.png", "final_bpc.png",
                                                       "throughput.png"]
-    proc = subprocess.run([sys.executable, str(ROOT / "plot_results.py"), str(tmp_path)], capture_output=True,
-                          text=True)
+    proc = run_script("plot_results.py", tmp_path, check=False)
     assert proc.returncode != 0 and "config.json is missing" in proc.stderr
 
 
