@@ -11,13 +11,13 @@ Heavy end-to-end tests are marked ``slow``: the README's test command leaves the
 
 import contextlib
 import importlib.util
-import io
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -111,7 +111,8 @@ def _print_warning(message, category, filename, lineno, file=None, line=None):
 
 def run_in_process(script: str, argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     """``script``'s ``main(argv)`` here, as ``python script argv...`` would run it from the repository root: its
-    stdout and stderr captured, its exit status returned (an uncaught exception as a traceback and 1, ``SystemExit``
+    stdout and stderr captured at the file descriptors (the processes it starts write there too, in order), its
+    exit status returned (an uncaught exception as a traceback and 1, ``SystemExit``
     as Python reports it), and what a run changes in its process put back afterwards: the environment, the
     working folder, signal handlers, torch's threads and random state, numpy's and Python's random state, the
     warning filters, the root logger's handlers and ``sys.argv``. Starting Python and importing torch costs 2-3 s a
@@ -127,7 +128,15 @@ def run_in_process(script: str, argv: list[str], env: dict | None = None) -> sub
     saved_threads, saved_torch_rng = torch.get_num_threads(), torch.get_rng_state()
     saved_np_rng, saved_random = np.random.get_state(), random.getstate()
     saved_handlers = list(logging.getLogger().handlers)
-    out, err = io.StringIO(), io.StringIO()
+    # its output at the file descriptors, as a process's: the points and workers a script starts write there
+    files = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved_fds = os.dup(1), os.dup(2)
+    os.dup2(files[0].fileno(), 1)
+    os.dup2(files[1].fileno(), 2)
+    out = open(1, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)
+    err = open(2, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)
     code: object = 0
     try:
         os.environ.update({k: str(v) for k, v in (env or {}).items()})
@@ -149,6 +158,12 @@ def run_in_process(script: str, argv: list[str], env: dict | None = None) -> sub
                 traceback.print_exc()
                 code = 1
     finally:
+        out.flush()
+        err.flush()
+        os.dup2(saved_fds[0], 1)
+        os.dup2(saved_fds[1], 2)
+        for fd in saved_fds:
+            os.close(fd)
         os.environ.clear()
         os.environ.update(saved_env)
         os.chdir(saved_cwd)
@@ -160,8 +175,12 @@ def run_in_process(script: str, argv: list[str], env: dict | None = None) -> sub
         np.random.set_state(saved_np_rng)
         random.setstate(saved_random)
         logging.getLogger().handlers[:] = saved_handlers
-    return subprocess.CompletedProcess([sys.executable, script, *argv], 0 if code is None else code,
-                                       out.getvalue(), err.getvalue())
+    said = []
+    for file in files:
+        file.seek(0)
+        said.append(file.read().decode("utf-8", errors="replace"))
+        file.close()
+    return subprocess.CompletedProcess([sys.executable, script, *argv], 0 if code is None else code, *said)
 
 
 def run_then_sigkill(tmp_path, args, run_name, ready) -> Path:

@@ -27,6 +27,11 @@ def main(argv):
         raise RuntimeError("not caught")
     if argv == ["exit-message"]:
         raise SystemExit("error: one line")
+    if argv == ["child"]:  # a study's point: a process of its own that writes to the terminal it was given
+        import subprocess
+        subprocess.run([sys.executable, "-c", "import sys; print('the child says why', file=sys.stderr)"])
+        print("after the child", file=sys.stderr)
+        return 0
     return int(argv[0]) if argv else 0
 '''
 
@@ -46,6 +51,8 @@ def test_a_script_in_this_process_says_and_exits_as_its_own_process_would(script
     assert raised.returncode == 1 and "Traceback" in raised.stderr and "RuntimeError: not caught" in raised.stderr
     said = run_in_process(str(script), ["exit-message"])
     assert said.returncode == 1 and said.stderr.endswith("error: one line\n")
+    child = run_in_process(str(script), ["child"])  # what the script's own processes print is its output too
+    assert child.stderr.index("the child says why") < child.stderr.index("after the child")
 
 
 def test_what_a_script_changes_in_its_process_is_put_back(script):
