@@ -113,7 +113,8 @@ def test_a_study_follows_its_data_to_another_folder_and_refuses_another_corpus(t
     cell = study / "lstm-xs-lr0.004-b8"
     shutil.rmtree(cell / "flops-6.00e09")
     (study / "points.jsonl").unlink()
-    run_script("scaling.py", *SMALL, *where, f"DATASET={moved}", timeout=900)
+    trained = run_script("scaling.py", *SMALL, *where, f"DATASET={moved}", timeout=900)
+    assert "holds 0 of the 2 points the frontier-study.json beside it records" in trained.stderr  # said, not refused
     point = json.loads((cell / "flops-6.00e09" / "summary.json").read_text())[0]
     assert point["fit"]["branched_at_flops"] > 0
     for committed in ("points.jsonl", "frontier-study.json", "frontier.md"):  # they name no machine's paths

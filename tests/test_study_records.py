@@ -323,8 +323,8 @@ def test_points_jsonl_and_its_study_file_name_each_other_so_an_older_or_missing_
     lines = (study / POINTS_FILE).read_text().splitlines(keepends=True)
     assert noted["points"] == len(lines) - 1  # the committed study file names its committed records
     (study / POINTS_FILE).write_text("".join(lines[:-1]))  # an older file: one point fewer
-    with pytest.raises(ResultsError, match=f"is older than the frontier-study.json beside it: it holds "
-                                           f"{noted['points'] - 1} points .*git checkout"):
+    with pytest.raises(ResultsError, match=f"holds {noted['points'] - 1} of the {noted['points']} points the "
+                                           "frontier-study.json beside it records .*git checkout"):
         report_from_records(study)
     (study / POINTS_FILE).unlink()
     with pytest.raises(ResultsError, match=f"is missing, but frontier-study.json records {noted['points']} points in "

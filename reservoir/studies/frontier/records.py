@@ -8,6 +8,7 @@ import hashlib
 from pathlib import Path
 
 from reservoir.data.tokens import corpus_label
+from reservoir.platform.messages import warn
 from reservoir.run.records import ResultsError, point_scores, read_json, read_signed_json, write_signed_json
 from reservoir.studies.budgets import point_name
 from reservoir.studies.frontier.grid import CONTROLS, REFERENCE_RUNS, FrontierError
@@ -39,29 +40,39 @@ def records_note(records: PointRecords) -> dict | None:
             "sha256": hashlib.sha256(records.file.read_bytes()).hexdigest()}
 
 
-def check_records_file(study: dict, records: PointRecords) -> None:
-    """The points.jsonl beside a study file is the one it was written with, or a newer one (a study goes on):
-    a missing or older one (fewer points or seeds than the study file records) is one line saying how to
-    restore it. Study files written before they named their records are not checked."""
+def check_records_file(study: dict, records: PointRecords, training: bool = False) -> None:
+    """The points.jsonl beside a study file is the one it was written with, or a newer one (a study goes on).
+    For a report, a missing or older one (fewer points or seeds than the study file records: an earlier commit's,
+    or lines deleted to train points again) is one line saying how to restore it. For the study's command
+    (``training``) fewer points are what it trains again, said in a warning; only a records file missing where
+    no point folder is either (a clone: every point would train again) is refused. Study files written before
+    they named their records are not checked."""
     noted = study.get("records")
     if not isinstance(noted, dict):
         return
     here = records_note(records)
-    if here is None:
+    restore = f"git checkout -- {records.file}"
+    if here is None and not (training and records.local_points()):
         raise ResultsError(f"{records.file} is missing, but {STUDY_FILE} records {noted['points']} points in it: "
-                           f"restore it (git checkout -- {records.file}); the study's command would train every "
-                           "point again")
-    if here["sha256"] != noted["sha256"] and (here["points"] < noted["points"] or here["seeds"] < noted["seeds"]):
-        raise ResultsError(f"{records.file} is older than the {STUDY_FILE} beside it: it holds {here['points']} "
-                           f"points ({here['seeds']} seeds), the study file records {noted['points']} "
-                           f"({noted['seeds']}); restore the one written with it (git checkout -- {records.file})")
+                           f"restore it ({restore}); the study's command would train every point again")
+    count = here or {"points": len(records.packed()["points"]), "seeds": 0, "sha256": None}
+    if count["sha256"] == noted["sha256"] or (count["points"] >= noted["points"] and count["seeds"] >= noted["seeds"]):
+        return
+    said = (f"{records.file} holds {count['points']} of the {noted['points']} points the {STUDY_FILE} beside it "
+            f"records (an older file, or points deleted to train them again)")
+    if training:
+        warn(f"{said}: the missing ones train again; to restore them instead, stop and {restore}")
+        return
+    raise ResultsError(f"{said}: restore the one written with it ({restore}), or run the study's command, which "
+                       "trains the missing points again")
 
 
-def note_records(folder: Path, records: PointRecords) -> None:
-    """After points.jsonl changed: the study file names it anew (checked first: an older file is refused, not
-    noted), signed again; written only when the note changes."""
+def note_records(folder: Path, records: PointRecords, check: bool = True) -> None:
+    """After points.jsonl changed: the study file names it anew, signed again; written only when the note
+    changes. ``check``: an older file is refused, not noted (a report); a study that trains passes False."""
     study = read_study_file(folder)
-    check_records_file(study, records)
+    if check:
+        check_records_file(study, records)
     note = records_note(records)
     if note is not None and study.get("records") != note:
         write_signed_json(Path(folder) / STUDY_FILE, {**study, "records": note})

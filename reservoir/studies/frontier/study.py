@@ -282,7 +282,7 @@ class FrontierStudy:
                                 f"{STUDY_FILE_REMEDY}")
         if path.exists():
             recorded = read_study_file(self.path)
-            check_records_file(recorded, self.store)  # an older points.jsonl: restored, not trained again
+            check_records_file(recorded, self.store, training=True)  # a clone's lost records: restored
             changed = study_changes(recorded, content)
             if changed:
                 raise FrontierError(f"{path} holds another {', '.join(changed)} for STUDY={self.name}: run it with "
@@ -295,7 +295,7 @@ class FrontierStudy:
     def _pack_records(self) -> None:
         """points.jsonl from the points here and the records it held, and the study file's note of it."""
         if self.store.pack() is not None and (self.path / STUDY_FILE).exists():
-            note_records(self.path, self.store)
+            note_records(self.path, self.store, check=False)
 
     def run(self, run_points, measure) -> None:
         """Every budget, smallest first: run the live cells' points (``run_points([(folder, args), ...], workers)``
