@@ -4,8 +4,7 @@ of a budget (``point_name``), and what one training step of a model costs (``ste
 
 from __future__ import annotations
 
-import math
-
+from reservoir.config import is_integer, is_number
 from reservoir.platform.messages import OneLineError
 
 
@@ -24,8 +23,7 @@ def positive_numbers(key: str, value, example: str, error=None, integers: bool =
             number = float(item) if isinstance(item, str) else item
         except ValueError:
             number = None
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) \
-                or number <= 0 or (integers and int(number) != number):
+        if not is_number(number) or number <= 0 or (integers and not is_integer(number)):
             raise (error or StudyError)(f"{key} must be positive {'integers' if integers else 'numbers'}, got "
                                         f"{item!r}; e.g. {key}={example}")
         numbers.append(int(number) if integers else float(number))
