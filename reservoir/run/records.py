@@ -76,8 +76,11 @@ INTEGRITY_KEY = "integrity"  # config.json's hash of its own content, written wi
 
 def _integrity(content: dict) -> str:
     body = {k: v for k, v in content.items() if k != INTEGRITY_KEY}
-    text = json.dumps(finite_or_none(body), sort_keys=True, ensure_ascii=False, allow_nan=False,
-                      separators=(",", ":"))
+    try:  # content read from a file is finite as written: walking it first cost a report seconds
+        text = json.dumps(body, sort_keys=True, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        text = json.dumps(finite_or_none(body), sort_keys=True, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":"))
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
