@@ -14,6 +14,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,8 +110,10 @@ def _print_warning(message, category, filename, lineno, file=None, line=None):
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
-def run_in_process(script: str, argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    """``script``'s ``main(argv)`` here, as ``python script argv...`` would run it from the repository root: its
+def run_in_process(script: str, argv: list[str], env: dict | None = None, cwd: Path = ROOT
+                   ) -> subprocess.CompletedProcess:
+    """``script``'s ``main(argv)`` here, as ``python script argv...`` would run it from ``cwd`` (the repository root
+    unless given): its
     stdout and stderr captured at the file descriptors (the processes it starts write there too, in order), its
     exit status returned (an uncaught exception as a traceback and 1, ``SystemExit``
     as Python reports it), and what a run changes in its process put back afterwards: the environment, the
@@ -140,7 +143,7 @@ def run_in_process(script: str, argv: list[str], env: dict | None = None) -> sub
     code: object = 0
     try:
         os.environ.update({k: str(v) for k, v in (env or {}).items()})
-        os.chdir(ROOT)
+        os.chdir(cwd)
         sys.argv = [str(ROOT / script), *argv]
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
             warnings.resetwarnings()
@@ -181,6 +184,24 @@ def run_in_process(script: str, argv: list[str], env: dict | None = None) -> sub
         said.append(file.read().decode("utf-8", errors="replace"))
         file.close()
     return subprocess.CompletedProcess([sys.executable, script, *argv], 0 if code is None else code, *said)
+
+
+def trained_and_moved(tmp, models, *args) -> Path:
+    """``models`` trained briefly (20 steps, plots, 40-token samples); the run folder is then moved away from its
+    data and cache, which are deleted: the folder alone must be enough to read, sample and compare."""
+    run_cli(tmp, f"MODELS={models}", "MAX_STEPS=20", "EVAL_EVERY=10", "RUN_NAME=r", "SAMPLE_TOKENS=40",
+            "SAMPLE_TEMPERATURE=1.0", *args)
+    moved = tmp / "elsewhere" / "r"
+    shutil.move(tmp / "results" / "r", moved)
+    shutil.rmtree(tmp / "cache")
+    return moved
+
+
+@pytest.fixture(scope="session")
+def every_model_run(tmp_path_factory) -> Path:
+    """Every model trained once for the whole session (``trained_and_moved``, with plots): the tests of the
+    results contract and of sampling read it; a test that changes it works on a copy."""
+    return trained_and_moved(tmp_path_factory.mktemp("every-model"), ALL_MODELS, "PLOTS=True")
 
 
 def run_then_sigkill(tmp_path, args, run_name, ready) -> Path:

@@ -16,10 +16,8 @@ from reservoir.run.train import Budget, Progress, WarmUp, learning_rate
 from tests.conftest import ALL_MODELS, run_cli, run_script, run_then_sigkill, summary_of
 
 
-def test_every_model_runs_and_writes_the_results_contract(tmp_path):
-    models = f"MODELS={ALL_MODELS}"
-    run_cli(tmp_path, models, "MAX_STEPS=20", "EVAL_EVERY=10", "RUN_NAME=all", "PLOTS=True")
-    run_dir = tmp_path / "results" / "all"
+def test_every_model_runs_and_writes_the_results_contract(every_model_run):
+    run_dir = every_model_run
     config = json.loads((run_dir / "config.json").read_text())
     assert config["effective_config"]["MAX_STEPS"] == 20
     assert config["versions"]["torch"] == torch.__version__

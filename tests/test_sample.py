@@ -9,26 +9,16 @@ import torch
 from reservoir.data.tokenizers import CharTokenizer
 from reservoir.run.sampling import SampleSettings, decode_story, write_stories
 from reservoir.run.trained import load_trained
-from tests.conftest import ALL_MODELS, run_cli, run_script
+from tests.conftest import ALL_MODELS, run_cli, run_script, trained_and_moved
 
 MODELS = ALL_MODELS
 SEPARATOR = "\n" + "-" * 40 + "\n"
 
 
-def train_and_move(tmp, models):
-    """``models`` trained briefly; the run folder is then moved away from its data and cache."""
-    run_cli(tmp, f"MODELS={models}", "MAX_STEPS=15", "EVAL_EVERY=15", "RUN_NAME=r", "SAMPLE_TOKENS=40",
-            "SAMPLE_TEMPERATURE=1.0")
-    moved = tmp / "elsewhere" / "r"
-    shutil.move(tmp / "results" / "r", moved)
-    shutil.rmtree(tmp / "cache")  # the run folder alone must be enough
-    return moved
-
-
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
+def trained_run(every_model_run):
     """Every model family, in a folder moved away from its data and cache."""
-    return train_and_move(tmp_path_factory.mktemp("sample"), MODELS)
+    return every_model_run
 
 
 def sample(*args, check=True):
@@ -47,7 +37,7 @@ def test_sample_from_checkpoint_equals_the_runs_own_samples(trained_run, model):
 @pytest.mark.xla
 def test_sample_with_the_xla_device(tmp_path):
     """DEVICE=tpu: the device layer picks XLA and generates on the CPU, so the stories are the run's."""
-    run = train_and_move(tmp_path, ["transformer"])  # the XLA suite's one sampling test: one model is enough
+    run = trained_and_moved(tmp_path, ["transformer"])  # the XLA suite's one sampling test: one model is enough
     summary = {r["model"]: r for r in json.loads((run / "summary.json").read_text())}
     proc = sample(run, "MODEL=transformer", "DEVICE=tpu", "STOP_AT_END=True")
     assert proc.stdout.rstrip("\n").split(SEPARATOR) == [s["text"] for s in summary["transformer"]["samples"]]

@@ -3,15 +3,13 @@
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from reservoir.run.records import ResultsError
 from reservoir.studies.store import AS_REQUESTED, POINTS_FILE, PointRecords, merged, own_part, shared_part
-from tests.conftest import ROOT, run_script
+from tests.conftest import ROOT, run_in_process, run_script
 
 FIXTURE = ROOT / "tests" / "fixtures" / "studies"  # a micro study's point folders (tests/fixtures/make_studies.sh)
 OUTPUTS = ("REPORT.md", "micro/frontier.json", "micro/frontier.md", "micro/frontier.png")
@@ -204,8 +202,7 @@ def test_the_committed_studies_rebuild_their_report_byte_for_byte_from_points_js
     shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("*-lr*-b*", "references", "controls", "logs",
                                                                    "checkpoints"))
     # from the folder above, as the committed report was made: its paths are relative (REPORT=results)
-    proc = subprocess.run([sys.executable, str(ROOT / "scaling.py"), "REPORT=results"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_in_process("scaling.py", ["REPORT=results"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     outputs = ["REPORT.md", *(f"{study.name}/{name}" for study in sorted(committed.glob("frontier-*"))
                               for name in ("frontier.json", "frontier.md", "frontier.png", POINTS_FILE))]

@@ -12,20 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TINY, summary_of
+from tests.conftest import ROOT, TINY, run_script, summary_of
 
 optuna = pytest.importorskip("optuna")
 FIXED = [*TINY, "TIME_BUDGET_S=None", "TOKEN_BUDGET=20000", "SAMPLE_TOKENS=5"]
 
 
 def sweep(tmp_path, *args, check=True, env=None, background=False):
-    cmd = [sys.executable, str(ROOT / "sweep.py"), *FIXED, f"RESULTS_DIR={tmp_path / 'results'}",
-           f"CACHE_DIR={tmp_path / 'cache'}", *args]
-    environment = {**os.environ, **(env or {})}
+    """sweep.py on the tiny settings: in this process, or in a process of its own in the ``background`` (a worker
+    beside another, or one a test kills)."""
+    args = [*FIXED, f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}", *args]
     if background:
-        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=environment)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=environment)
+        return subprocess.Popen([sys.executable, str(ROOT / "sweep.py"), *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    proc = run_script("sweep.py", *args, env=env, check=False)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -61,11 +61,8 @@ def test_a_sweep_writes_best_json_plots_and_continues(tmp_path):
     assert "nothing to run" in again.stdout and len(load(tmp_path, "esn-tiny").trials) == 6
 
     # the pasted override line reproduces the best trial's bits/char
-    cmd = [sys.executable, str(ROOT / "TinyStories.py"), *FIXED, f"RESULTS_DIR={tmp_path / 'again'}",
-           f"CACHE_DIR={tmp_path / 'cache'}", "MODELS=['esn']", "RUN_NAME=best", "PLOTS=False",
-           *best["override"].split()]
-    rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    run_script("TinyStories.py", *FIXED, f"RESULTS_DIR={tmp_path / 'again'}", f"CACHE_DIR={tmp_path / 'cache'}",
+               "MODELS=['esn']", "RUN_NAME=best", "PLOTS=False", *best["override"].split())
     assert summary_of(tmp_path / "again" / "best")["esn"]["val_bpc"] == pytest.approx(best["best_value_bpc"],
                                                                                        rel=1e-9)
 
