@@ -88,3 +88,45 @@ def test_the_suites_times_table_sorts_files_by_time_and_replaces_only_its_own_pa
     assert times.with_table(page, made) == f"# Tests\n\nbefore\n{times.START}\n{made}\n{times.END}\nafter\n"
     with pytest.raises(ValueError, match="markers"):
         times.with_table("# a page without its markers\n", made)
+
+
+def test_the_times_of_tests_run_two_at_a_time_are_those_of_one_at_a_time(tmp_path):
+    """With pytest-xdist the processes start in the workers: each writes its part, the run that started them adds
+    the parts up (the process boundary is the subject: pytest's own workers)."""
+    import json
+    import subprocess
+    import sys
+
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    starts = "import subprocess, sys\n\ndef test_{0}():\n" + "    subprocess.run([sys.executable, '-c', 'pass'])\n"
+    (tests / "test_one.py").write_text(starts.format("one"))
+    (tests / "test_two.py").write_text(starts.format("two") + "    subprocess.run([sys.executable, '-c', 'pass'])\n"
+                                       "\n\ndef test_three():\n    pass\n")
+    found = {}
+    for workers in ("0", "2"):
+        times = tmp_path / f"times-{workers}.json"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "RESERVOIR_TEST_TIMES": str(times)}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+                               "-n", workers, "--dist", "loadfile", str(tests)], cwd=tmp_path, capture_output=True,
+                              text=True, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        found[workers] = {name: (entry["tests"], entry["processes"])
+                          for name, entry in json.loads(times.read_text()).items()}
+        assert not list(tmp_path.glob("*.parts"))  # the workers' parts were added up and removed
+    assert found["2"] == found["0"] == {"tests/test_one.py": (1, 1), "tests/test_two.py": (2, 2)}
+
+
+def test_a_docs_block_of_root_scripts_alone_runs_in_this_process_and_any_other_with_bash():
+    import conftest as pages  # the root conftest.py: how README's and docs' blocks run
+
+    block = ('python TinyStories.py DATASET=synthetic PROMPT="Once upon a time"   # a comment\n'
+             "python sample.py results/demo MODEL=lstm \\\n    NUM_SAMPLES=2\n")
+    assert pages._root_script_commands(block) == [
+        ["TinyStories.py", "DATASET=synthetic", "PROMPT=Once upon a time"],
+        ["sample.py", "results/demo", "MODEL=lstm", "NUM_SAMPLES=2"]]
+    for shell in ("python scaling.py REPORT=results | tail -3", "python scaling.py REPORT=results > out.txt",
+                  "OMP_NUM_THREADS=1 python probes.py", "python -m reservoir.data.fetch shakespeare",
+                  "python bench/test_times.py a.json", "python scaling.py REPORT=$HOME", "cd results && ls",
+                  "python nosuch.py"):
+        assert pages._root_script_commands(f"python sample.py --help\n{shell}\n") is None, shell

@@ -136,6 +136,7 @@ def test_flop_budget_stops_every_kind_of_fit_at_the_same_compute(tmp_path):
 
 
 @pytest.mark.slow  # CI runs it apart (pytest -m slow); the README's command leaves it out
+@pytest.mark.alone  # its busy loops would slow the tests beside it several-fold
 def test_an_oversubscribed_machine_is_recorded_and_flagged(tmp_path):
     # twice as many busy loops as cores: the run gets about a third of them; the little it does besides its
     # 4 s of training (evaluation, samples) is kept small, since all of it runs that slowly
@@ -201,6 +202,7 @@ def _load_while_busy(peers: int, idle_priority: bool) -> dict:
     return load.report()
 
 
+@pytest.mark.alone
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs Linux's SCHED_IDLE scheduling class")
 def test_low_priority_background_work_does_not_raise_the_flag_but_peers_do():
     alone = _load_while_busy(0, idle_priority=True)
