@@ -114,7 +114,8 @@ def main(out: Path, dry_run: bool) -> int:
     parts = PartsWrittenAsTheyEnd(out, report)
     parts["test_tpu_support"] = run([PY, "test_tpu_support.py", f"DEVICE={device}"])
     if not dry_run:
-        parts["cuda_tests"] = run([PY, "-m", "pytest", "-q", "-m", "cuda", "tests/"])
+        # one GPU: one test at a time
+        parts["cuda_tests"] = run([PY, "-m", "pytest", "-q", "-n", "0", "-m", "cuda", "tests/"])
     common = [*data, *sizes, "FLOP_BUDGET=None", "PLOTS=False", f"RESULTS_DIR={out / 'results'}",
               f"CACHE_DIR={out / 'cache'}", f"DEVICE={device}", steps,
               "MODELS=['ngram','esn','deep_esn','nvar','linear_reservoir','deep_linear_reservoir','lstm','transformer']"]

@@ -429,6 +429,7 @@ def test_the_grid_edges_stage_walks_beyond_each_edge_once_and_the_report_says_wh
     assert refused.returncode != 0 and "not a step beyond the grid's edge" in refused.stderr
 
 
+@pytest.mark.slow  # trains a point three times, once in a process held to AVX2
 def test_a_recorded_point_trained_again_here_repeats_bit_for_bit_on_one_kernel_path(studies, tmp_path):
     """bench/reproduce_point.py: a point of the committed fixture trained again from its study file's settings,
     twice with this CPU's kernels (the same bits both times) and once held to AVX2, beside its record."""
@@ -441,6 +442,10 @@ def test_a_recorded_point_trained_again_here_repeats_bit_for_bit_on_one_kernel_p
     assert [r["kernels"] for r in rows] == ["this CPU's (1st run)", "this CPU's (2nd run)", "AVX2"]
     assert rows[0]["val_bpc"] == rows[1]["val_bpc"] and {r["record"] for r in rows} == {record}
     assert f"| AVX2 | {rows[2]['val_bpc']:.6f} | {record:.6f} |" in proc.stdout
+
+
+def test_a_point_to_train_again_that_the_study_does_not_hold_is_one_line(studies):
+    cell = "linear_reservoir-xs-lr0.004-b8"
     for args, said in (((cell, "3e99"), "holds no record of"), (("nosuch-xs", "3e9"), "is not a cell name"),
                        ((cell, "lots"), "must be a number of FLOPs")):
         refused = run_script("bench/reproduce_point.py", studies / "micro", *args, check=False)

@@ -357,11 +357,15 @@ def test_every_column_of_a_row_with_a_diverged_seed_counts_the_scored_seeds_alon
     assert alone["train_tokens"] == 20 and alone["val_bpc"] is None
 
 
-def test_the_nanogpt_calibration_checks_its_input_keys_its_result_and_trusts_only_its_record(tmp_path):
+def test_the_nanogpt_calibration_refuses_any_text_but_tiny_shakespeare(tmp_path):
     other = tmp_path / "input.txt"
     other.write_text("Once upon a time there was a cat.\n" * 1000)  # TinyStories-like, not Tiny Shakespeare
     refused = run_script("bench/calibrate_nanogpt.py", other, check=False)
     assert refused.returncode != 0 and "is not Tiny Shakespeare's input.txt" in refused.stderr
+
+
+@pytest.mark.slow  # trains nanoGPT's 10.7M-parameter model four times; CI also runs the calibration itself
+def test_the_nanogpt_calibration_checks_its_result_and_trusts_only_its_record(tmp_path):
     shakespeare = os.environ.get("RESERVOIR_SHAKESPEARE")
     if not shakespeare:
         pytest.skip("RESERVOIR_SHAKESPEARE (Tiny Shakespeare's input.txt) is not set")
