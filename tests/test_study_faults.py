@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reservoir.studies.runner import run_points
-from tests.conftest import ROOT, run_script, write_corpus
+from tests.conftest import ROOT, TINY, run_script, write_corpus
 
 # one family, one cell: a point long enough to be caught running (killed long before it ends)
 LONG = ["FAMILIES=lstm", "SIZES=xs", "LEARNING_RATES=4e-3", "BATCH_SIZES=8", "BUDGETS=2e12,4e12", "MIN_STEPS=20",
@@ -54,6 +54,26 @@ def test_a_second_runner_of_a_study_is_one_line_and_a_killed_study_takes_its_poi
     while _points_of(results) and time.time() < deadline:
         time.sleep(0.5)
     assert not _points_of(results), "points trained on after their study was killed"
+
+
+def test_a_slot_takes_its_next_point_as_soon_as_its_last_one_ends(tmp_path, capfd):
+    """A shared study claimed its points in batches of its slot count, and a slot idled while the batch's slowest
+    point ran: now a slot asks for its next point (``more``) as its last ends (``ended``)."""
+    def point(name, *args):
+        folder = tmp_path / "study" / name
+        return folder / "flops-1", [*TINY, f"RESULTS_DIR={folder}", f"CACHE_DIR={tmp_path / 'cache'}",
+                                    "RUN_NAME=flops-1", "SAMPLE_TOKENS=0", *args]
+
+    slow = point("slow", "MODELS=['lstm']", "MAX_STEPS=1500")
+    offered = [point("quick-1", "MODELS=['ngram']", "MAX_STEPS=1")]
+    ends = []
+    codes = run_points([slow, point("quick-0", "MODELS=['ngram']", "MAX_STEPS=1")], 2,
+                       more=lambda: offered.pop(0) if offered else None, ended=lambda k, code: ends.append((k, code)))
+    said = capfd.readouterr().out
+    assert codes == [0, 0, 0], said
+    # the second quick point was asked for when the first ended, and ran beside the slow one
+    assert ends == [(1, 0), (2, 0), (0, 0)], said
+    assert said.index("started quick-1/flops-1") < said.index("finished: slow/flops-1")
 
 
 def test_a_point_that_stops_says_why_in_the_study_s_terminal(tmp_path, capfd):

@@ -168,3 +168,42 @@ def test_a_lost_database_is_said_by_the_driver_s_error_not_optuna_s_commit_text(
     assert isinstance(lost, OperationalError) and "server closed the connection" in str(lost)
     said = str(storage_lost("postgresql+psycopg2://me:pw@db/s", lost))
     assert "server closed the connection unexpectedly" in said and "invalid data" not in said and ":pw@" not in said
+
+
+def test_a_host_claims_its_next_point_as_a_slot_frees_and_records_each_as_it_ends(tmp_path):
+    """A host claimed as many points as it had slots and recorded them when the slowest ended, its other slots
+    idle meanwhile: now each ``more()`` claims one point, and each point's end is in the storage at once."""
+    from optuna.trial import TrialState
+
+    from reservoir.studies.frontier.grid import FrontierExit
+    from reservoir.studies.frontier.shared import SharedPoints
+    from reservoir.studies.store import PointRecords
+
+    study = tmp_path / "results" / "micro"
+    store = PointRecords(study)
+    jobs = [(study / f"cell-{k}" / "flops-3.00e09", [f"ARGS={k}"]) for k in range(3)]
+    shared = SharedPoints(f"sqlite:///{tmp_path / 'study.db'}", "micro", heartbeat_s=1.0)
+
+    def states():
+        return {t.user_attrs["point"]: t.state for t in shared.study.get_trials(deepcopy=False)}
+
+    seen = []
+
+    def run_here(more, ended):
+        first, second = more(), more()  # two slots: one point each
+        seen.append(states())
+        ended(0, 143)  # the first point stops; the second trains on
+        seen.append(states())
+        third = more()  # the freed slot takes the last point at once
+        seen.append(states())
+        ended(1, 143)
+        ended(2, 143)
+        assert more() is None and [first, second, third] == [job for job in jobs]
+
+    with pytest.raises(FrontierExit) as stopped:
+        shared.run(jobs, store, run_here, finished=lambda folder: False)
+    assert stopped.value.code == 143
+    keys = [store.key(folder) for folder, _ in jobs]
+    assert [seen[0][k] for k in keys] == [TrialState.RUNNING, TrialState.RUNNING, TrialState.WAITING]
+    assert [seen[1][k] for k in keys] == [TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING]
+    assert [seen[2][k] for k in keys] == [TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING]

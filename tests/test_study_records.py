@@ -294,8 +294,10 @@ def test_a_host_that_joins_a_shared_study_late_is_given_its_study_file_and_recor
     settings = json.loads((studies / "micro" / "frontier-study.json").read_text())["settings"]
     asked = []
 
-    def run_points(jobs, workers, finished):
+    def run_points(jobs, workers, finished, more=None, ended=None):
         asked.extend(jobs)
+        while more is not None and (job := more()) is not None:  # a shared stage asks for its points one by one
+            asked.append(job)
         return [0] * len(jobs)
 
     first = FrontierStudy.from_args(dict(own), [*settings, f"RESULTS_DIR={studies}"])

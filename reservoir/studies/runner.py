@@ -106,18 +106,23 @@ def run_point(args: list[str]) -> int:
 ONE_CORE = point_slots("cpu", ["0"], 1, 1)[0]  # a number of WORKERS: that many of these
 
 
-def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], finished=None) -> list[int | None]:
+def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], finished=None, more=None,
+               ended=None) -> list[int | None]:
     """Points side by side, one in each of ``workers`` (the slots platform.device.study_slots gives: a core, a
     GPU, a TPU chip block, each with the environment that confines a point's process to it; a number: that
     many one-thread CPU points). With one slot a point prints to the terminal; with more, each writes its own
     log (<study>/logs/) and a line here says when it starts, where, and how it ends, with the point's own
     error when it stops. A SIGTERM to the study reaches every running point, which checkpoints before
     stopping. ``finished(folder) -> bool``: whether a point that exited with a signal has its records
-    complete all the same (it finished as the study was stopped)."""
+    complete all the same (it finished as the study was stopped). ``more() -> (folder, args) | None``: a point
+    to add when a slot is free and ``jobs`` are all started (a shared study claims its next point so, as soon as
+    a slot ends its last one); after a None it is not asked again. ``ended(k, code)``: told as the k-th point
+    (in the order given) exits, before its slot takes another, or with None if a signal came before it started."""
     slots = [ONE_CORE] * workers if isinstance(workers, int) else list(workers)
     _warn_if_oversubscribed(sum(slot.label == "cpu" for slot in slots))
     free = list(range(len(slots)))  # the slots no point holds now
     running: dict[int, tuple[subprocess.Popen, object, Path, int]] = {}
+    jobs = list(jobs)
     codes: list[int | None] = [None] * len(jobs)
     stopping_signal = {"sent": None}
 
@@ -131,7 +136,17 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], fi
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the points from the terminal
     pending = list(range(len(jobs)))
     try:
-        while pending or running:
+        while pending or running or more is not None:
+            while more is not None and not pending and free and stopping_signal["sent"] is None:
+                job = more()
+                if job is None:
+                    more = None
+                    break
+                jobs.append(job)
+                codes.append(None)
+                pending.append(len(jobs) - 1)
+            if more is not None and stopping_signal["sent"] is not None:
+                more = None
             while pending and free and stopping_signal["sent"] is None:
                 k, slot = pending.pop(0), free.pop(0)
                 folder, args = jobs[k]
@@ -149,12 +164,13 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], fi
                 on = "" if slots[slot].label == "cpu" else f" on {slots[slot].label}"
                 say(f"started {folder.parent.name}/{folder.name}{on} (log: {log})")
             if stopping_signal["sent"] is not None:
+                for k in pending if ended is not None else []:  # claimed, never started: the caller hands it back
+                    ended(k, None)
                 pending.clear()
             for k, (proc, handle, folder, slot) in list(running.items()):
                 if proc.poll() is None:
                     continue
                 codes[k] = proc.returncode
-                free = sorted([*free, slot])
                 if handle is not None:
                     handle.close()
                     where, code = f"{folder.parent.name}/{folder.name}", exit_status(proc.returncode)
@@ -167,6 +183,9 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], fi
                         say(f"stopped (exit code {code}): {where}" + (f": {said}" if said else "")
                             + f" (log: {handle.name})")
                 del running[k]
+                if ended is not None:
+                    ended(k, exit_status(proc.returncode))
+                free = sorted([*free, slot])
             time.sleep(0.2)
     finally:
         for signum, handler in previous.items():

@@ -1,7 +1,7 @@
 """A frontier study that many hosts run together through one database (STUDY_STORAGE=postgresql+psycopg2://...).
 
     shared = SharedPoints.open(url, study_name, heartbeat_s, identity)   # every host: the same command
-    shared.run(jobs, store, run_stage)    # a stage's points: claimed, trained here, recorded there
+    shared.run(jobs, store, run_here, finished)   # a stage's points: claimed, trained here, recorded there
     shared.pull(store)                    # every recorded point into this host's points.jsonl
 
 Optuna's RDB storage is the engine, not a queue of our own: each point is a trial of one Optuna study (its
@@ -138,11 +138,13 @@ class SharedPoints:
             self.storage.record_heartbeat(trial._trial_id)
         return claimed
 
-    def run(self, jobs: list[tuple[Path, list[str]]], store, run_here, slots: int, finished) -> None:
+    def run(self, jobs: list[tuple[Path, list[str]]], store, run_here, finished) -> None:
         """Until every point of ``jobs`` (this stage's: folder, TinyStories.py arguments) is recorded in the
-        storage: queue the ones with no live trial, claim up to ``slots`` and train them here with
-        ``run_here(jobs) -> exit codes``, record what ``finished(folder)``; wait for the points other hosts
-        hold. Then every recorded point is in this host's points.jsonl."""
+        storage: queue the ones with no live trial, and train here what this host claims, a point at a time as
+        its slots free up (``run_here(more, ended)``: ``runner.run_points`` over this host's slots, asking
+        ``more()`` for its next point and telling ``ended(k, code)``), recording each as it ends, what
+        ``finished(folder)``; wait for the points other hosts hold. Then every recorded point is in this host's
+        points.jsonl."""
         from optuna.storages import fail_stale_trials
         from optuna.trial import TrialState
 
@@ -169,61 +171,96 @@ class SharedPoints:
             if not open_keys:
                 self.pull(store)
                 return
-            claimed = []
-            for trial in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-                if len(claimed) == slots:
-                    break
-                if trial.user_attrs.get("point") in here and self._claim(trial):
-                    claimed.append(trial)
-            if not claimed:
-                if not waiting_said:
-                    say(f"frontier {self.name}: {len(open_keys)} point(s) of this stage are being trained by other "
-                        "hosts; waiting for their records")
-                    waiting_said = True
-                time.sleep(min(POLL_S, self.heartbeat_s))
+            if self._train(here, run_here, finished):
+                waiting_said = False
                 continue
-            waiting_said = False
-            self._train(claimed, here, run_here, finished)
+            if not waiting_said:
+                say(f"frontier {self.name}: {len(open_keys)} point(s) of this stage are being trained by other "
+                    "hosts; waiting for their records")
+                waiting_said = True
+            time.sleep(min(POLL_S, self.heartbeat_s))
 
-    def _train(self, claimed: list, here: dict, run_here, finished) -> None:
+    def _next_claim(self, here: dict):
+        """A queued trial of one of ``here``'s points, claimed for this host; None when none is left to claim."""
         from optuna.trial import TrialState
 
-        beating = threading.Event()
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            if trial.user_attrs.get("point") in here and self._claim(trial):
+                return trial
+        return None
+
+    def _train(self, here: dict, run_here, finished) -> bool:
+        """Train here the points this host claims, each slot claiming its next as its last ends; each point's
+        records (or why it stopped) go to the storage as it ends. False when there was nothing to claim."""
+
+        claimed: list = []  # in the order started: run_points' k
+        beating, lock = threading.Event(), threading.Lock()
+        live: set = set()  # the trials whose points are training now
+        outcome = {"stopped": None, "error": None}
 
         def beat():
             while not beating.wait(self.heartbeat_s):
                 try:
-                    for trial in claimed:
-                        self.storage.record_heartbeat(trial._trial_id)
+                    with lock:
+                        ids = list(live)
+                    for trial_id in ids:
+                        self.storage.record_heartbeat(trial_id)
                 except Exception:  # noqa: BLE001 - a lost database: the points finish here, recording says so
                     return
+
+        def more():
+            if outcome["error"] is not None:
+                return None
+            trial = self._next_claim(here)
+            if trial is None:
+                return None
+            claimed.append(trial)
+            with lock:
+                live.add(trial._trial_id)
+            return here[trial.user_attrs["point"]]
+
+        def ended(k: int, code: int) -> None:
+            trial = claimed[k]
+            with lock:
+                live.discard(trial._trial_id)
+            try:
+                self._record(trial, here[trial.user_attrs["point"]][0], code, finished, outcome)
+            except Exception as e:  # noqa: BLE001 - raised once the running points have ended
+                outcome["error"] = outcome["error"] or e
 
         thread = threading.Thread(target=beat, daemon=True)
         thread.start()
         try:
-            codes = run_here([here[t.user_attrs["point"]] for t in claimed])
+            run_here(more, ended)
         finally:
             beating.set()
             thread.join()
-        stopped = None
-        for trial, code in zip(claimed, codes, strict=True):
-            folder = here[trial.user_attrs["point"]][0]
-            if (folder / "summary.json").exists() and finished(folder):
-                config, summary = self._records_of(folder)
-                self.storage.set_trial_user_attr(trial._trial_id, "config", config)
-                self.storage.set_trial_user_attr(trial._trial_id, "summary", summary)
-                self.storage.set_trial_state_values(trial._trial_id, TrialState.COMPLETE, [_best(summary)])
-            elif code in (None, 130, 143, 137):  # stopped, not wrong: the same command runs it again
-                self.storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
-                self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-                stopped = stopped or (code or 143)
-            else:
-                self.storage.set_trial_user_attr(trial._trial_id, "error", f"exit code {code} (its log on that host)")
-                self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-                stopped = stopped or code
-        if stopped:
-            raise FrontierExit(stopped, f"points stopped on this host (exit code {stopped}); every recorded point "
-                                        "is kept in STUDY_STORAGE and the same command continues")
+        if outcome["error"] is not None:
+            raise outcome["error"]
+        if outcome["stopped"]:
+            raise FrontierExit(outcome["stopped"], f"points stopped on this host (exit code {outcome['stopped']}); "
+                                                   "every recorded point is kept in STUDY_STORAGE and the same "
+                                                   "command continues")
+        return bool(claimed)
+
+    def _record(self, trial, folder: Path, code: int | None, finished, outcome: dict) -> None:
+        """A claimed point's end in the storage: its records, or that it was stopped (run again by the same
+        command) or failed (its error, for every host to see)."""
+        from optuna.trial import TrialState
+
+        if (folder / "summary.json").exists() and finished(folder):
+            config, summary = self._records_of(folder)
+            self.storage.set_trial_user_attr(trial._trial_id, "config", config)
+            self.storage.set_trial_user_attr(trial._trial_id, "summary", summary)
+            self.storage.set_trial_state_values(trial._trial_id, TrialState.COMPLETE, [_best(summary)])
+        elif code in (None, 130, 143, 137):  # stopped, not wrong: the same command runs it again
+            self.storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+            self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            outcome["stopped"] = outcome["stopped"] or (code or 143)
+        else:
+            self.storage.set_trial_user_attr(trial._trial_id, "error", f"exit code {code} (its log on that host)")
+            self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            outcome["stopped"] = outcome["stopped"] or code
 
 
 def _best(summary: list[dict]) -> float:

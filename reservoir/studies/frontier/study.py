@@ -524,8 +524,8 @@ class FrontierStudy:
             return
         if self.shared is not None:  # claimed through STUDY_STORAGE, trained here or on another host
             try:
-                self.shared.run(jobs, self.store, lambda batch: run_points(batch, self.slots(), self._point_finished),
-                                len(self.slots()), self._point_finished)
+                self.shared.run(jobs, self.store, lambda more, ended: run_points(
+                    [], self.slots(), self._point_finished, more=more, ended=ended), self._point_finished)
             finally:
                 self._pack_records()
             return
