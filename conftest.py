@@ -26,7 +26,7 @@ from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipP
 ROOT = Path(__file__).resolve().parent
 
 
-def _copy_of_the_repository() -> Path:
+def copy_of_the_repository() -> Path:
     """The tracked files of this checkout (and what is staged or new and not ignored), copied to a new folder."""
     target = Path(tempfile.mkdtemp(prefix="reservoir-docs-")) / "repo"
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
@@ -40,7 +40,7 @@ def _copy_of_the_repository() -> Path:
 
 
 def _setup(namespace: dict) -> None:
-    namespace["_workdir"], namespace["_cwd"] = _copy_of_the_repository(), os.getcwd()
+    namespace["_workdir"], namespace["_cwd"] = copy_of_the_repository(), os.getcwd()
     os.chdir(namespace["_workdir"])
 
 

@@ -5,8 +5,9 @@ against the quick-suite test files that should fail on it.
     python bench/planted_faults.py wsd-restart     # one (or several) by name
 
 Each fault is one exact edit of one source file (the edit must still apply: a refactoring that moves the code
-makes the script say so, not pass). The copy is the checkout's tracked files, so nothing here changes; the
-tests run one at a time there (-n 0) with this interpreter. A fault no test catches is a hole to fill.
+makes the script say so, not pass). The copy is the checkout's files as the docs' pages see them (the root
+conftest.py's ``copy_of_the_repository``), so nothing here changes; the tests run one at a time there (-n 0)
+with this interpreter. A fault no test catches is a hole to fill.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from conftest import copy_of_the_repository  # noqa: E402 - the copy the docs' pages run in
 
 # name: (file, the code as it is, the fault, the test files (or ids) that should fail, what the fault is)
 FAULTS = {
@@ -62,16 +65,6 @@ FAULTS = {
 }
 
 
-def copy_of_checkout() -> Path:
-    target = Path(tempfile.mkdtemp(prefix="planted-")) / "repo"
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
-    for name in filter(None, listed.stdout.split("\0")):
-        if (ROOT / name).is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, target / name)
-    return target
-
-
 def plant(repo: Path, name: str) -> tuple[bool, float, str]:
     """(caught, seconds, the failing tests' summary line) for one fault, planted in ``repo`` and taken out again."""
     file, as_is, fault, tests, _ = FAULTS[name]
@@ -96,7 +89,7 @@ def main(argv: list[str]) -> int:
     unknown = [n for n in names if n not in FAULTS]
     if unknown:
         raise SystemExit(f"not a planted fault: {', '.join(unknown)} (the faults: {', '.join(FAULTS)})")
-    repo = copy_of_checkout()
+    repo = copy_of_the_repository()
     rows = []
     try:
         for name in names:
