@@ -192,7 +192,6 @@ class SharedPoints:
     def _train(self, here: dict, run_here, finished) -> bool:
         """Train here the points this host claims, each slot claiming its next as its last ends; each point's
         records (or why it stopped) go to the storage as it ends. False when there was nothing to claim."""
-
         claimed: list = []  # in the order started: run_points' k
         beating, lock = threading.Event(), threading.Lock()
         live: set = set()  # the trials whose points are training now
@@ -224,7 +223,8 @@ class SharedPoints:
             with lock:
                 live.discard(trial._trial_id)
             try:
-                self._record(trial, here[trial.user_attrs["point"]][0], code, finished, outcome)
+                outcome["stopped"] = outcome["stopped"] or self._record(trial, here[trial.user_attrs["point"]][0],
+                                                                        code, finished)
             except Exception as e:  # noqa: BLE001 - raised once the running points have ended
                 outcome["error"] = outcome["error"] or e
 
@@ -243,9 +243,10 @@ class SharedPoints:
                                                    "command continues")
         return bool(claimed)
 
-    def _record(self, trial, folder: Path, code: int | None, finished, outcome: dict) -> None:
+    def _record(self, trial, folder: Path, code: int | None, finished) -> int | None:
         """A claimed point's end in the storage: its records, or that it was stopped (run again by the same
-        command) or failed (its error, for every host to see)."""
+        command) or failed (its error, for every host to see); the exit code the study stops with, None when the
+        point finished."""
         from optuna.trial import TrialState
 
         if (folder / "summary.json").exists() and finished(folder):
@@ -253,14 +254,14 @@ class SharedPoints:
             self.storage.set_trial_user_attr(trial._trial_id, "config", config)
             self.storage.set_trial_user_attr(trial._trial_id, "summary", summary)
             self.storage.set_trial_state_values(trial._trial_id, TrialState.COMPLETE, [_best(summary)])
-        elif code in (None, 130, 143, 137):  # stopped, not wrong: the same command runs it again
+            return None
+        if code in (None, 130, 143, 137):  # stopped, not wrong: the same command runs it again
             self.storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
             self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-            outcome["stopped"] = outcome["stopped"] or (code or 143)
-        else:
-            self.storage.set_trial_user_attr(trial._trial_id, "error", f"exit code {code} (its log on that host)")
-            self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-            outcome["stopped"] = outcome["stopped"] or code
+            return code or 143
+        self.storage.set_trial_user_attr(trial._trial_id, "error", f"exit code {code} (its log on that host)")
+        self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        return code
 
 
 def _best(summary: list[dict]) -> float:
