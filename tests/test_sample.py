@@ -15,21 +15,15 @@ MODELS = ALL_MODELS
 SEPARATOR = "\n" + "-" * 40 + "\n"
 
 
-@pytest.fixture(scope="module")
-def trained_run(every_model_run):
-    """Every model family, in a folder moved away from its data and cache."""
-    return every_model_run
-
-
 def sample(*args, check=True):
     return run_script("sample.py", *args, check=check)
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_sample_from_checkpoint_equals_the_runs_own_samples(trained_run, model):
-    summary = {r["model"]: r for r in json.loads((trained_run / "summary.json").read_text())}
+def test_sample_from_checkpoint_equals_the_runs_own_samples(every_model_run, model):
+    summary = {r["model"]: r for r in json.loads((every_model_run / "summary.json").read_text())}
     written = [s["text"] for s in summary[model]["samples"]]
-    proc = sample(trained_run, f"MODEL={model}", "STOP_AT_END=True")
+    proc = sample(every_model_run, f"MODEL={model}", "STOP_AT_END=True")
     assert proc.stdout.rstrip("\n").split(SEPARATOR) == written
     assert f"{model} at step" in proc.stderr and "finished" in proc.stderr
 
@@ -44,8 +38,8 @@ def test_sample_with_the_xla_device(tmp_path):
     assert "on cpu" in proc.stderr
 
 
-def test_samples_continue_past_story_ends_as_blank_lines(trained_run):
-    model, tokenizer, _ = load_trained(trained_run, "ngram")
+def test_samples_continue_past_story_ends_as_blank_lines(every_model_run):
+    model, tokenizer, _ = load_trained(every_model_run, "ngram")
     for seed in range(50):  # a seed whose first story ends within the token budget
         settings = SampleSettings(max_new_tokens=600, temperature=1.0, top_k=None, seed=seed, stop_at_end=True)
         stopped = write_stories(model, tokenizer, ["Once upon a time"], settings, torch.device("cpu"))[0][1]
@@ -60,20 +54,20 @@ def test_samples_continue_past_story_ends_as_blank_lines(trained_run):
     assert "<|endoftext|>" not in going_on
 
 
-def test_prompt_file_and_num_samples(trained_run, tmp_path):
+def test_prompt_file_and_num_samples(every_model_run, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Once upon a time\n\nTom and his\n", encoding="utf-8")
-    out = sample(trained_run, "MODEL=lstm", f"PROMPT=FILE:{prompts}", "NUM_SAMPLES=2", "MAX_NEW_TOKENS=20",
+    out = sample(every_model_run, "MODEL=lstm", f"PROMPT=FILE:{prompts}", "NUM_SAMPLES=2", "MAX_NEW_TOKENS=20",
                  "STOP_AT_END=True", "SEED=7").stdout.rstrip("\n").split(SEPARATOR)
     assert len(out) == 4
     assert [s[:16] for s in out[:2]] == ["Once upon a time"] * 2 and all(s.startswith("Tom and his") for s in out[2:])
     assert out[0] != out[1]  # two draws, not one story twice
 
 
-def test_default_model_is_the_runs_best(trained_run):
-    summary = json.loads((trained_run / "summary.json").read_text())
+def test_default_model_is_the_runs_best(every_model_run):
+    summary = json.loads((every_model_run / "summary.json").read_text())
     best = min(summary, key=lambda r: r["val_bpc"])["model"]
-    assert f"{best} at step" in sample(trained_run, "NUM_SAMPLES=1", "MAX_NEW_TOKENS=5").stderr
+    assert f"{best} at step" in sample(every_model_run, "NUM_SAMPLES=1", "MAX_NEW_TOKENS=5").stderr
 
 
 @pytest.mark.parametrize("args, message", [
@@ -83,16 +77,16 @@ def test_default_model_is_the_runs_best(trained_run):
     (["PROMPT=FILE:/nonexistent/prompts.txt"], "cannot read it"),
     (["DEVICE=tpu"], "DEVICE='tpu' is not available"),
 ])
-def test_bad_input_is_one_line(trained_run, args, message):
-    proc = sample(trained_run, *args, check=False)
+def test_bad_input_is_one_line(every_model_run, args, message):
+    proc = sample(every_model_run, *args, check=False)
     assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_bad_run_folder_or_missing_checkpoint_is_one_line(trained_run, tmp_path):
+def test_bad_run_folder_or_missing_checkpoint_is_one_line(every_model_run, tmp_path):
     proc = sample(tmp_path / "nothing-here", check=False)
     assert proc.returncode != 0 and "not a folder" in proc.stderr and "Traceback" not in proc.stderr
     copy = tmp_path / "copy"
-    shutil.copytree(trained_run, copy)
+    shutil.copytree(every_model_run, copy)
     (copy / "checkpoints" / "esn.pt").unlink()
     proc = sample(copy, "MODEL=esn", check=False)
     assert proc.returncode != 0 and "esn.pt is not in this copy" in proc.stderr and "Traceback" not in proc.stderr
