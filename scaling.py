@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 from configs import split_arguments, wants_help
+from reservoir.platform.device import available_kinds
 from reservoir.platform.messages import TAG, OneLineError, say
 from reservoir.run.records import read_json
 from reservoir.studies.budgets import StudyError, positive_numbers
@@ -109,7 +110,8 @@ def main(argv: list[str]) -> int:
         if own.pop("FRONTIER", "false").lower() in ("true", "1", "yes") or any(k in own for k in FRONTIER_KEYS):
             return frontier(own, settings)
         study = Study.from_args(own, settings)
-        study.run(run_point)
+        on_cpu = study.config["DEVICE"] == "cpu" or available_kinds() == ["cpu"]  # a point forked, see runner.py
+        study.run(lambda args: run_point(args, on_cpu=on_cpu))
         report = study.report()
         path = write_report(report, study.path)
         png = plot_scaling(report, study.path / "scaling.png")

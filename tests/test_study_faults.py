@@ -2,6 +2,7 @@
 say why they stopped, a read-only RESULTS_DIR, a corpus that moved or changed, an edited study file."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from reservoir.studies.runner import run_points
-from tests.conftest import ROOT, TINY, run_script, write_corpus
+from reservoir.studies.runner import run_points, start_point
+from tests.conftest import ROOT, TINY, run_script, summary_of, write_corpus
 
 # one family, one cell: a point long enough to be caught running (killed long before it ends)
 LONG = ["FAMILIES=lstm", "SIZES=xs", "LEARNING_RATES=4e-3", "BATCH_SIZES=8", "BUDGETS=2e12,4e12", "MIN_STEPS=20",
@@ -25,10 +26,10 @@ def _points_of(results: Path) -> list[int]:
     pids = []
     for proc in Path("/proc").iterdir():
         try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")  # a forked point's title: one string
         except OSError:
             continue
-        if any(arg.endswith(b"TinyStories.py") for arg in cmdline) and str(results).encode() in b" ".join(cmdline):
+        if b"TinyStories.py " in cmdline and str(results).encode() in cmdline:
             pids.append(int(proc.name))
     return pids
 
@@ -46,6 +47,9 @@ def test_a_second_runner_of_a_study_is_one_line_and_a_killed_study_takes_its_poi
         assert second.returncode != 0, second.stdout
         assert f"STUDY busy ({results / 'busy'}) is being run by pid {first.pid} on " in second.stderr
         assert "Traceback" not in second.stderr and len(second.stderr.strip().splitlines()) == 1
+        deadline = time.time() + 60  # a point forked from the fork server: its process gets its title as it starts
+        while not _points_of(results) and time.time() < deadline:
+            time.sleep(0.2)
         assert _points_of(results), "the point is running"
     finally:
         first.send_signal(signal.SIGKILL)
@@ -64,7 +68,7 @@ def test_a_slot_takes_its_next_point_as_soon_as_its_last_one_ends(tmp_path, capf
         return folder / "flops-1", [*TINY, f"RESULTS_DIR={folder}", f"CACHE_DIR={tmp_path / 'cache'}",
                                     "RUN_NAME=flops-1", "SAMPLE_TOKENS=0", *args]
 
-    slow = point("slow", "MODELS=['lstm']", "MAX_STEPS=1500")
+    slow = point("slow", "MODELS=['lstm']", "MAX_STEPS=500")
     offered = [point("quick-1", "MODELS=['ngram']", "MAX_STEPS=1")]
     ends = []
     codes = run_points([slow, point("quick-0", "MODELS=['ngram']", "MAX_STEPS=1")], 2,
@@ -74,6 +78,29 @@ def test_a_slot_takes_its_next_point_as_soon_as_its_last_one_ends(tmp_path, capf
     # the second quick point was asked for when the first ended, and ran beside the slow one
     assert ends == [(1, 0), (2, 0), (0, 0)], said
     assert said.index("started quick-1/flops-1") < said.index("finished: slow/flops-1")
+
+
+def test_a_point_forked_from_the_fork_server_trains_as_a_new_python_would(tmp_path):
+    """A CPU point is forked from a process that imported torch long ago, beside other tests: the same scores,
+    threads and samples as the same point started as a new Python, and the exit code a new Python gives."""
+    said, scores = {}, {}
+    for forked in (True, False):
+        name = "forked" if forked else "new"
+        args = [*TINY, "MODELS=['lstm','esn']", "MAX_STEPS=6", f"RESULTS_DIR={tmp_path / name}",
+                f"CACHE_DIR={tmp_path / 'cache'}", "RUN_NAME=p", "SAMPLE_TOKENS=20"]
+        with (tmp_path / f"{name}.log").open("w") as log:
+            proc = start_point(args, {**os.environ, "OMP_NUM_THREADS": "1"}, on_cpu=forked, log=log)
+            assert isinstance(proc, subprocess.Popen) != forked
+            assert proc.wait() == 0
+        said[name] = (tmp_path / f"{name}.log").read_text()
+        scores[name] = {model: (r["val_bpc"], r["train_loss"], r["samples"])
+                        for model, r in summary_of(tmp_path / name / "p").items()}
+    assert scores["forked"] == scores["new"]
+    assert "CPU (1 threads)" in said["forked"] and "CPU (1 threads)" in said["new"]
+    bad = [*TINY, "SEQ_LEN=0", f"RESULTS_DIR={tmp_path / 'bad'}"]
+    with (tmp_path / "bad.log").open("w") as log:
+        assert start_point(bad, dict(os.environ), on_cpu=True, log=log).wait() == 1
+    assert "error: SEQ_LEN must be" in (tmp_path / "bad.log").read_text()
 
 
 def test_a_point_that_stops_says_why_in_the_study_s_terminal(tmp_path, capfd):

@@ -7,17 +7,30 @@
 Each point runs on one thread (so its score does not depend on how many run together); a SIGTERM to the
 study reaches every running point, which checkpoints before it stops, and a study process that dies
 (even by SIGKILL) takes its points with it (Linux: they get the SIGTERM), so none trains on orphaned.
+
+A point on the CPU is forked from multiprocessing's fork server, which has imported torch once: a new Python
+spends about 6 s importing torch and torch._dynamo (torch's optimizers import it on first use) before its
+point trains, most of a small point's time. The forked process looks to TinyStories.py as a new one would
+(its arguments, environment, folder, threads, output; ``ps`` shows its command line). A point on a GPU or a
+TPU chip gets a new Python: its device's runtime starts from the environment its slot gives, in a process
+where none was started.
 """
 
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
+import threading
 import time
+from multiprocessing import reduction
 from pathlib import Path
+
+import setproctitle
 
 from reservoir.platform.device import Slot, point_slots
 from reservoir.platform.files import Busy, lock_folder, make_folder
@@ -89,10 +102,132 @@ def _warn_if_oversubscribed(workers: int) -> None:
              f"the cores and each runs slower (their scores do not change); WORKERS={cores} finishes sooner")
 
 
-def run_point(args: list[str]) -> int:
-    """One point as its own TinyStories.py process; a SIGTERM to the study is passed on to it (Ctrl-C
-    reaches it directly, from the terminal), so it checkpoints before the study stops."""
-    proc = subprocess.Popen([sys.executable, str(ENTRY_POINT), *args], preexec_fn=_stop_with_the_study)
+# what the fork server imports, once: "__main__" is the study's script (scaling.py), which multiprocessing would
+# otherwise import again in each point before it starts
+WARM_MODULES = ["__main__", "torch", "torch._dynamo", "configs", "reservoir.run.experiment"]
+
+
+_LIFELINE: list[int] = []  # a pipe nothing is written to: its read end is handed to each forked point
+
+
+def _lifeline() -> int:
+    """The read end of a pipe whose write end only this (the study's) process holds, for as long as it lives."""
+    if not _LIFELINE:
+        _LIFELINE.extend(os.pipe())
+    return _LIFELINE[0]
+
+
+def _stop_when_the_study_ends(lifeline: int) -> None:
+    """In a forked point: SIGTERM when the study's process ends, however it ends (the read sees end of file),
+    so the point checkpoints and stops. PR_SET_PDEATHSIG would watch the fork server, which outlives the study
+    while a point it forked runs."""
+    def watch():
+        while os.read(lifeline, 1):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="study-lifeline", daemon=True).start()
+
+
+class _Descriptor:
+    """One of the study's open files, handed to a forked point through the fork server's socket (SCM_RIGHTS):
+    the terminal, or the point's log."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return _received, (reduction.DupFd(self.fd),)
+
+
+def _received(dup) -> int:
+    return dup.detach()
+
+
+def _forked_point(args: list[str], env: dict, cwd: str, stdout: int, stderr: int, lifeline: int,
+                  ctrl_c_ignored: bool) -> None:
+    """A point's process, forked from the fork server: given what a new ``python TinyStories.py ARGS`` started
+    by the study would have (its output, folder, environment, threads, signals), then the script is run."""
+    # ps and top show the point's command (set before the environment changes: setproctitle needs its layout)
+    setproctitle.setproctitle(" ".join([sys.executable, str(ENTRY_POINT), *args]))
+    _stop_when_the_study_ends(lifeline)
+    for fd, target in ((stdout, 1), (stderr, 2)):
+        os.dup2(fd, target)
+    for fd in {stdout, stderr} - {1, 2}:
+        os.close(fd)
+    for stream in (sys.stdout, sys.stderr):  # a new Python's buffering: by line on a terminal
+        stream.reconfigure(line_buffering=stream.isatty())
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    import torch  # imported by the fork server; the threads a new process would take from OMP_NUM_THREADS
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or usable_cores()))
+    signal.signal(signal.SIGINT, signal.SIG_IGN if ctrl_c_ignored else signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sys.argv = [str(ENTRY_POINT), *args]
+    sys.path.insert(0, str(ENTRY_POINT.parent))
+    try:
+        runpy.run_path(str(ENTRY_POINT), run_name="__main__")
+    except KeyboardInterrupt:  # as a new Python ends on an uncaught Ctrl-C: killed by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+class _ForkedProcess:
+    """A forked point, with the part of subprocess.Popen's interface the runner uses."""
+
+    def __init__(self, process):
+        self.process, self.pid = process, process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode  # -N when killed by signal N, as Popen's
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self) -> int:
+        self.process.join()
+        return self.process.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        if self.process.exitcode is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:  # it ended just now
+                pass
+
+
+def _fork_server():
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return None
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(WARM_MODULES)
+    return context
+
+
+def start_point(args: list[str], env: dict, on_cpu: bool, log=None):
+    """A point's process, ``python TinyStories.py ARGS`` with ``env``, its output to ``log`` (an open file) or
+    to the study's: forked from the fork server when it runs on the CPU, else a new Python."""
+    context = _fork_server() if on_cpu else None
+    if context is None:
+        return subprocess.Popen([sys.executable, str(ENTRY_POINT), *args], env=env, stdout=log,
+                                stderr=None if log is None else subprocess.STDOUT, preexec_fn=_stop_with_the_study)
+    out = (1, 2) if log is None else (log.fileno(), log.fileno())
+    for stream in (sys.stdout, sys.stderr):  # what the study printed comes before what the point prints
+        stream.flush()
+    process = context.Process(target=_forked_point, name="point", args=(
+        args, env, os.getcwd(), *(_Descriptor(fd) for fd in out), _Descriptor(_lifeline()),
+        signal.getsignal(signal.SIGINT) is signal.SIG_IGN))
+    process.start()
+    return _ForkedProcess(process)
+
+
+def run_point(args: list[str], on_cpu: bool = False) -> int:
+    """One point as its own TinyStories.py process (forked, ``on_cpu``: see the module's docstring); a SIGTERM
+    to the study is passed on to it (Ctrl-C reaches it directly, from the terminal), so it checkpoints before
+    the study stops."""
+    proc = start_point(args, dict(os.environ), on_cpu)
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the point decides how to stop; its exit code says
@@ -121,7 +256,7 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], fi
     slots = [ONE_CORE] * workers if isinstance(workers, int) else list(workers)
     _warn_if_oversubscribed(sum(slot.label == "cpu" for slot in slots))
     free = list(range(len(slots)))  # the slots no point holds now
-    running: dict[int, tuple[subprocess.Popen, object, Path, int]] = {}
+    running: dict[int, tuple[subprocess.Popen | _ForkedProcess, object, Path, int]] = {}
     jobs = list(jobs)
     codes: list[int | None] = [None] * len(jobs)
     stopping_signal = {"sent": None}
@@ -150,17 +285,14 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], fi
             while pending and free and stopping_signal["sent"] is None:
                 k, slot = pending.pop(0), free.pop(0)
                 folder, args = jobs[k]
-                command = [sys.executable, str(ENTRY_POINT), *args]
-                env = {**os.environ, **slots[slot].env}
+                env, on_cpu = {**os.environ, **slots[slot].env}, slots[slot].label == "cpu"
                 if len(slots) == 1:
-                    running[k] = (subprocess.Popen(command, env=env, preexec_fn=_stop_with_the_study), None, folder,
-                                  slot)
+                    running[k] = (start_point(args, env, on_cpu), None, folder, slot)
                     continue
                 log = folder.parent.parent / "logs" / f"{folder.parent.name}@{folder.name}.log"
                 make_folder(log.parent)
                 handle = log.open("a", encoding="utf-8")
-                running[k] = (subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT,
-                                               preexec_fn=_stop_with_the_study), handle, folder, slot)
+                running[k] = (start_point(args, env, on_cpu, handle), handle, folder, slot)
                 on = "" if slots[slot].label == "cpu" else f" on {slots[slot].label}"
                 say(f"started {folder.parent.name}/{folder.name}{on} (log: {log})")
             if stopping_signal["sent"] is not None:
