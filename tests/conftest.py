@@ -10,6 +10,7 @@ Heavy end-to-end tests are marked ``slow``: the README's test command leaves the
 """
 
 import contextlib
+import fcntl
 import importlib.util
 import json
 import logging
@@ -199,9 +200,20 @@ def trained_and_moved(tmp, models, *args) -> Path:
 
 @pytest.fixture(scope="session")
 def every_model_run(tmp_path_factory) -> Path:
-    """Every model trained once for the whole session (``trained_and_moved``, with plots): the tests of the
-    results contract and of sampling read it; a test that changes it works on a copy."""
-    return trained_and_moved(tmp_path_factory.mktemp("every-model"), ALL_MODELS, "PLOTS=True")
+    """Every model trained once for the whole test run (``trained_and_moved``, with plots): the tests of the
+    results contract and of sampling read it; a test that changes it works on a copy. pytest-xdist's workers
+    share it (its documented pattern: the first to need it trains it under a lock in the run's common base
+    folder, the others wait and read it)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    with (shared / "every-model.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        moved = shared / "every-model" / "elsewhere" / "r"
+        if not (moved / "summary.json").exists():
+            shutil.rmtree(shared / "every-model", ignore_errors=True)  # a worker that died while training it
+            trained_and_moved(shared / "every-model", ALL_MODELS, "PLOTS=True")
+    return moved
 
 
 def run_then_sigkill(tmp_path, args, run_name, ready) -> Path:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from reservoir.platform.device import DeviceInfo, build_loader
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_script
 
 COMMON = ["DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048", "TIME_BUDGET_S=None",
           "MAX_STEPS=3", "SAMPLE_TOKENS=5", "ESN.units=64", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32",
@@ -29,7 +29,8 @@ def launch(tmp_path, prefix, *args):
 def test_ddp_with_two_gloo_processes_equals_one_process_on_the_whole_batch(tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     proc = launch(tmp_path, torchrun, "BATCH_SIZE=4", "RUN_NAME=ddp")
-    launch(tmp_path, [sys.executable], "BATCH_SIZE=8", "RUN_NAME=one")
+    run_script("TinyStories.py", *COMMON, f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}",
+               "BATCH_SIZE=8", "RUN_NAME=one")  # the same in this process: torchrun's processes are the subject
     assert "Rank 0/2" in proc.stdout and "Rank 1/2" not in proc.stdout  # only rank 0 speaks
     assert proc.stdout.count("results:") == 1
     assert proc.stdout.count("trained char tokenizer") == 1  # rank 0 prepares the data, rank 1 reads it
