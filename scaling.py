@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from configs import split_arguments, wants_help
-from reservoir.platform.device import available_kinds
+from reservoir.platform.device import runs_on_cpu
 from reservoir.platform.messages import TAG, OneLineError, say
 from reservoir.run.records import read_json
 from reservoir.studies.budgets import StudyError, positive_numbers
@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
         if own.pop("FRONTIER", "false").lower() in ("true", "1", "yes") or any(k in own for k in FRONTIER_KEYS):
             return frontier(own, settings)
         study = Study.from_args(own, settings)
-        on_cpu = study.config["DEVICE"] == "cpu" or available_kinds() == ["cpu"]  # a point forked, see runner.py
+        on_cpu = runs_on_cpu(study.config)  # its points forked from the fork server (see runner.py)
         study.run(lambda args: run_point(args, on_cpu=on_cpu))
         report = study.report()
         path = write_report(report, study.path)

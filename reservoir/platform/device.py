@@ -196,6 +196,12 @@ def resolve_kind(device: str = "auto", use_tpu: bool = False) -> str:
     return device
 
 
+def runs_on_cpu(config: dict) -> bool:
+    """Whether a run of ``config`` takes the CPU: asked for, or nothing else is here (resolve_kind's answer,
+    without its warning, which the run itself gives)."""
+    return config["DEVICE"] == "cpu" or available_kinds() == ["cpu"]
+
+
 def cuda_has_native_bf16(device: torch.device | int | None = None) -> bool:
     """bf16 in hardware: compute capability 8.0 (Ampere) or newer. ``torch.cuda.is_bf16_supported()``
     also says yes on a T4 or V100, where bf16 is emulated and slower than fp32."""
