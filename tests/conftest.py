@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -35,7 +36,7 @@ from reservoir.models import MODEL_NAMES  # noqa: E402
 from reservoir.platform.device import xla_usable  # noqa: E402
 
 TINY_DATA = ["DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "BATCH_SIZE=8", "EVAL_TOKENS=2048",
-             "TIME_BUDGET_S=None", "FLOP_BUDGET=None", "SAMPLE_TOKENS=30"]
+             "FINAL_EVAL_TOKENS=4096", "TIME_BUDGET_S=None", "FLOP_BUDGET=None", "SAMPLE_TOKENS=30"]
 TINY_MODELS = ["ESN.units=64", "DEEP_ESN.units=32", "NVAR.input_dim=4", "LINEAR_RESERVOIR.units=32",
                "LINEAR_RESERVOIR.readout_hidden=64", "LSTM.hidden=64", "DEEP_LINEAR_RESERVOIR.layers=2",
                "DEEP_LINEAR_RESERVOIR.units=16", "DEEP_LINEAR_RESERVOIR.width=32",
@@ -216,17 +217,76 @@ def every_model_run(tmp_path_factory) -> Path:
     return moved
 
 
+class StartedRun:
+    """A run in a process of its own (``start_run``), with the part of subprocess.Popen's interface the tests
+    use: ``pid``, ``send_signal``, ``kill``, ``wait``, ``returncode``, ``communicate`` and its text ``stdout``
+    and ``stderr``."""
+
+    def __init__(self, process, stdout, stderr):
+        self.process, self.pid, self.stdout, self.stderr = process, process.pid, stdout, stderr
+
+    @property
+    def returncode(self):
+        return self.process.returncode
+
+    def send_signal(self, signum):
+        self.process.send_signal(signum)
+
+    def kill(self):
+        self.process.send_signal(signal.SIGKILL)
+
+    def wait(self):
+        return self.process.wait()
+
+    def communicate(self, timeout=None):
+        """The rest of its output and errors, once it has ended (TimeoutExpired if it goes on past ``timeout``)."""
+        said = {}
+        readers = [threading.Thread(target=lambda name, stream: said.__setitem__(name, stream.read()),
+                                    args=(name, stream), daemon=True)
+                   for name, stream in (("out", self.stdout), ("err", self.stderr))]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(timeout)
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(f"TinyStories.py (pid {self.pid})", timeout)
+        self.wait()
+        for stream in (self.stdout, self.stderr):
+            stream.close()
+        return said["out"], said["err"]
+
+
+def start_run(tmp_path, *args, settings=TINY) -> StartedRun:
+    """TinyStories.py on ``settings`` and ``args`` (results and caches in ``tmp_path``) in a process of its own,
+    for the tests whose subject is the process: its signals, a SIGKILL, its lock on the run folder. It is forked
+    as a study forks its CPU points (``runner.start_point``: a process that has imported torch already, made up
+    as a new Python's, which ``test_study_faults.py`` holds it to), not a new Python (6 s of imports); a Ctrl-C
+    reaches it as from a terminal. With PJRT_DEVICE set it is a new Python (torch_xla's runtime, once a process)."""
+    from reservoir.studies.runner import start_point
+
+    argv = [*settings, f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}", *args]
+    reads, writes = zip(os.pipe(), os.pipe(), strict=True)
+    ctrl_c = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with contextlib.chdir(ROOT), open(writes[0], "w") as out, open(writes[1], "w") as err:
+            process = start_point(argv, dict(os.environ), on_cpu=not _may_reach_xla(None), log=out, stderr=err)
+    finally:
+        signal.signal(signal.SIGINT, ctrl_c)
+    return StartedRun(process, *(open(fd, encoding="utf-8", errors="replace") for fd in reads))
+
+
 def run_then_sigkill(tmp_path, args, run_name, ready) -> Path:
-    """Start a run named ``run_name`` and SIGKILL it as soon as ``ready(run_dir)`` holds; its folder."""
-    cmd = [sys.executable, str(ROOT / "TinyStories.py"), *TINY, *args, f"RESULTS_DIR={tmp_path / 'results'}",
-           f"CACHE_DIR={tmp_path / 'cache'}", f"RUN_NAME={run_name}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """Start a run named ``run_name`` (``start_run``) and SIGKILL it as soon as ``ready(run_dir)`` holds; its
+    folder."""
+    proc = start_run(tmp_path, *args, f"RUN_NAME={run_name}")
+    drained = threading.Thread(target=proc.communicate, daemon=True)  # a full pipe would hold the run up
+    drained.start()
     run_dir = tmp_path / "results" / run_name
     deadline = time.time() + 300
     while time.time() < deadline and not ready(run_dir):
         time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.kill()
+    drained.join()
     return run_dir
 
 

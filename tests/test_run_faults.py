@@ -17,7 +17,7 @@ from reservoir.platform import files
 from reservoir.run.folders import claim_run_folder
 from reservoir.run.records import ResultsError, read_metrics
 from reservoir.run.writer import Run
-from tests.conftest import ROOT, TINY, run_cli, run_script, run_then_sigkill, summary_of
+from tests.conftest import ROOT, TINY, run_cli, run_script, run_then_sigkill, start_run, summary_of
 
 # --------------------------------------------------------------------- 1. the NaN guard
 
@@ -72,7 +72,10 @@ def test_ridge_zero_is_solved_not_a_traceback(tmp_path):
 # --------------------------------------------------------------------- 2. SIGTERM, Ctrl-C, timed checkpoints
 
 
-def _start(tmp_path, *args):
+def _start(tmp_path, *args, new_python=False):
+    """A run in its own process: forked as a study's CPU point is (``start_run``), or a new Python."""
+    if not new_python:
+        return start_run(tmp_path, *args)
     cmd = [sys.executable, str(ROOT / "TinyStories.py"), *TINY, f"RESULTS_DIR={tmp_path / 'results'}",
            f"CACHE_DIR={tmp_path / 'cache'}", *args]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -87,11 +90,12 @@ def _wait_for_training(run_dir, model="transformer", timeout=300):
     pytest.fail("training never started")
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, signum, code):
+# a Ctrl-C to a new Python, as a researcher's terminal sends it; a SIGTERM to a forked one, as a study's points get
+@pytest.mark.parametrize("signum, code, new_python", [(signal.SIGTERM, 143, False), (signal.SIGINT, 130, True)])
+def test_a_signal_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, signum, code, new_python):
     args = ["MODELS=['ngram','transformer']", "MAX_STEPS=100000", "LOG_EVERY=1", "CHECKPOINT_EVERY=0",
             "CHECKPOINT_EVERY_S=0", "EVAL_EVERY=100000"]
-    proc = _start(tmp_path, *args, "RUN_NAME=sig")
+    proc = _start(tmp_path, *args, "RUN_NAME=sig", new_python=new_python)
     run_dir = tmp_path / "results" / "sig"
     _wait_for_training(run_dir)
     proc.send_signal(signum)
@@ -415,9 +419,9 @@ def test_reordered_tokens_and_an_edited_tokenizer_are_caught(tmp_path, capsys):
 
 
 def test_logs_that_are_not_a_terminal_get_plain_lines(tmp_path):
-    proc = run_cli(tmp_path, "MODELS=['lstm','esn']", "TIME_BUDGET_S=3", "ESN.units=32")
+    proc = run_cli(tmp_path, "MODELS=['lstm','esn']", "TIME_BUDGET_S=1", "ESN.units=32")
     assert "\r" not in proc.stderr and "\r" not in proc.stdout  # no carriage-return bar updates in a log
-    assert "lstm (budget: 3.0 s): 100% after" in proc.stderr  # the closing progress line
+    assert "lstm (budget: 1.0 s): 100% after" in proc.stderr  # the closing progress line
 
 
 def test_help_shows_shell_safe_list_forms():
@@ -453,7 +457,7 @@ def test_a_kill_during_the_final_evaluation_does_not_train_again(tmp_path):
 
     killed = run_then_sigkill(tmp_path, args, "k", finished_checkpoint_but_no_final_evaluation)
     assert not (killed / "summary.json").exists(), "the kill must land inside the final evaluation"
-    resumed = run_cli(tmp_path, "RESUME=k", "SYNTHETIC_STORIES=3000")
+    resumed = run_cli(tmp_path, "RESUME=k", "SYNTHETIC_STORIES=3000", "FINAL_EVAL_TOKENS=None")
     assert "finished in the checkpoint (seed 1337); evaluating it again" in resumed.stdout
     assert "resuming at step" not in resumed.stdout
     record = summary_of(killed)["transformer"]

@@ -206,14 +206,18 @@ def _fork_server():
     return context
 
 
-def start_point(args: list[str], env: dict, on_cpu: bool, log=None):
+def start_point(args: list[str], env: dict, on_cpu: bool, log=None, stderr=None):
     """A point's process, ``python TinyStories.py ARGS`` with ``env``, its output to ``log`` (an open file) or
-    to the study's: forked from the fork server when it runs on the CPU, else a new Python."""
+    to the study's, its errors with its output or to ``stderr`` (an open file): forked from the fork server when
+    it runs on the CPU, else a new Python."""
     context = _fork_server() if on_cpu else None
     if context is None:
-        return subprocess.Popen([sys.executable, str(ENTRY_POINT), *args], env=env, stdout=log,
-                                stderr=None if log is None else subprocess.STDOUT, preexec_fn=_stop_with_the_study)
+        errors = stderr if stderr is not None else None if log is None else subprocess.STDOUT
+        return subprocess.Popen([sys.executable, str(ENTRY_POINT), *args], env=env, stdout=log, stderr=errors,
+                                preexec_fn=_stop_with_the_study)
     out = (1, 2) if log is None else (log.fileno(), log.fileno())
+    if stderr is not None:
+        out = (out[0], stderr.fileno())
     for stream in (sys.stdout, sys.stderr):  # what the study printed comes before what the point prints
         stream.flush()
     process = context.Process(target=_forked_point, name="point", args=(
