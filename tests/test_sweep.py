@@ -357,3 +357,38 @@ def test_a_trial_that_meets_a_one_line_error_measured_nothing_and_is_run_again(t
     trials = load(tmp_path, "disk").trials
     assert len(ran) == 1 and [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
     assert trials[1].params == trials[0].params  # the same (starting) settings, measured this time
+
+
+def test_a_trial_whose_host_stopped_beating_is_run_again_and_a_finished_sweep_leaves_none_running(tmp_path,
+                                                                                                  capfd):
+    """Another host began a trial and died (or lost the database) for good: its trial stays RUNNING in the
+    storage with its heartbeat stopped. Optuna fails such a trial only when a worker starts a new one, so a
+    sweep that already holds its TRIALS would say "nothing to run" and keep it RUNNING for good."""
+    import sqlite3
+
+    from reservoir.studies.sweeps import SEARCH_SPACES, Sweep, open_study, run_trials, suggest
+
+    folder, url = tmp_path / "results" / "sweeps" / "beat", f"sqlite:///{tmp_path / 'sweeps.db'}"
+    sweep_ = Sweep("esn", 1, "beat", url, SEARCH_SPACES["esn"], 0, list(FIXED), folder, 1337)
+
+    class Finished:
+        def summaries(self):
+            return [{"model": "esn", "seed": 1337, "val_bpc": 2.5}]
+
+    ran = []
+    run_trials(open_study("beat", url, folder, 1337, 0), sweep_, lambda config, hook: ran.append(config) or Finished())
+    study = open_study("beat", url, folder, 1337, 1)
+    elsewhere = study.ask()  # begun on another host, which then stopped beating
+    suggest(elsewhere, SEARCH_SPACES["esn"])
+    elsewhere.set_user_attr("host", "another-host")
+    elsewhere.set_user_attr("worker", "1 (pid 4242)")
+    study._storage.record_heartbeat(elsewhere._trial_id)
+    with sqlite3.connect(tmp_path / "sweeps.db") as db:
+        db.execute("UPDATE trial_heartbeats SET heartbeat = datetime('now', '-1 hour')")
+    capfd.readouterr()
+    run_trials(open_study("beat", url, folder, 1337, 0), sweep_, lambda config, hook: ran.append(config) or Finished())
+    said = capfd.readouterr().out
+    trials = optuna.load_study(study_name="beat", storage=url).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE"], said
+    assert trials[2].params == trials[1].params and trials[2].user_attrs["rerun_of"] == 1 and len(ran) == 2
+    assert "trial 1's worker (1 (pid 4242) on another-host) stopped beating; its settings are run again" in said

@@ -126,6 +126,27 @@ def enqueue_rerun(study, trial) -> None:
     study.enqueue_trial(trial.params, user_attrs=attrs)
 
 
+def _fail_silent_workers(study) -> bool:
+    """Fail the trials whose worker stopped beating (a host that died or lost the database; the storage's
+    heartbeats say so after their grace period), which queues their settings again (``enqueue_rerun``, the
+    storage's callback): Optuna does this only as a worker starts a trial, so a sweep with nothing left to start
+    would keep them RUNNING for good. Whether any was failed."""
+    import optuna
+    from optuna.trial import TrialState
+
+    running = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    if not running:
+        return False
+    with warnings.catch_warnings():  # heartbeats are marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    failed = [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.number in running]
+    for trial in failed:
+        say(f"sweep {study.study_name}: trial {trial.number}'s worker ({trial.user_attrs.get('worker')} on "
+            f"{trial.user_attrs.get('host')}) stopped beating; its settings are run again")
+    return bool(failed)
+
+
 def _worker_gone(trial) -> bool:
     """Whether ``trial``'s worker process has ended: only for a worker on this machine that recorded its pid
     (a worker elsewhere cannot be checked from here; PostgreSQL's heartbeats cover those)."""
@@ -300,6 +321,7 @@ def run_trials(study, sweep: Sweep, run_one, refused: tuple[type[Exception], ...
         starting = model_settings(parse_overrides([*fixed, f"MODELS={[model]}"]), model)
         study.enqueue_trial(current_settings(starting, space),
                             user_attrs={"starting_settings": True}, skip_if_exists=True)  # workers race
+    _fail_silent_workers(study)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _worker_gone(trial):  # a killed worker (SIGKILL, a crash) left it RUNNING: it never ends by itself
             say(f"sweep {study.study_name}: trial {trial.number}'s worker ({trial.user_attrs.get('worker')}) is "
@@ -343,6 +365,8 @@ def run_trials(study, sweep: Sweep, run_one, refused: tuple[type[Exception], ...
         optuna_log.removeFilter(quiet)
         storage_log.removeFilter(quiet_storage)
         threading.excepthook = thread_hook
+    if _fail_silent_workers(study):  # a host went silent while this one ran the last trials: its settings now
+        run_trials(study, sweep, run_one, refused)
 
 
 def write_outputs(study, model: str, folder: Path, fixed: list[str]) -> dict:
