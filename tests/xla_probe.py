@@ -1,10 +1,11 @@
-"""Measure one model's XLA graphs through the real training loop, in a fresh process.
+"""Measure a model's XLA graphs through the real training loop, in a fresh process.
 
     PJRT_DEVICE=CPU python tests/xla_probe.py transformer [--inject item|dynamic] [--seq-len 512] [--full-size]
-                                              [--compiles-only]
+                                              [--compiles-only] [--after-steps 8]
     PJRT_DEVICE=CPU python tests/xla_probe.py frozen_retention FROZEN_RETENTION.conv_width=4   # a model's options
+    PJRT_DEVICE=CPU python tests/xla_probe.py esn,lstm,nvar    # several models, one after another
 
-Prints one JSON line:
+Prints one JSON line per model (each count is the model's own, measured from where the one before left off):
 - warmup_compiles: graphs compiled by a first short fit (training, evaluation, checkpoint);
 - compiles_after_warmup: graphs compiled by a second, longer fit of a fresh model
   with evaluations in between (must be 0: every shape was seen in warm-up);
@@ -80,14 +81,17 @@ _TRACES = [0]
 
 
 def count_scan_traces() -> None:
-    """Count the cell traces of torch_xla's ``scan`` (each goes through ``aot_function``)."""
+    """Count the cell traces of torch_xla's ``scan`` (each goes through ``aot_function``), once a process."""
     scan = __import__("torch_xla.experimental.scan", fromlist=["aot_function"])
     trace = scan.aot_function
+    if getattr(trace, "counted", False):
+        return
 
     def counted(*args, **kwargs):
         _TRACES[0] += 1
         return trace(*args, **kwargs)
 
+    counted.counted = True
     scan.aot_function = counted
 
 
@@ -117,9 +121,11 @@ def compile_seconds() -> float:
 
 
 def probe(name: str, injected: str | None = None, k: int = 4, track: list[str] | None = None,
-          seq_len: int = 16, full_size: bool = False, options: list[str] = (), compiles_only: bool = False) -> dict:
+          seq_len: int = 16, full_size: bool = False, options: list[str] = (), compiles_only: bool = False,
+          after_steps: int = 8) -> dict:
     """``options``: KEY=VALUE overrides of the model's block (e.g. its train_recurrence switch);
-    ``compiles_only`` stops after the warm-up and the second fit (no executions per step)."""
+    ``compiles_only`` stops after the warm-up and the second fit (no executions per step), which trains
+    ``after_steps`` steps."""
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     BASE[BASE.index("SEQ_LEN=16")] = f"SEQ_LEN={seq_len}"
     SIZES[:] = ([] if full_size else TINY) + list(options)
@@ -127,13 +133,14 @@ def probe(name: str, injected: str | None = None, k: int = 4, track: list[str] |
     info = dev.select_device(config)
     data = prepare_data(config)
     count_scan_traces()
+    (before, _), compiled_before = counters(), compile_seconds()  # what models probed before this one left
     fit_once(name, ["MAX_STEPS=3", "EVAL_EVERY=2", "LOG_EVERY=1"], data, info, injected)
     warm, _ = counters()
-    compiling, traced = compile_seconds(), _TRACES[0]
-    fit_once(name, ["MAX_STEPS=8", "EVAL_EVERY=2", "LOG_EVERY=3"], data, info, injected)
+    compiling, traced = compile_seconds() - compiled_before, _TRACES[0]
+    fit_once(name, [f"MAX_STEPS={after_steps}", "EVAL_EVERY=2", "LOG_EVERY=3"], data, info, injected)
     after, _ = counters()
     traces = _TRACES[0]
-    result = {"model": name, "options": list(options), "seq_len": seq_len, "warmup_compiles": warm,
+    result = {"model": name, "options": list(options), "seq_len": seq_len, "warmup_compiles": warm - before,
               "compiles_after_warmup": after - warm, "traces_after_warmup": traces - traced,
               "executions_per_step": None, "compile_seconds": round(compiling, 2)}
     if compiles_only:
@@ -153,7 +160,7 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("model")
+    parser.add_argument("model", help="a model, or several separated by commas (probed one after another)")
     parser.add_argument("options", nargs="*", help="KEY=VALUE overrides of the model's settings")
     parser.add_argument("--inject", choices=("item", "dynamic"))
     parser.add_argument("--track", choices=("none", "tensorboard"), help="read the loss every step, for trackers")
@@ -161,7 +168,11 @@ if __name__ == "__main__":
     parser.add_argument("--full-size", action="store_true", help="the default model sizes, not tiny ones")
     parser.add_argument("--compiles-only", action="store_true",
                         help="graphs compiled after warm-up alone: skip the two fits that count executions per step")
+    parser.add_argument("--after-steps", type=int, default=8,
+                        help="steps of the fit after warm-up whose compilations are counted")
     args = parser.parse_args()
     track = None if args.track is None else ([] if args.track == "none" else [args.track])
-    print(json.dumps(probe(args.model, args.inject, track=track, seq_len=args.seq_len, full_size=args.full_size,
-                           options=args.options, compiles_only=args.compiles_only)), flush=True)
+    for model in args.model.split(","):
+        print(json.dumps(probe(model, args.inject, track=track, seq_len=args.seq_len, full_size=args.full_size,
+                               options=args.options, compiles_only=args.compiles_only,
+                               after_steps=args.after_steps)), flush=True)
