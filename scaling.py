@@ -66,7 +66,11 @@ def frontier(own: dict, settings: list[str]) -> int:
     study = FrontierStudy.from_args(own, settings)
     if planning:  # what it costs, before anything trains or is written
         measure = measure_cells(study)
-        print(format_plan(estimate(study, measure, probe_cells(study, measure.data), hosts), study), flush=True)
+        probe = probe_cells(study, measure.data)
+        try:
+            print(format_plan(estimate(study, measure, probe, hosts), study), flush=True)
+        finally:
+            probe.close()
         return 0
     try:
         study.run(run_points, measure_cells(study))

@@ -206,3 +206,34 @@ def test_a_plan_says_what_a_study_costs_and_writes_nothing(tmp_path):
     assert int(first[2]) >= 1 and float(first[3]) > 0  # points, FLOPs
     assert "x 2 host(s): about" in proc.stdout and " s besides training" in proc.stdout
     assert not (tmp_path / "results").exists()
+
+
+def test_a_plan_probes_each_cell_in_as_many_processes_at_once_as_the_study_runs_points(tmp_path):
+    """Two one-thread points at once run slower than one alone (they share the cores' caches and memory): the
+    plan's probe of a cell runs a copy in each of the study's two slots at once, forked as the points are."""
+    import os
+
+    from reservoir.config import split_arguments
+    from reservoir.studies.frontier import FRONTIER_KEYS, FrontierStudy, measure_cells
+    from reservoir.studies.frontier.plan import probe_cells
+    from reservoir.studies.ladder import STUDY_KEYS
+
+    own, settings = split_arguments([*MICRO, "FAMILIES=lstm", "WORKERS=2", f"RESULTS_DIR={tmp_path / 'results'}",
+                                     f"CACHE_DIR={tmp_path / 'cache'}"], (*STUDY_KEYS, *FRONTIER_KEYS))
+    study = FrontierStudy.from_args(own, settings)
+    measure = measure_cells(study)
+    probe = probe_cells(study, measure.data)
+    try:
+        cell = next(c for c in study.cells() if c.size == "xs")
+        seconds = probe(cell)
+        assert probe(cell) == seconds  # probed once a cell
+        (copies,) = probe.copies.values()
+    finally:
+        probe.close()
+    assert len(copies) == 2 and seconds == sum(c[0] for c in copies) / 2 > 0
+    (_, first, start, end), (_, second, start2, end2) = copies
+    assert len({first, second, os.getpid()}) == 3  # two processes of their own
+    assert start < end2 and start2 < end  # at the same time
+    solo = FrontierStudy.from_args({**own, "WORKERS": "1"}, settings)
+    alone = probe_cells(solo, measure.data)
+    assert alone(cell) > 0 and alone.copies == {}  # one slot: probed here, alone

@@ -198,7 +198,9 @@ class _ForkedProcess:
                 pass
 
 
-def _fork_server():
+def fork_context():
+    """multiprocessing's fork server, preloaded with WARM_MODULES, whose processes a study's CPU points (and
+    PLAN=True's probes) are forked from; None where the platform has none."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return None
     context = multiprocessing.get_context("forkserver")
@@ -210,7 +212,7 @@ def start_point(args: list[str], env: dict, on_cpu: bool, log=None, stderr=None)
     """A point's process, ``python TinyStories.py ARGS`` with ``env``, its output to ``log`` (an open file) or
     to the study's, its errors with its output or to ``stderr`` (an open file): forked from the fork server when
     it runs on the CPU, else a new Python."""
-    context = _fork_server() if on_cpu else None
+    context = fork_context() if on_cpu else None
     if context is None:
         errors = stderr if stderr is not None else None if log is None else subprocess.STDOUT
         return subprocess.Popen([sys.executable, str(ENTRY_POINT), *args], env=env, stdout=log, stderr=errors,

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import math
 import time
+from types import SimpleNamespace
 
 POINT_OVERHEAD_S = 8.0  # seconds a point spends besides training (a 5e11 Transformer++ point: 26 s run, 19 s trained)
 PROBE_STEPS = 5  # timed training steps per cell, after two warm-up steps
 
 
-def step_seconds(name: str, config: dict, data, threads: int, steps: int = PROBE_STEPS) -> float:
+def step_seconds(name: str, config: dict, data, threads: int, steps: int = PROBE_STEPS, together=None) -> float:
     """Seconds one training step of model ``name`` takes on this host's CPU with ``threads`` threads (a point's
-    share) or its first GPU: a few AdamW steps on the study's own data, timed after two warm-up steps."""
+    share) or its first GPU: a few AdamW steps on the study's own data, timed after two warm-up steps (from
+    when every copy is ready, where ``together`` is the barrier of copies probing at once)."""
     import torch
 
     from reservoir.models import build_model
@@ -44,6 +46,8 @@ def step_seconds(name: str, config: dict, data, threads: int, steps: int = PROBE
             if k == 2:
                 if kind == "cuda":
                     torch.cuda.synchronize()
+                if together is not None:
+                    together.wait(timeout=600)
                 started = time.perf_counter()
             logits = model(ids[:, :-1])
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
@@ -57,21 +61,69 @@ def step_seconds(name: str, config: dict, data, threads: int, steps: int = PROBE
         torch.set_num_threads(before)
 
 
+_TOGETHER: list = []  # in a probe process: the barrier its copies meet at before timing
+
+
+def _meet_at(barrier) -> None:
+    _TOGETHER[:] = [barrier]
+
+
+def _probe_copy(name: str, config: dict, data, threads: int) -> tuple[float, int, float, float]:
+    """In a probe process: step_seconds, with this process's id and when its timed steps ran."""
+    import os
+
+    started = time.time()
+    seconds = step_seconds(name, config, data, threads, together=_TOGETHER[0])
+    return seconds, os.getpid(), started, time.time()
+
+
 def probe_cells(study, data):
-    """``seconds_per_step(cell)``: ``step_seconds`` of each family, size and batch of the grid, probed once."""
+    """``seconds_per_step(cell)``: ``step_seconds`` of each family, size and batch of the grid, probed once, the
+    way the study's points run: on the CPU with several slots, a copy in each of that many processes at once
+    (they share the cores' caches and memory bandwidth, as the points will), their mean. What each copy ran is
+    kept in ``seconds_per_step.copies[(family, size, batch)]``: (seconds, pid, start, end)."""
     from reservoir.config import parse_overrides
 
-    threads = int(study.slots()[0].env.get("OMP_NUM_THREADS", "1"))
+    slots = study.slots()
+    threads = int(slots[0].env.get("OMP_NUM_THREADS", "1"))
+    together = len(slots) if slots[0].label == "cpu" and len(slots) > 1 else 1
     seen: dict = {}
+    pool: list = []
 
     def seconds_per_step(cell) -> float:
         key = (cell.family, cell.size, cell.batch_size)
         if key not in seen:
             config = parse_overrides([*study.settings, *cell.settings(), f"FLOP_BUDGET={study.budgets[0]!r}"])
-            seen[key] = step_seconds(cell.model, config, data, threads)
+            if not pool:
+                pool.append(_probe_pool(together) if together > 1 else None)
+            if pool[0] is None:
+                seen[key] = step_seconds(cell.model, config, data, threads)
+                return seen[key]
+            tokens = config["BATCH_SIZE"] * (config["SEQ_LEN"] + 1)  # the probe's one batch, and the vocabulary
+            copy = SimpleNamespace(train=data.train[:tokens].copy(),
+                                   tokenizer=SimpleNamespace(vocab_size=data.tokenizer.vocab_size))
+            runs = [pool[0].submit(_probe_copy, cell.model, config, copy, threads) for _ in range(together)]
+            seconds_per_step.copies[key] = [run.result() for run in runs]
+            seen[key] = sum(c[0] for c in seconds_per_step.copies[key]) / together
         return seen[key]
 
+    seconds_per_step.copies = {}
+    seconds_per_step.close = lambda: pool and pool[0] and pool.pop().shutdown()
     return seconds_per_step
+
+
+def _probe_pool(copies: int):
+    """``copies`` processes forked as the study's CPU points are (runner.fork_context), meeting at one barrier
+    before each timed stretch; None where the platform cannot fork them."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from reservoir.studies.runner import fork_context
+
+    context = fork_context()
+    if context is None:
+        return None
+    return ProcessPoolExecutor(copies, mp_context=context, initializer=_meet_at,
+                               initargs=(context.Barrier(copies),))
 
 
 def estimate(study, measure, seconds_per_step, hosts: int = 1) -> dict:
