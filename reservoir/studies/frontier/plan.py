@@ -1,5 +1,7 @@
 """What a frontier study costs before it runs (PLAN=True): each stage's points and FLOPs, and the device-hours
-and wall time they take on this host's devices, from a short measured probe of each family, size and batch.
+and wall time they take on this host's devices, from a short measured probe of each family, size and batch,
+run as the points will run (on the CPU, as many copies at once as the study runs points, each in its own
+process: one-thread points side by side each run slower than one alone where they share caches and memory).
 
     probe = probe_cells(study)            # seconds per training step of each cell's model, measured here
     plan = estimate(study, measure, probe, hosts)     # per stage: points, FLOPs, device-seconds
@@ -69,7 +71,7 @@ def _meet_at(barrier) -> None:
 
 
 def _probe_copy(name: str, config: dict, data, threads: int) -> tuple[float, int, float, float]:
-    """In a probe process: step_seconds, with this process's id and when its timed steps ran."""
+    """In a probe process: step_seconds, with this process's id and when the copy began and ended."""
     import os
 
     started = time.time()
@@ -200,5 +202,5 @@ def format_plan(plan: dict, study) -> str:
               f"on {plan['slots']} point(s) at once x {plan['hosts']} host(s): about "
               f"{_hours(plan['wall_seconds'])} of wall time (at most {_hours(plan['wall_seconds_at_most'])}). "
               f"Per point {POINT_OVERHEAD_S:g} s besides training; seconds per step probed here "
-              f"({PROBE_STEPS} steps per family, size and batch)."]
+              f"({PROBE_STEPS} steps per family, size and batch, on the CPU as many copies at once as points run)."]
     return "\n".join(lines)
