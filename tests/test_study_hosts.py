@@ -41,20 +41,35 @@ def scores(points_jsonl):
     return {key: [r["val_bpc"] for r in point["summary"]] for key, point in points.items()}
 
 
+def recorded(url) -> int:
+    """Points the shared study has recorded as finished (0 before a host has created it)."""
+    try:
+        return sum(t.state.name == "COMPLETE" for t in trials(url))
+    except KeyError:
+        return 0
+
+
 @pytest.mark.slow
 def test_two_hosts_share_a_study_each_point_once_and_score_as_one_host(tmp_path, postgres):  # noqa: F811
     first, second = host(tmp_path, "a", postgres), host(tmp_path, "b", postgres)
-    outputs = [first.communicate(timeout=900)[0], second.communicate(timeout=900)[0]]
-    assert first.returncode == 0 and second.returncode == 0, outputs
+    deadline = time.time() + 600
+    while recorded(postgres) == 0 and time.time() < deadline:
+        time.sleep(0.2)
+    late = host(tmp_path, "c", postgres)  # a third host joins once a point is recorded, its RESULTS_DIR empty
+    outputs = [proc.communicate(timeout=900)[0] for proc in (first, second, late)]
+    assert first.returncode == 0 and second.returncode == 0 and late.returncode == 0, outputs
     claimed = {}
     for trial in trials(postgres):
         if trial.state.name == "COMPLETE":
             claimed.setdefault(trial.user_attrs["point"], []).append(trial.user_attrs["host"])
     assert len(claimed) == 6 and all(len(hosts) == 1 for hosts in claimed.values()), claimed  # 3 cells x 2 budgets
-    assert len({h for hosts in claimed.values() for h in hosts}) == 2  # both hosts trained points
+    assert len({h for hosts in claimed.values() for h in hosts}) >= 2  # the first two hosts at least trained points
     exported = tmp_path / "exported" / "shared"
     run_script("scaling.py", f"EXPORT={exported}", f"STUDY_STORAGE={postgres}")
     assert (exported / "frontier.json").exists() and (exported / "frontier-study.json").exists()
+    joined = tmp_path / "c" / "results" / "shared"  # the late host was given the study's file and every record
+    assert (joined / "frontier-study.json").is_file()
+    assert scores(joined / "points.jsonl") == scores(exported / "points.jsonl")
     alone = tmp_path / "alone"  # the same study on one host, no database
     run_script("scaling.py", *[a for a in MICRO if a != "HEARTBEAT=1"], f"RESULTS_DIR={alone / 'results'}",
                f"CACHE_DIR={alone / 'cache'}", timeout=900)
