@@ -208,20 +208,46 @@ def test_a_plan_says_what_a_study_costs_and_writes_nothing(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+def micro_study(tmp_path, *args):
+    """The micro frontier's FrontierStudy (nothing run) and its cells' measures, as scaling.py makes them."""
+    from reservoir.config import split_arguments
+    from reservoir.studies.frontier import FRONTIER_KEYS, FrontierStudy, measure_cells
+    from reservoir.studies.ladder import STUDY_KEYS
+
+    own, settings = split_arguments([*MICRO, *args, f"RESULTS_DIR={tmp_path / 'results'}",
+                                     f"CACHE_DIR={tmp_path / 'cache'}"], (*STUDY_KEYS, *FRONTIER_KEYS))
+    study = FrontierStudy.from_args(own, settings)
+    return study, measure_cells(study)
+
+
+def test_a_plan_charges_each_point_what_its_probe_says_it_spends_besides_training(tmp_path):
+    """Evaluating and sampling took a short point 8-34 s besides training, by family and size, where the plan
+    charged 8 s to every point: each point now pays what its cell's probe measured (``besides_training``)."""
+    from reservoir.studies.frontier.plan import estimate
+
+    study, measure = micro_study(tmp_path)
+
+    def no_training(cell):
+        return 0.0
+
+    no_training.besides_training = lambda cell: 100.0 if cell.family == "lstm" else 10.0
+    plan = estimate(study, measure, no_training)
+    extra = study.grid["ENVELOPE_SEEDS"] - 1
+    first = plan["stages"][0]
+    runnable = [c for c in study.cells() if study.plan(measure)[c.name][study.budgets[0]] is None]
+    assert first["seconds"] == sum(100.0 if c.family == "lstm" else 10.0 for c in runnable) and runnable
+    seeds = plan["stages"][-1]
+    assert seeds["stage"] == f"envelope seeds (+{extra})" and seeds["seconds"] == extra * 110.0 * len(study.budgets)
+
+
 def test_a_plan_probes_each_cell_in_as_many_processes_at_once_as_the_study_runs_points(tmp_path):
     """Two one-thread points at once run slower than one alone (they share the cores' caches and memory): the
     plan's probe of a cell runs a copy in each of the study's two slots at once, forked as the points are."""
     import os
 
-    from reservoir.config import split_arguments
-    from reservoir.studies.frontier import FRONTIER_KEYS, FrontierStudy, measure_cells
     from reservoir.studies.frontier.plan import probe_cells
-    from reservoir.studies.ladder import STUDY_KEYS
 
-    own, settings = split_arguments([*MICRO, "FAMILIES=lstm", "WORKERS=2", f"RESULTS_DIR={tmp_path / 'results'}",
-                                     f"CACHE_DIR={tmp_path / 'cache'}"], (*STUDY_KEYS, *FRONTIER_KEYS))
-    study = FrontierStudy.from_args(own, settings)
-    measure = measure_cells(study)
+    study, measure = micro_study(tmp_path, "FAMILIES=lstm", "WORKERS=2")
     probe = probe_cells(study, measure.data)
     try:
         cell = next(c for c in study.cells() if c.size == "xs")
@@ -234,6 +260,7 @@ def test_a_plan_probes_each_cell_in_as_many_processes_at_once_as_the_study_runs_
     (_, first, start, end), (_, second, start2, end2) = copies
     assert len({first, second, os.getpid()}) == 3  # two processes of their own
     assert start < end2 and start2 < end  # at the same time
-    solo = FrontierStudy.from_args({**own, "WORKERS": "1"}, settings)
+    solo, _ = micro_study(tmp_path, "FAMILIES=lstm", "WORKERS=1")
     alone = probe_cells(solo, measure.data)
     assert alone(cell) > 0 and alone.copies == {}  # one slot: probed here, alone
+    assert alone.besides_training(cell) > 0  # its evaluations and samples, timed with its model

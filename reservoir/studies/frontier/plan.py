@@ -10,8 +10,8 @@ process: one-thread points side by side each run slower than one alone where the
 Stages after the first budget are estimated with successive halving keeping KEEP cells of each family (the
 bound is every runnable cell: both are shown); a point that branches off the budget before pays its
 extension and its cooldown; the envelope's extra seeds train from step 0. Each point also pays what is not
-training (process start, data, the FLOP count, evaluations, samples): POINT_OVERHEAD_S, from the committed
-studies' records (wall time against training time).
+training: its evaluations and samples, probed with the cell's own model (``scoring_seconds``), and
+POINT_OVERHEAD_S for the rest (its start, its data, its FLOP count).
 """
 
 from __future__ import annotations
@@ -20,8 +20,13 @@ import math
 import time
 from types import SimpleNamespace
 
-POINT_OVERHEAD_S = 8.0  # seconds a point spends besides training (a 5e11 Transformer++ point: 26 s run, 19 s trained)
+# seconds a point spends besides training, evaluating and sampling (its start, data, FLOP count): about 1 s forked
+# on the CPU (measured: a point's time besides training was its probed scoring, within 1-3 s); a new Python (a GPU's
+# or a TPU's point) spends about 6 s more importing torch
+POINT_OVERHEAD_S = 1.0
 PROBE_STEPS = 5  # timed training steps per cell, after two warm-up steps
+PROBE_EVAL_TOKENS = 4096  # validation tokens each kind of evaluation is timed on, then scaled to a point's
+PROBE_SAMPLE_TOKENS = 16  # tokens each prompt's sample is timed on, then scaled to SAMPLE_TOKENS
 
 
 def step_seconds(name: str, config: dict, data, threads: int, steps: int = PROBE_STEPS, together=None) -> float:
@@ -59,6 +64,51 @@ def step_seconds(name: str, config: dict, data, threads: int, steps: int = PROBE
         if kind == "cuda":
             torch.cuda.synchronize()
         return (time.perf_counter() - started) / steps * config["GRAD_ACCUM"]
+    finally:
+        torch.set_num_threads(before)
+
+
+def scoring_seconds(name: str, config: dict, data, threads: int) -> float:
+    """Seconds a point of model ``name`` spends scoring itself besides training, timed with the model on this
+    host as ``step_seconds`` is: its EVAL_POINTS - 1 periodic evaluations of EVAL_TOKENS, the final one of
+    FINAL_EVAL_TOKENS (also as windows where it streams, with its interval) and of TRAIN_EVAL_TOKENS of the
+    training split, each kind timed on PROBE_EVAL_TOKENS and scaled to its tokens; and its samples, timed on
+    PROBE_SAMPLE_TOKENS and scaled to SAMPLE_TOKENS. A recurrent model reads a stream one chunk at a time and
+    a windowed one scores overlapping windows, so this part differs by family more than training does."""
+    import torch
+
+    from reservoir.models import build_model
+    from reservoir.models.settings import model_settings
+    from reservoir.platform import device as dev
+    from reservoir.run.evaluation import Evaluations, Evaluator
+    from reservoir.run.train import sample_stories
+
+    config = model_settings(config, name)
+    kind = dev.resolve_kind(config["DEVICE"], config["USE_TPU"])  # on the CPU but for a GPU, as step_seconds
+    info = dev.select_device({**config, "DEVICE": "cuda" if kind == "cuda" else "cpu", "USE_TPU": False})
+    model = build_model(name, data.tokenizer.vocab_size, config).to(info.device)
+    evaluations = Evaluations.for_run(data, config)
+    kinds = [(evaluations.periodic, config, "val", max(0, config["EVAL_POINTS"] - 1), False),
+             (evaluations.final, config, "val", 1, True)]
+    if evaluations.final_windows is not None:
+        kinds.append((evaluations.final_windows, {**config, "EVAL_MODE": "windows"}, "val", 1, True))
+    if evaluations.final_train is not None:
+        kinds.append((evaluations.final_train, config, "train", 1, False))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        seconds = 0.0
+        for evaluator, settings, split, times, keep in kinds:
+            probe = Evaluator(data, settings, config["BATCH_SIZE"], min(PROBE_EVAL_TOKENS, evaluator.n), split)
+            started = time.perf_counter()
+            probe(model, info, info.device, keep=keep)
+            seconds += (time.perf_counter() - started) * evaluator.n / probe.n * times
+        if config["SAMPLE_TOKENS"]:
+            tokens = min(PROBE_SAMPLE_TOKENS, config["SAMPLE_TOKENS"])
+            started = time.perf_counter()
+            sample_stories(model, data, {**config, "SAMPLE_TOKENS": tokens}, info)
+            seconds += (time.perf_counter() - started) * config["SAMPLE_TOKENS"] / tokens
+        return seconds
     finally:
         torch.set_num_threads(before)
 
@@ -109,7 +159,18 @@ def probe_cells(study, data):
             seen[key] = sum(c[0] for c in seconds_per_step.copies[key]) / together
         return seen[key]
 
+    scored: dict = {}
+
+    def besides_training(cell) -> float:
+        """POINT_OVERHEAD_S and ``scoring_seconds`` of each family, size and batch, probed once, here."""
+        key = (cell.family, cell.size, cell.batch_size)
+        if key not in scored:
+            config = parse_overrides([*study.settings, *cell.settings(), f"FLOP_BUDGET={study.budgets[0]!r}"])
+            scored[key] = POINT_OVERHEAD_S + scoring_seconds(cell.model, config, data, threads)
+        return scored[key]
+
     seconds_per_step.copies = {}
+    seconds_per_step.besides_training = besides_training
     seconds_per_step.close = lambda: pool and pool[0] and pool.pop().shutdown()
     return seconds_per_step
 
@@ -131,7 +192,9 @@ def _probe_pool(copies: int):
 def estimate(study, measure, seconds_per_step, hosts: int = 1) -> dict:
     """Per stage (each grid budget, then the envelope's extra seeds): points, FLOPs and device-seconds, both as
     successive halving is expected to keep them and at most (every runnable cell); ``measure(cell)`` as
-    ``FrontierStudy.plan`` takes it, ``seconds_per_step(cell)`` from ``step_seconds``."""
+    ``FrontierStudy.plan`` takes it, ``seconds_per_step(cell)`` from ``probe_cells`` (its
+    ``besides_training(cell)``: what a point spends besides training; POINT_OVERHEAD_S without it)."""
+    besides = getattr(seconds_per_step, "besides_training", lambda cell: POINT_OVERHEAD_S)
     plan = study.plan(measure)
     cooldown, keep = study.config["COOLDOWN_FRACTION"], study.grid["KEEP"]
     stages, previous = [], None
@@ -149,7 +212,7 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1) -> dict:
                 steps = math.ceil(budget / per_step)
                 paid = steps - (math.floor((1 - cooldown) * math.ceil(previous / per_step)) if previous else 0)
                 flops += paid * per_step
-                seconds += paid * seconds_per_step(cell) + POINT_OVERHEAD_S
+                seconds += paid * seconds_per_step(cell) + besides(cell)
             return flops, seconds
 
         (flops, seconds), (most_flops, most_seconds) = cost(kept), cost(runnable)
@@ -168,7 +231,7 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1) -> dict:
                 cell = max(cells, key=lambda c: math.ceil(budget / measure(c)[0]) * seconds_per_step(c))
                 steps = math.ceil(budget / measure(cell)[0])
                 flops += extra * steps * measure(cell)[0]
-                seconds += steps * extra * seconds_per_step(cell) + POINT_OVERHEAD_S
+                seconds += extra * (steps * seconds_per_step(cell) + besides(cell))
                 points += 1
         stages.append({"stage": f"envelope seeds (+{extra})", "points": points, "flops": flops, "seconds": seconds,
                        "points_at_most": points, "seconds_at_most": seconds, "flops_at_most": flops})
@@ -201,6 +264,7 @@ def format_plan(plan: dict, study) -> str:
     lines += ["", f"device time {_hours(plan['device_seconds'])} (at most {_hours(plan['device_seconds_at_most'])}); "
               f"on {plan['slots']} point(s) at once x {plan['hosts']} host(s): about "
               f"{_hours(plan['wall_seconds'])} of wall time (at most {_hours(plan['wall_seconds_at_most'])}). "
-              f"Per point {POINT_OVERHEAD_S:g} s besides training; seconds per step probed here "
-              f"({PROBE_STEPS} steps per family, size and batch, on the CPU as many copies at once as points run)."]
+              f"Per point {POINT_OVERHEAD_S:g} s besides training, evaluating and sampling; seconds per step "
+              f"probed here ({PROBE_STEPS} steps per family, size and batch, on the CPU as many copies at once as "
+              f"points run), and each evaluation and sample with the family's model."]
     return "\n".join(lines)
