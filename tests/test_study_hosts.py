@@ -63,7 +63,7 @@ def test_two_hosts_share_a_study_each_point_once_and_score_as_one_host(tmp_path,
         if trial.state.name == "COMPLETE":
             claimed.setdefault(trial.user_attrs["point"], []).append(trial.user_attrs["host"])
     assert len(claimed) == 6 and all(len(hosts) == 1 for hosts in claimed.values()), claimed  # 3 cells x 2 budgets
-    assert len({h for hosts in claimed.values() for h in hosts}) >= 2  # the first two hosts at least trained points
+    assert len({h for hosts in claimed.values() for h in hosts}) >= 2  # at least two of the three hosts trained points
     exported = tmp_path / "exported" / "shared"
     run_script("scaling.py", f"EXPORT={exported}", f"STUDY_STORAGE={postgres}")
     assert (exported / "frontier.json").exists() and (exported / "frontier-study.json").exists()

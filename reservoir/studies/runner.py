@@ -213,13 +213,12 @@ def start_point(args: list[str], env: dict, on_cpu: bool, log=None, stderr=None)
     to the study's, its errors with its output or to ``stderr`` (an open file): forked from the fork server when
     it runs on the CPU, else a new Python."""
     context = fork_context() if on_cpu else None
+    if stderr is None and log is not None:
+        stderr = subprocess.STDOUT if context is None else log
     if context is None:
-        errors = stderr if stderr is not None else None if log is None else subprocess.STDOUT
-        return subprocess.Popen([sys.executable, str(ENTRY_POINT), *args], env=env, stdout=log, stderr=errors,
+        return subprocess.Popen([sys.executable, str(ENTRY_POINT), *args], env=env, stdout=log, stderr=stderr,
                                 preexec_fn=_stop_with_the_study)
-    out = (1, 2) if log is None else (log.fileno(), log.fileno())
-    if stderr is not None:
-        out = (out[0], stderr.fileno())
+    out = (1 if log is None else log.fileno(), 2 if stderr is None else stderr.fileno())
     for stream in (sys.stdout, sys.stderr):  # what the study printed comes before what the point prints
         stream.flush()
     process = context.Process(target=_forked_point, name="point", args=(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 # seconds a point spends besides training, evaluating and sampling (its start, data, FLOP count): about 1 s forked
@@ -29,10 +30,10 @@ PROBE_EVAL_TOKENS = 4096  # validation tokens each kind of evaluation is timed o
 PROBE_SAMPLE_TOKENS = 16  # tokens each prompt's sample is timed on, then scaled to SAMPLE_TOKENS
 
 
-def step_seconds(name: str, config: dict, data, threads: int, steps: int = PROBE_STEPS, together=None) -> float:
-    """Seconds one training step of model ``name`` takes on this host's CPU with ``threads`` threads (a point's
-    share) or its first GPU: a few AdamW steps on the study's own data, timed after two warm-up steps (from
-    when every copy is ready, where ``together`` is the barrier of copies probing at once)."""
+@contextmanager
+def _probed(name: str, config: dict, data, threads: int):
+    """(config, device info, model) of a probe of model ``name``: its settings, on this host's first GPU or on
+    the CPU (a TPU study is probed on the CPU), with ``threads`` threads (a point's share) while it runs."""
     import torch
 
     from reservoir.models import build_model
@@ -41,17 +42,30 @@ def step_seconds(name: str, config: dict, data, threads: int, steps: int = PROBE
 
     config = model_settings(config, name)
     kind = dev.resolve_kind(config["DEVICE"], config["USE_TPU"])
-    where = torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
-    model = build_model(name, data.tokenizer.vocab_size, config).to(where)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    batch, length = config["BATCH_SIZE"], config["SEQ_LEN"]
-    ids = torch.as_tensor(data.train[: batch * (length + 1)].astype("int64")).view(batch, length + 1).to(where)
+    info = dev.select_device({**config, "DEVICE": "cuda" if kind == "cuda" else "cpu", "USE_TPU": False})
+    model = build_model(name, data.tokenizer.vocab_size, config).to(info.device)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
+        yield config, info, model
+    finally:
+        torch.set_num_threads(before)
+
+
+def step_seconds(name: str, config: dict, data, threads: int, steps: int = PROBE_STEPS, together=None) -> float:
+    """Seconds one training step of model ``name`` takes on this host's CPU with ``threads`` threads (a point's
+    share) or its first GPU: a few AdamW steps on the study's own data, timed after two warm-up steps (from
+    when every copy is ready, where ``together`` is the barrier of copies probing at once)."""
+    import torch
+
+    with _probed(name, config, data, threads) as (config, info, model):
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        batch, length = config["BATCH_SIZE"], config["SEQ_LEN"]
+        ids = torch.as_tensor(data.train[: batch * (length + 1)].astype("int64")).view(batch, length + 1)
+        ids = ids.to(info.device)
         for k in range(2 + steps):
             if k == 2:
-                if kind == "cuda":
+                if info.kind == "cuda":
                     torch.cuda.synchronize()
                 if together is not None:
                     together.wait(timeout=600)
@@ -61,56 +75,41 @@ def step_seconds(name: str, config: dict, data, threads: int, steps: int = PROBE
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        if kind == "cuda":
+        if info.kind == "cuda":
             torch.cuda.synchronize()
         return (time.perf_counter() - started) / steps * config["GRAD_ACCUM"]
-    finally:
-        torch.set_num_threads(before)
 
 
 def scoring_seconds(name: str, config: dict, data, threads: int) -> float:
-    """Seconds a point of model ``name`` spends scoring itself besides training, timed with the model on this
-    host as ``step_seconds`` is: its EVAL_POINTS - 1 periodic evaluations of EVAL_TOKENS, the final one of
-    FINAL_EVAL_TOKENS (also as windows where it streams, with its interval) and of TRAIN_EVAL_TOKENS of the
-    training split, each kind timed on PROBE_EVAL_TOKENS and scaled to its tokens; and its samples, timed on
-    PROBE_SAMPLE_TOKENS and scaled to SAMPLE_TOKENS. A recurrent model reads a stream one chunk at a time and
-    a windowed one scores overlapping windows, so this part differs by family more than training does."""
-    import torch
-
-    from reservoir.models import build_model
-    from reservoir.models.settings import model_settings
-    from reservoir.platform import device as dev
-    from reservoir.run.evaluation import Evaluations, Evaluator
+    """Seconds a point of model ``name`` spends scoring itself besides training, timed as ``step_seconds`` is:
+    each evaluation its fit runs (Evaluations.for_run: EVAL_POINTS - 1 periodic ones, the final one with its
+    interval, its windows twin where it streams, the training split's), each timed on PROBE_EVAL_TOKENS and
+    scaled to its own tokens; and its samples, timed on PROBE_SAMPLE_TOKENS and scaled to SAMPLE_TOKENS. A
+    recurrent model reads a stream one chunk at a time and a windowed one scores overlapping windows, so this
+    part differs by family more than training does."""
+    from reservoir.run.evaluation import Evaluations
     from reservoir.run.train import sample_stories
 
-    config = model_settings(config, name)
-    kind = dev.resolve_kind(config["DEVICE"], config["USE_TPU"])  # on the CPU but for a GPU, as step_seconds
-    info = dev.select_device({**config, "DEVICE": "cuda" if kind == "cuda" else "cpu", "USE_TPU": False})
-    model = build_model(name, data.tokenizer.vocab_size, config).to(info.device)
-    evaluations = Evaluations.for_run(data, config)
-    kinds = [(evaluations.periodic, config, "val", max(0, config["EVAL_POINTS"] - 1), False),
-             (evaluations.final, config, "val", 1, True)]
-    if evaluations.final_windows is not None:
-        kinds.append((evaluations.final_windows, {**config, "EVAL_MODE": "windows"}, "val", 1, True))
-    if evaluations.final_train is not None:
-        kinds.append((evaluations.final_train, config, "train", 1, False))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with _probed(name, config, data, threads) as (config, info, model):
+        whole = Evaluations.for_run(data, config)
+        probe = Evaluations.for_run(data, {**config, "EVAL_TOKENS": PROBE_EVAL_TOKENS,
+                                           "FINAL_EVAL_TOKENS": PROBE_EVAL_TOKENS,
+                                           "TRAIN_EVAL_TOKENS": config["TRAIN_EVAL_TOKENS"] and PROBE_EVAL_TOKENS})
         seconds = 0.0
-        for evaluator, settings, split, times, keep in kinds:
-            probe = Evaluator(data, settings, config["BATCH_SIZE"], min(PROBE_EVAL_TOKENS, evaluator.n), split)
+        for field, times, keep in (("periodic", config["EVAL_POINTS"] - 1, False), ("final", 1, True),
+                                   ("final_windows", 1, True), ("final_train", 1, False)):
+            full, small = getattr(whole, field), getattr(probe, field)
+            if full is None or times <= 0:
+                continue
             started = time.perf_counter()
-            probe(model, info, info.device, keep=keep)
-            seconds += (time.perf_counter() - started) * evaluator.n / probe.n * times
+            small(model, info, info.device, keep=keep)
+            seconds += (time.perf_counter() - started) * full.n / small.n * times
         if config["SAMPLE_TOKENS"]:
             tokens = min(PROBE_SAMPLE_TOKENS, config["SAMPLE_TOKENS"])
             started = time.perf_counter()
             sample_stories(model, data, {**config, "SAMPLE_TOKENS": tokens}, info)
             seconds += (time.perf_counter() - started) * config["SAMPLE_TOKENS"] / tokens
         return seconds
-    finally:
-        torch.set_num_threads(before)
 
 
 _TOGETHER: list = []  # in a probe process: the barrier its copies meet at before timing
@@ -133,45 +132,43 @@ def probe_cells(study, data):
     """``seconds_per_step(cell)``: ``step_seconds`` of each family, size and batch of the grid, probed once, the
     way the study's points run: on the CPU with several slots, a copy in each of that many processes at once
     (they share the cores' caches and memory bandwidth, as the points will), their mean. What each copy ran is
-    kept in ``seconds_per_step.copies[(family, size, batch)]``: (seconds, pid, start, end)."""
+    kept in ``seconds_per_step.copies[(family, size, batch)]``: (seconds, pid, start, end). Its
+    ``besides_training(cell)``: POINT_OVERHEAD_S and ``scoring_seconds``, probed once, here."""
     from reservoir.config import parse_overrides
 
     slots = study.slots()
     threads = int(slots[0].env.get("OMP_NUM_THREADS", "1"))
     together = len(slots) if slots[0].label == "cpu" and len(slots) > 1 else 1
+    pool = _probe_pool(together) if together > 1 else None  # its processes start with the first probe
     seen: dict = {}
-    pool: list = []
+    scored: dict = {}
+
+    def settings(cell) -> dict:
+        return parse_overrides([*study.settings, *cell.settings(), f"FLOP_BUDGET={study.budgets[0]!r}"])
 
     def seconds_per_step(cell) -> float:
         key = (cell.family, cell.size, cell.batch_size)
-        if key not in seen:
-            config = parse_overrides([*study.settings, *cell.settings(), f"FLOP_BUDGET={study.budgets[0]!r}"])
-            if not pool:
-                pool.append(_probe_pool(together) if together > 1 else None)
-            if pool[0] is None:
-                seen[key] = step_seconds(cell.model, config, data, threads)
-                return seen[key]
+        if key not in seen and pool is None:
+            seen[key] = step_seconds(cell.model, settings(cell), data, threads)
+        elif key not in seen:
+            config = settings(cell)
             tokens = config["BATCH_SIZE"] * (config["SEQ_LEN"] + 1)  # the probe's one batch, and the vocabulary
             copy = SimpleNamespace(train=data.train[:tokens].copy(),
                                    tokenizer=SimpleNamespace(vocab_size=data.tokenizer.vocab_size))
-            runs = [pool[0].submit(_probe_copy, cell.model, config, copy, threads) for _ in range(together)]
+            runs = [pool.submit(_probe_copy, cell.model, config, copy, threads) for _ in range(together)]
             seconds_per_step.copies[key] = [run.result() for run in runs]
             seen[key] = sum(c[0] for c in seconds_per_step.copies[key]) / together
         return seen[key]
 
-    scored: dict = {}
-
     def besides_training(cell) -> float:
-        """POINT_OVERHEAD_S and ``scoring_seconds`` of each family, size and batch, probed once, here."""
         key = (cell.family, cell.size, cell.batch_size)
         if key not in scored:
-            config = parse_overrides([*study.settings, *cell.settings(), f"FLOP_BUDGET={study.budgets[0]!r}"])
-            scored[key] = POINT_OVERHEAD_S + scoring_seconds(cell.model, config, data, threads)
+            scored[key] = POINT_OVERHEAD_S + scoring_seconds(cell.model, settings(cell), data, threads)
         return scored[key]
 
     seconds_per_step.copies = {}
     seconds_per_step.besides_training = besides_training
-    seconds_per_step.close = lambda: pool and pool[0] and pool.pop().shutdown()
+    seconds_per_step.close = lambda: pool is not None and pool.shutdown()
     return seconds_per_step
 
 
