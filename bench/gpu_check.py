@@ -158,6 +158,7 @@ def main(out: Path, dry_run: bool) -> int:
     placed = [r.get("point_device") for p in sorted((out / "results" / "frontier").glob("*/flops-*/summary.json"))
               for r in json.loads(p.read_text())]
     report["frontier"] = {"points": len(placed), "devices": sorted({str(d) for d in placed})}
+    write_report(out, report)
     parts["sampling"] = run([PY, "bench/bench_sampling.py", "100" if dry_run else "2000", device])
     try:
         import reservoirpy  # noqa: F401

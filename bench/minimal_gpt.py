@@ -50,7 +50,25 @@ class GPT(nn.Module):
         return self.head(self.norm(self.blocks(x)))
 
 
-def main(device: str, settings: dict) -> None:
+def settings_of(args: list[str]) -> dict:
+    """KEY=VALUE sizes as the GPU check passes them (a later one wins); TRANSFORMER.recipe may only name the
+    recipe this loop is, nanoGPT's 'gpt2'."""
+    settings = {}
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key == "TRANSFORMER.recipe":
+            if value.strip("'\"") != "gpt2":
+                raise ValueError(f"bench/minimal_gpt.py builds the 'gpt2' recipe alone (nanoGPT's); "
+                                 f"{arg} has no minimal loop to compare with")
+            continue
+        try:
+            settings[key] = int(value)
+        except ValueError:
+            raise ValueError(f"bench/minimal_gpt.py takes whole numbers for its sizes; got {arg}") from None
+    return settings
+
+
+def measure(device: str, settings: dict) -> None:
     seq, batch = settings.get("SEQ_LEN", 256), settings.get("BATCH_SIZE", 64)
     layers, width = settings.get("TRANSFORMER.n_layer", 6), settings.get("TRANSFORMER.n_embd", 384)
     heads, steps = settings.get("TRANSFORMER.n_head", 6), settings.get("STEPS", 300)
@@ -78,6 +96,16 @@ def main(device: str, settings: dict) -> None:
                       "flops_per_token": 6 * n + 12 * layers * width * seq, "bf16": bf16, "steps": steps}))
 
 
+def main(argv: list[str]) -> int:
+    device, sizes = (argv[0], argv[1:]) if argv else ("cuda", [])
+    try:
+        settings = settings_of(sizes)
+    except ValueError as refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
+    measure(device, settings)
+    return 0
+
+
 if __name__ == "__main__":
-    pairs = dict(arg.split("=", 1) for arg in sys.argv[2:])
-    main(sys.argv[1] if len(sys.argv) > 1 else "cuda", {k: int(v) for k, v in pairs.items()})
+    sys.exit(main(sys.argv[1:]))

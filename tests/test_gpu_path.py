@@ -11,7 +11,7 @@ import torch
 from reservoir.config import parse_overrides
 from reservoir.models import build_model
 from reservoir.platform import device as dev
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_script
 
 
 @pytest.mark.parametrize("capability, auto", [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
@@ -147,3 +147,22 @@ def test_a_failed_set_up_check_names_the_line_it_failed_on(monkeypatch, capsys):
     failed = [line for line in said.splitlines() if line.startswith("FAIL")]
     assert failed and failed[0].startswith("FAIL  that_breaks: AssertionError:")
     assert "line" in failed[0] and failed[0].endswith("assert loader_pinned and 2 > 1)")
+
+
+def test_the_minimal_loop_takes_the_gpu_checks_own_sizes():
+    """The GPU check hands bench/minimal_gpt.py its GPU sizes word for word, the recipe among them: the loop
+    must take them (here at tiny widths, later settings winning) and refuse a recipe it does not build."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    tiny = ["SEQ_LEN=16", "BATCH_SIZE=2", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32", "TRANSFORMER.n_head=2",
+            "STEPS=3"]
+    proc = run_script("bench/minimal_gpt.py", "cpu", *gpu_check.GPU_SIZES, *tiny)
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert measured["steps"] == 3 and measured["tokens_per_second"] > 0
+    refused = run_script("bench/minimal_gpt.py", "cpu", *tiny, "TRANSFORMER.recipe='++'", check=False)
+    assert refused.returncode == 2
+    assert "builds the 'gpt2' recipe alone" in refused.stderr
