@@ -10,35 +10,83 @@ import math
 from reservoir.models.attention_readout import ReservoirAttention
 from reservoir.models.base import LanguageModel
 from reservoir.models.baselines import LSTM, NGram, Transformer
+from reservoir.models.registry import MODELS, Family, register
 from reservoir.models.reservoirs import ESN, NVAR, DeepESN, DeepLinearReservoir, LinearReservoir, ReservoirLM
 from reservoir.models.retention import FrozenRetention
 from reservoir.platform.messages import OneLineError
 
 __all__ = ["LanguageModel", "ReservoirLM", "ESN", "DeepESN", "LinearReservoir", "DeepLinearReservoir",
            "NVAR", "FrozenRetention", "ReservoirAttention", "Transformer", "LSTM",
-           "NGram", "build_model", "MODEL_NAMES", "check_vocabulary", "ModelSettingsError", "trainer_of"]
+           "NGram", "build_model", "MODEL_NAMES", "model_names", "check_vocabulary", "ModelSettingsError", "trainer_of",
+           "Family", "register"]
 
-_BUILDERS = {
-    "esn": lambda v, cfg, c: ESN(v, cfg, c["SEED"]),
-    "deep_esn": lambda v, cfg, c: DeepESN(v, cfg, c["SEED"]),
-    "linear_reservoir": lambda v, cfg, c: LinearReservoir(v, cfg, c["SEED"]),
-    "deep_linear_reservoir": lambda v, cfg, c: DeepLinearReservoir(v, cfg, c["SEED"], c["SEQ_LEN"]),
-    "nvar": lambda v, cfg, c: NVAR(v, cfg, c["SEED"]),
-    "frozen_retention": lambda v, cfg, c: FrozenRetention(v, cfg, c["SEQ_LEN"]),
-    "reservoir_attention": lambda v, cfg, c: ReservoirAttention(v, cfg, c["SEED"], c["SEQ_LEN"]),
-    "transformer": lambda v, cfg, c: Transformer(v, cfg, c["SEQ_LEN"]),
-    "lstm": lambda v, cfg, c: LSTM(v, cfg),
-    "ngram": lambda v, cfg, c: NGram(v, cfg),
-}
-MODEL_NAMES = tuple(_BUILDERS)
+
+def _ridge_or_sgd(block: dict) -> str:
+    return "ridge" if block.get("readout") == "ridge" else "sgd"
+
+
+# The built-in families. Size presets: trained parameters on TinyStories' 77 characters in the comments; the
+# studies' grids default to xs to l, and xxs and xl are the steps beyond its edges, for a grid that grows to
+# contain its optimum. The ESNs, NVAR and the n-gram have no presets: they are references, not grid families.
+_BUILT_IN = [
+    Family("esn", lambda v, b, c: ESN(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={}),
+    Family("deep_esn", lambda v, b, c: DeepESN(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={}),
+    Family("linear_reservoir", lambda v, b, c: LinearReservoir(v, b, c["SEED"]), sizes={
+        "xxs": {"units": 96, "embed_dim": 24, "readout_hidden": 96},  # 28k
+        "xs": {"units": 128, "embed_dim": 32, "readout_hidden": 128},  # 50k
+        "s": {"units": 192, "embed_dim": 48, "readout_hidden": 256},  # 135k
+        "m": {"units": 256, "embed_dim": 64, "readout_hidden": 512},  # 341k
+        "l": {"units": 384, "embed_dim": 64, "readout_hidden": 1024},  # 939k
+        "xl": {"units": 512, "embed_dim": 96, "readout_hidden": 2048}}),  # 2.4M
+    Family("deep_linear_reservoir", lambda v, b, c: DeepLinearReservoir(v, b, c["SEED"], c["SEQ_LEN"]), sizes={
+        "xxs": {"layers": 2, "units": 48, "width": 48, "mix_hidden": 96},  # 56k
+        "xs": {"layers": 2, "units": 64, "width": 64, "mix_hidden": 128},  # 93k
+        "s": {"layers": 3, "units": 96, "width": 96, "mix_hidden": 192},  # 260k
+        "m": {"layers": 4, "units": 128, "width": 128, "mix_hidden": 256},  # 575k
+        "l": {"layers": 4, "units": 192, "width": 192, "mix_hidden": 384},  # 1.25M
+        "xl": {"layers": 5, "units": 256, "width": 256, "mix_hidden": 512}}),  # 2.7M
+    Family("nvar", lambda v, b, c: NVAR(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={}),
+    Family("frozen_retention", lambda v, b, c: FrozenRetention(v, b, c["SEQ_LEN"]), sizes={
+        "xxs": {"layers": 2, "width": 32, "ffn_hidden": 128},  # 28k
+        "xs": {"layers": 2, "width": 48, "ffn_hidden": 192},  # 65k
+        "s": {"layers": 3, "width": 64, "ffn_hidden": 256},  # 167k
+        "m": {"layers": 4, "width": 96, "ffn_hidden": 384},  # 491k
+        "l": {"layers": 4, "width": 128, "ffn_hidden": 512},  # 868k
+        "xl": {"layers": 4, "width": 192, "ffn_hidden": 768}}),  # 1.94M
+    Family("reservoir_attention", lambda v, b, c: ReservoirAttention(v, b, c["SEED"], c["SEQ_LEN"]), sizes={
+        "xxs": {"units": 96, "width": 32, "layers": 1},  # 24k
+        "xs": {"units": 128, "width": 48, "layers": 1},  # 51k
+        "s": {"units": 192, "width": 64, "layers": 2},  # 139k
+        "m": {"units": 256, "width": 96, "layers": 2},  # 294k
+        "l": {"units": 256, "width": 128, "layers": 3},  # 688k
+        "xl": {"units": 384, "width": 160, "layers": 4}}),  # 1.4M
+    Family("transformer", lambda v, b, c: Transformer(v, b, c["SEQ_LEN"]),
+           variants={"transformer": {"recipe": "gpt2"}, "transformer++": {"recipe": "++"}}, sizes={
+        "xxs": {"n_layer": 2, "n_embd": 32},  # 27k
+        "xs": {"n_layer": 2, "n_embd": 48}, "s": {"n_layer": 3, "n_embd": 64},  # 66k, 163k
+        "m": {"n_layer": 4, "n_embd": 96}, "l": {"n_layer": 4, "n_embd": 128},  # 467k, 820k
+        "xl": {"n_layer": 6, "n_embd": 160}}),  # 1.86M
+    Family("lstm", lambda v, b, c: LSTM(v, b), sizes={
+        "xxs": {"embed_dim": 24, "hidden": 64},  # 28k
+        "xs": {"embed_dim": 32, "hidden": 96}, "s": {"embed_dim": 48, "hidden": 160},  # 60k, 150k
+        "m": {"embed_dim": 64, "hidden": 256}, "l": {"embed_dim": 64, "hidden": 384},  # 354k, 726k
+        "xl": {"embed_dim": 96, "hidden": 576}}),  # 1.6M
+    Family("ngram", lambda v, b, c: NGram(v, b), fit="counts", variants={}),
+]
+for _family in _BUILT_IN:
+    register(_family)
+MODEL_NAMES = tuple(MODELS)  # the built-in models; model_names() adds those the plugins loaded declare
 
 
 def trainer_of(name: str, config: dict) -> str:
     """How the runner fits model ``name`` under ``config`` (its ``trainer``), known before it is built: counts
     for the n-gram, a closed-form ridge solve for a reservoir whose readout is 'ridge', gradient steps else."""
-    if name == "ngram":
-        return "counts"
-    return "ridge" if config[name.upper()].get("readout") == "ridge" else "sgd"
+    return MODELS[name].trainer(config[name.upper()])
+
+
+def model_names() -> tuple[str, ...]:
+    """Every model MODELS may name: the built-in families, then those the plugins loaded declared."""
+    return tuple(MODELS)
 
 
 class ModelSettingsError(OneLineError, ValueError):
@@ -81,4 +129,4 @@ def build_model(name: str, vocab_size: int, config: dict) -> LanguageModel:
 
     torch.manual_seed(config["SEED"])  # trained weights start the same way in every run
     block = name.upper()
-    return _BUILDERS[name](vocab_size, {**ADDED_OPTIONS.get(block, {}), **config[block]}, config)
+    return MODELS[name].build(vocab_size, {**ADDED_OPTIONS.get(block, {}), **config[block]}, config)

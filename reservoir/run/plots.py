@@ -21,7 +21,7 @@ matplotlib.use("Agg")  # files only: runs on headless machines
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from reservoir.models import MODEL_NAMES  # noqa: E402
+from reservoir.models import model_names  # noqa: E402
 from reservoir.run.records import read_json, read_metrics  # noqa: E402
 from reservoir.run.tables import aggregate, seed_groups  # noqa: E402
 
@@ -49,7 +49,8 @@ def load_run(path: Path) -> dict:
 def model_colour(model: str) -> str:
     """One colour per model, the same in every plot of every run."""
     palette = plt.get_cmap("tab10").colors
-    index = MODEL_NAMES.index(model) if model in MODEL_NAMES else len(MODEL_NAMES) + hash(model) % 3
+    names = model_names()
+    index = names.index(model) if model in names else len(names) + hash(model) % 3
     return palette[index % len(palette)]
 
 

@@ -7,8 +7,10 @@ TinyStories.py is given for it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from reservoir.models.registry import MODELS, PRESETS, STUDY_FAMILIES  # noqa: F401 - PRESETS: the studies' too
 from reservoir.platform.files import portable_path
 from reservoir.platform.messages import OneLineError
 from reservoir.studies.budgets import positive_numbers
@@ -22,55 +24,23 @@ FRONTIER_KEYS = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES", "KEEP", "
                  "PLAN", "HOSTS", "REPLAY", *STAGE_KEYS)
 
 
-# family -> (model, the options that make it that family)
-FAMILIES = {
-    "transformer": ("transformer", {"recipe": "gpt2"}),
-    "transformer++": ("transformer", {"recipe": "++"}),
-    "lstm": ("lstm", {}),
-    "frozen_retention": ("frozen_retention", {}),
-    "reservoir_attention": ("reservoir_attention", {}),
-    "deep_linear_reservoir": ("deep_linear_reservoir", {}),
-    "linear_reservoir": ("linear_reservoir", {}),
-}
+class _SizesOfModels(Mapping):
+    """model -> its size presets, as its family declares them (reservoir/models: built in, or a plugin's)."""
+
+    def __getitem__(self, model: str) -> dict:
+        return MODELS[model].sizes
+
+    def __iter__(self):
+        return (model for model, family in MODELS.items() if family.sizes)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
-# size presets per model, smallest first; trained parameters on TinyStories' 77 characters in the comments. The
-# grid's defaults are xs to l; xxs and xl are the steps beyond its edges, for a grid that grows to contain its optimum
-SIZES = {
-    "transformer": {"xxs": {"n_layer": 2, "n_embd": 32},  # 27k
-                    "xs": {"n_layer": 2, "n_embd": 48}, "s": {"n_layer": 3, "n_embd": 64},  # 66k, 163k
-                    "m": {"n_layer": 4, "n_embd": 96}, "l": {"n_layer": 4, "n_embd": 128},  # 467k, 820k
-                    "xl": {"n_layer": 6, "n_embd": 160}},  # 1.86M
-    "lstm": {"xxs": {"embed_dim": 24, "hidden": 64},  # 28k
-             "xs": {"embed_dim": 32, "hidden": 96}, "s": {"embed_dim": 48, "hidden": 160},  # 60k, 150k
-             "m": {"embed_dim": 64, "hidden": 256}, "l": {"embed_dim": 64, "hidden": 384},  # 354k, 726k
-             "xl": {"embed_dim": 96, "hidden": 576}},  # 1.6M
-    "frozen_retention": {"xxs": {"layers": 2, "width": 32, "ffn_hidden": 128},  # 28k
-                         "xs": {"layers": 2, "width": 48, "ffn_hidden": 192},  # 65k
-                         "s": {"layers": 3, "width": 64, "ffn_hidden": 256},  # 167k
-                         "m": {"layers": 4, "width": 96, "ffn_hidden": 384},  # 491k
-                         "l": {"layers": 4, "width": 128, "ffn_hidden": 512},  # 868k
-                         "xl": {"layers": 4, "width": 192, "ffn_hidden": 768}},  # 1.94M
-    "reservoir_attention": {"xxs": {"units": 96, "width": 32, "layers": 1},  # 24k
-                            "xs": {"units": 128, "width": 48, "layers": 1},  # 51k
-                            "s": {"units": 192, "width": 64, "layers": 2},  # 139k
-                            "m": {"units": 256, "width": 96, "layers": 2},  # 294k
-                            "l": {"units": 256, "width": 128, "layers": 3},  # 688k
-                            "xl": {"units": 384, "width": 160, "layers": 4}},  # 1.4M
-    "deep_linear_reservoir": {"xxs": {"layers": 2, "units": 48, "width": 48, "mix_hidden": 96},  # 56k
-                              "xs": {"layers": 2, "units": 64, "width": 64, "mix_hidden": 128},  # 93k
-                              "s": {"layers": 3, "units": 96, "width": 96, "mix_hidden": 192},  # 260k
-                              "m": {"layers": 4, "units": 128, "width": 128, "mix_hidden": 256},  # 575k
-                              "l": {"layers": 4, "units": 192, "width": 192, "mix_hidden": 384},  # 1.25M
-                              "xl": {"layers": 5, "units": 256, "width": 256, "mix_hidden": 512}},  # 2.7M
-    "linear_reservoir": {"xxs": {"units": 96, "embed_dim": 24, "readout_hidden": 96},  # 28k
-                         "xs": {"units": 128, "embed_dim": 32, "readout_hidden": 128},  # 50k
-                         "s": {"units": 192, "embed_dim": 48, "readout_hidden": 256},  # 135k
-                         "m": {"units": 256, "embed_dim": 64, "readout_hidden": 512},  # 341k
-                         "l": {"units": 384, "embed_dim": 64, "readout_hidden": 1024},  # 939k
-                         "xl": {"units": 512, "embed_dim": 96, "readout_hidden": 2048}},  # 2.4M
-}
-PRESETS = ("xxs", "xs", "s", "m", "l", "xl")  # every model's presets, smallest first
+# family -> (model, the options that make it that family): the transformer in GPT-2's recipe and in
+# Transformer++'s, the LSTM, the reservoirs, and any family a plugin declares (reservoir/models/registry.py)
+FAMILIES = STUDY_FAMILIES
+SIZES = _SizesOfModels()
 
 
 DEFAULTS = {"FAMILIES": ["transformer", "transformer++", "lstm", "frozen_retention", "reservoir_attention",

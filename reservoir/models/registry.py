@@ -1,0 +1,186 @@
+"""Every model family, declared once: what MODELS, a study's FAMILIES and the tools may name.
+
+    from reservoir.models.registry import Family, register
+
+    register(Family(name="leaky_tanh", build=LeakyTanh.build, comment="a leaky-tanh reservoir",
+                    settings={"units": (256, "reservoir units"), "learning_rate": (3e-3, "AdamW's rate"), ...},
+                    sizes={"xs": {"units": 128}, "s": {"units": 256}, ...}))
+
+A family is a model class built from its settings block (``NAME.units=500`` on the command line), with size
+presets for the studies' grids and, where one class makes several families (the transformer in GPT-2's and in
+Transformer++'s recipe), the fixed options of each (``variants``). The built-in families are declared in
+reservoir/models/__init__.py, their settings blocks written out in reservoir/config.py's SHARED_CONFIG; a
+researcher's own come from a file or module named by ``PLUGINS`` (docs/extending.md), whose settings are
+declared here with a default and a comment each: reservoir/config.py adds them to SHARED_CONFIG once loaded.
+
+No torch here: reservoir/config.py loads plugins through this module before it validates a command line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reservoir.platform.messages import OneLineError
+
+FITS = ("sgd", "ridge", "counts")  # gradient steps, a closed-form ridge solve, counting
+PRESETS = ("xxs", "xs", "s", "m", "l", "xl")  # every family's size presets, smallest first
+ALWAYS_OPTIONAL = ("learning_rate", "batch_size")  # None: the run's LEARNING_RATE / BATCH_SIZE
+
+
+class PluginError(OneLineError, ValueError):
+    """A plugin that cannot load or declares a family wrongly: reported as one line."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family. ``build(vocab_size, block, config)`` returns its LanguageModel from its settings
+    block and the run's config (SEED, SEQ_LEN); ``fit`` is one of FITS or a function of the block that names
+    one; ``check(block)`` returns a one-line refusal for settings that cannot build together, or None."""
+
+    name: str
+    build: Callable
+    sizes: dict = field(default_factory=dict)
+    settings: dict | None = None  # name -> (default, comment); None: the block is written in SHARED_CONFIG
+    comment: str = ""
+    variants: dict | None = None  # study family -> the options that make it that family; None: {name: {}}
+    fit: object = "sgd"
+    check: Callable | None = None
+    source: str | None = None  # the plugin it came from; None: built in
+
+    @property
+    def block(self) -> str:
+        return self.name.upper()
+
+    def study_families(self) -> dict[str, dict]:
+        return self.variants if self.variants is not None else {self.name: {}}
+
+    def trainer(self, block: dict) -> str:
+        return self.fit(block) if callable(self.fit) else self.fit
+
+
+MODELS: dict[str, Family] = {}  # model name -> its family declaration, in the order declared
+STUDY_FAMILIES: dict[str, tuple[str, dict]] = {}  # study family -> (model, the options that make it that family)
+PLUGINS: dict[str, str] = {}  # plugin (as named) -> the SHA-256 of its file, for every plugin loaded
+_LOADING: list[str] = []  # the plugin being loaded, so a family knows where it came from
+
+
+def register(family: Family) -> Family:
+    """Declare ``family``: a name no other family has, a size preset or more, a default for every setting."""
+    where = f"plugin {_LOADING[-1]}: " if _LOADING else ""
+    name = family.name
+    if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
+        raise PluginError(f"{where}a family's name is a lower-case Python identifier (it becomes MODELS={name} and "
+                          f"the settings block {str(name).upper()}), got {name!r}")
+    if name in MODELS:
+        other = MODELS[name].source or "the built-in families"
+        raise PluginError(f"{where}family {name!r} is already declared by {other}: give yours another name")
+    clash = [v for v in family.study_families() if v in STUDY_FAMILIES]
+    if clash:
+        raise PluginError(f"{where}study family {clash[0]!r} of {name!r} is already declared by "
+                          f"{MODELS[STUDY_FAMILIES[clash[0]][0]].source or 'the built-in families'}")
+    if not family.sizes and family.study_families():  # variants={}: a reference, not a grid family
+        raise PluginError(f"{where}family {name!r} declares no size presets: give it sizes={{'xs': {{...}}, 's': "
+                          f"{{...}}}} (the settings each preset sets), as the studies' grids need them")
+    unknown = [s for s in family.sizes if s not in PRESETS]
+    if unknown:
+        raise PluginError(f"{where}family {name!r} has a size preset {unknown[0]!r}; presets are {', '.join(PRESETS)}")
+    if not callable(family.fit) and family.fit not in FITS:
+        raise PluginError(f"{where}family {name!r} has fit={family.fit!r}; one of {', '.join(FITS)}, or a function "
+                          "of its settings block that names one")
+    if family.settings is not None:
+        _check_settings(family, where)
+    if _LOADING and family.source is None:
+        family = Family(**{**family.__dict__, "source": _LOADING[-1]})
+    MODELS[name] = family
+    for study_family, options in family.study_families().items():
+        STUDY_FAMILIES[study_family] = (name, dict(options))
+    return family
+
+
+def _check_settings(family: Family, where: str) -> None:
+    for setting, declared in family.settings.items():
+        if not (isinstance(declared, tuple) and len(declared) == 2 and isinstance(declared[1], str)):
+            raise PluginError(f"{where}{family.block}.{setting} is declared as {declared!r}: declare each setting as "
+                              f"(default, 'a one-line comment')")
+        if declared[0] is None and setting not in ALWAYS_OPTIONAL:
+            raise PluginError(f"{where}{family.block}.{setting} has no default: every setting needs one (the run "
+                              "that does not name it trains with it)")
+    for size, options in family.sizes.items():
+        unknown = [k for k in options if k not in family.settings]
+        if unknown:
+            raise PluginError(f"{where}size preset {size!r} of {family.name!r} sets {unknown[0]!r}, which is not "
+                              f"one of its settings ({', '.join(family.settings)})")
+
+
+def _file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def plugin_file(plugin: str) -> Path | None:
+    """The file a plugin names: a path to a .py file, or a module's file once importable; None if neither."""
+    if plugin.endswith(".py") or "/" in plugin:
+        path = Path(plugin).expanduser()
+        return path if path.is_file() else None
+    try:
+        spec = importlib.util.find_spec(plugin)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec and spec.origin else None
+
+
+def load_plugins(plugins) -> dict[str, str]:
+    """Import each plugin (a .py file's path, or a module's import path) once; it registers its families.
+    Returns {plugin: SHA-256 of its file} for those named."""
+    loaded = {}
+    for plugin in plugins:
+        plugin = str(plugin)
+        if plugin not in PLUGINS:
+            _import(plugin)
+        loaded[plugin] = PLUGINS[plugin]
+    return loaded
+
+
+def _import(plugin: str) -> None:
+    path = plugin_file(plugin)
+    if path is None:
+        raise PluginError(f"PLUGINS names {plugin!r}, which is neither a .py file here nor an importable module: "
+                          "give the path of the file that declares your family (PLUGINS=my_models.py)")
+    _LOADING.append(plugin)
+    try:
+        if plugin.endswith(".py") or "/" in plugin:
+            spec = importlib.util.spec_from_file_location(f"reservoir_plugin_{path.stem}_{len(PLUGINS)}", path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # dataclasses and pickling look the module up by name
+            spec.loader.exec_module(module)
+        else:
+            importlib.import_module(plugin)
+    except PluginError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the plugin's own code raised, said in one line
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+        line = f" (line {frames[-1].lineno}: {frames[-1].line.strip()})" if frames else ""
+        if isinstance(e, SyntaxError) and e.lineno:
+            line = f" (line {e.lineno}: {(e.text or '').strip()})"
+        raise PluginError(f"plugin {plugin} failed to load{line}: {type(e).__name__}: {e}") from None
+    finally:
+        _LOADING.pop()
+    PLUGINS[plugin] = _file_hash(path)
+
+
+def changed_plugins(recorded: dict) -> list[str]:
+    """Plugins a record names whose file is missing here or whose content has changed since (one line each)."""
+    said = []
+    for plugin, digest in (recorded or {}).items():
+        path = plugin_file(plugin)
+        if path is None:
+            said.append(f"{plugin} is missing here")
+        elif _file_hash(path) != digest:
+            said.append(f"{plugin} has changed since (SHA-256 {_file_hash(path)[:12]}, recorded {digest[:12]})")
+    return said
