@@ -88,6 +88,8 @@ SHARED_CONFIG = {
     # in the frontier study (results/frontier-tinystories, one seed; python scaling.py REPORT=results)
     "MODELS": ["ngram", "esn", "transformer", "lstm", "frozen_retention", "reservoir_attention",
                "deep_linear_reservoir", "linear_reservoir"],  # trained and compared, in order
+    "PLUGINS": [],  # your own families: .py files (or modules) that declare them; MODELS may then name them
+    # (docs/extending.md)
     "ESN": {"units": 1000, "spectral_radius": 0.9, "leak_rate": 0.3, "input_scaling": 1.0, "degree": 10,
             "rc_connectivity": 0.1, "input_connectivity": 0.1, "bias_scaling": 0.5, "washout": 0,
             "readout": "ridge", "ridge": 1.0, "readout_hidden": 256, "include_input": True,
@@ -178,7 +180,7 @@ _OPTIONAL = {"BATCH_SIZE": int, "LEARNING_RATE": float, "RUN_NAME": str, "TRAIN_
 # Keys added after runs began to record their configs: RESUME fills them into an older run's settings from
 # their defaults, which train as those runs trained (cosine, β2 0.95; tested; TRAIN_EVAL_TOKENS only adds a
 # score); any other key a saved run lacks is damage, refused.
-ADDED_KEYS = ("LR_SCHEDULE", "COOLDOWN_FRACTION", "COOLDOWN_SHAPE", "STABLE_FROM", "ADAM_BETA2",
+ADDED_KEYS = ("PLUGINS", "LR_SCHEDULE", "COOLDOWN_FRACTION", "COOLDOWN_SHAPE", "STABLE_FROM", "ADAM_BETA2",
               "ADAM_BETA2_REF_TOKENS", "FROZEN_RETENTION", "RESERVOIR_ATTENTION", "TRAIN_EVAL_TOKENS")
 
 
@@ -209,7 +211,7 @@ def key_comments() -> dict[str, str]:
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT and tok.start[0] in key_on_line:
             comments[key_on_line[tok.start[0]]] = tok.string.lstrip("# ").strip()
-    return comments
+    return {**comments, **_PLUGIN_COMMENTS}
 
 
 def help_text(config: dict | None = None) -> str:
@@ -227,6 +229,8 @@ def help_text(config: dict | None = None) -> str:
         lines.append(f"  {key:<{width}}  default {value!r}")
         if comments.get(key):
             lines.append(f"  {'':<{width}}    {comments[key]}")
+        for setting, comment in _PLUGIN_SETTING_COMMENTS.get(key, {}).items():
+            lines.append(f"  {'':<{width}}    {key}.{setting}: {comment}")
     return "\n".join(lines)
 
 
@@ -298,6 +302,48 @@ def _coerce(key: str, value, default):
     return value
 
 
+_PLUGIN_COMMENTS: dict[str, str] = {}  # a plugin family's block -> its comment (its settings' below)
+_PLUGIN_SETTING_COMMENTS: dict[str, dict[str, str]] = {}
+
+
+def load_plugins(plugins) -> None:
+    """Import the PLUGINS a config names (reservoir/models/registry.py) and add each family they declare to
+    SHARED_CONFIG as a settings block, so MODELS, NAME.setting=..., --help and validation know it."""
+    if not plugins:  # a run recorded before PLUGINS existed has None
+        return
+    plugins = _coerce("PLUGINS", plugins, [])
+    from reservoir.models.registry import MODELS, PluginError  # torch only for a run that names a plugin
+    from reservoir.models.registry import load_plugins as import_plugins
+
+    try:
+        import_plugins(plugins)
+    except PluginError as e:
+        raise ConfigError(str(e)) from None
+    for family in MODELS.values():
+        if family.settings is None or family.block in _PLUGIN_COMMENTS:
+            continue
+        if family.block in SHARED_CONFIG:
+            raise ConfigError(f"plugin {family.source}: family {family.name!r} would take the settings block "
+                              f"{family.block}, which is a run setting already: give the family another name")
+        SHARED_CONFIG[family.block] = {k: declared[0] for k, declared in family.settings.items()}
+        _PLUGIN_COMMENTS[family.block] = family.comment or f"{family.name} (from {family.source})"
+        _PLUGIN_SETTING_COMMENTS[family.block] = {k: declared[1] for k, declared in family.settings.items()}
+
+
+def _plugin_checks(config: dict) -> None:
+    """A plugin family's own check of its block (settings that cannot build together), as one line."""
+    if not _PLUGIN_COMMENTS:
+        return
+    from reservoir.models.registry import MODELS
+
+    for name in config["MODELS"]:
+        family = MODELS.get(name)
+        if family is not None and family.check is not None:
+            refusal = family.check(config[family.block])
+            if refusal:
+                raise ConfigError(f"{family.block}: {refusal}")
+
+
 def model_blocks() -> list[str]:
     return [k for k, v in SHARED_CONFIG.items() if isinstance(v, dict)]
 
@@ -359,6 +405,7 @@ def _check_model_blocks(config: dict) -> None:
 
 def validate(config: dict) -> dict:
     """Check every key and value; return the config with values coerced to their types."""
+    load_plugins(config.get("PLUGINS"))
     checked = {}
     for key, value in config.items():
         if key not in SHARED_CONFIG:
@@ -406,6 +453,7 @@ def validate(config: dict) -> dict:
         raise ConfigError(f"RUN_NAME must be a plain folder name (no '/', '\\', '.' or '..'), got {name!r}; "
                           "the run folder is always RESULTS_DIR/RUN_NAME")
     _check_model_blocks(checked)
+    _plugin_checks(checked)
     for key, own in PER_MODEL.items():  # None: each model's own, which every model of the run must then have
         counted = ("ngram",) if own == "learning_rate" else ()  # the n-gram counts: it has no rate
         lacking = [m for m in checked["MODELS"] if checked[key] is None and m not in counted
@@ -492,6 +540,8 @@ def wants_help(argv: list[str]) -> bool:
 def parse_overrides(args: list[str], base: dict | None = None) -> dict:
     """Apply ``KEY=VALUE`` arguments to ``base`` (default SHARED_CONFIG) and validate the result."""
     config = default_config() if base is None else copy.deepcopy(base)
+    load_plugins(named_plugins(args, config.get("PLUGINS")))  # their blocks, before any of their settings is set
+    config = {**config, **{k: copy.deepcopy(v) for k, v in SHARED_CONFIG.items() if k not in config}}
     for arg in args:
         parsed = key_value(arg)
         if parsed is None:
@@ -508,6 +558,12 @@ def parse_overrides(args: list[str], base: dict | None = None) -> dict:
     return validate(config)
 
 
+def named_plugins(args: list[str], otherwise):
+    """What the last PLUGINS=... of a command line names, else ``otherwise``."""
+    named = [parsed for parsed in map(key_value, args) if parsed and parsed[:2] == ("PLUGINS", None)]
+    return parse_literal(named[-1][2]) if named else otherwise
+
+
 def given_settings(args: list[str]) -> list[str]:
     """The settings a command line names, in its order, as ``KEY`` or ``BLOCK.sub`` (``ESN.units``):
     what RESUME compares with the saved run. Call it on arguments ``parse_overrides`` accepted."""
@@ -520,6 +576,10 @@ def given_settings(args: list[str]) -> list[str]:
 def config_from_argv(argv: list[str]) -> dict:
     """The validated config for a command line; prints help or a one-line error and exits."""
     if wants_help(argv):
+        try:
+            load_plugins(named_plugins(argv, []))  # their families' settings too
+        except ConfigError as e:
+            raise SystemExit(f"error: {e}") from None
         print(help_text())
         raise SystemExit(0)
     try:

@@ -112,6 +112,17 @@ def _print_warning(message, category, filename, lineno, file=None, line=None):
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+def _plugin_state() -> list[tuple[dict, dict]]:
+    """What a script's PLUGINS register in its process (families, their settings blocks), to forget afterwards as
+    a new Python would never have known them."""
+    from reservoir import config
+    from reservoir.models import registry
+
+    held = (registry.MODELS, registry.STUDY_FAMILIES, registry.PLUGINS, config.SHARED_CONFIG,
+            config._PLUGIN_COMMENTS, config._PLUGIN_SETTING_COMMENTS)
+    return [(registered, dict(registered)) for registered in held]
+
+
 def run_in_process(script: str, argv: list[str], env: dict | None = None, cwd: Path = ROOT
                    ) -> subprocess.CompletedProcess:
     """``script``'s ``main(argv)`` here, as ``python script argv...`` would run it from ``cwd`` (the repository root
@@ -120,8 +131,8 @@ def run_in_process(script: str, argv: list[str], env: dict | None = None, cwd: P
     exit status returned (an uncaught exception as a traceback and 1, ``SystemExit``
     as Python reports it), and what a run changes in its process put back afterwards: the environment, the
     working folder, signal handlers, torch's threads and random state, numpy's and Python's random state, the
-    warning filters, the root logger's handlers and ``sys.argv``. Starting Python and importing torch costs 2-3 s a
-    process on a 2-core host; the suites run a few hundred root scripts."""
+    warning filters, the root logger's handlers, ``sys.argv`` and the families its PLUGINS declared. Starting
+    Python and importing torch costs 2-3 s a process on a 2-core host; the suites run a few hundred root scripts."""
     import random
 
     import numpy as np
@@ -143,6 +154,7 @@ def run_in_process(script: str, argv: list[str], env: dict | None = None, cwd: P
     out = open(1, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)
     err = open(2, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)
     code: object = 0
+    plugins_loaded_before = _plugin_state()
     try:
         os.environ.update({k: str(v) for k, v in (env or {}).items()})
         os.chdir(cwd)
@@ -180,6 +192,9 @@ def run_in_process(script: str, argv: list[str], env: dict | None = None, cwd: P
         np.random.set_state(saved_np_rng)
         random.setstate(saved_random)
         logging.getLogger().handlers[:] = saved_handlers
+        for registered, before in plugins_loaded_before:
+            registered.clear()
+            registered.update(before)
     said = []
     for file in files:
         file.seek(0)

@@ -7,8 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from reservoir.config import ConfigError, load_plugins
 from reservoir.data.tokenizers import TOKENIZERS, tokenizer_hash
 from reservoir.models import build_model
+from reservoir.models.registry import changed_plugins
+from reservoir.platform.messages import warn
 from reservoir.run.checkpoint import (
     CheckpointError,
     checkpoint_file,
@@ -50,6 +53,17 @@ class TrainedRun:
     seed: int  # the training seed of the loaded model (one of the run's SEEDS)
 
 
+def load_run_plugins(run_dir: Path, config_json: dict) -> None:
+    """The plugins whose families a run trained, loaded as it named them; one line if a file is gone or has
+    changed since the run recorded its hash."""
+    try:
+        load_plugins(config_json["effective_config"].get("PLUGINS"))
+    except ConfigError as e:
+        raise ResultsError(f"{run_dir} trained families from a plugin: {e}") from None
+    for said in changed_plugins(config_json.get("plugins")):
+        warn(f"{run_dir} was trained with plugin {said}: its models are rebuilt from today's code")
+
+
 def load_trained(run_dir: str | Path, model_name: str | None = None, train_seed: int | None = None):
     """(model on the CPU, tokenizer, TrainedRun) for ``model_name`` trained with ``train_seed`` in
     ``run_dir``; without a name, the run's best finished model (of that seed, if given); without a
@@ -59,6 +73,7 @@ def load_trained(run_dir: str | Path, model_name: str | None = None, train_seed:
         raise ResultsError(f"{run_dir} is not a folder; give a run folder such as results/<run>")
     config_json = read_run_config(run_dir)
     config = config_json["effective_config"]
+    load_run_plugins(run_dir, config_json)
     summary_path = run_dir / "summary.json"
     summaries = read_json(summary_path, "the run's summary") if summary_path.exists() else []
     seeds = run_seeds(config)

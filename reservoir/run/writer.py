@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from reservoir.data.tokenizers import tokenizer_hash
+from reservoir.models.registry import PLUGINS
 from reservoir.platform import device as dev
 from reservoir.platform.files import append_line, atomic_write_text
 from reservoir.platform.machine import processor
@@ -114,6 +115,8 @@ class Run:
                            "replicas": info.replicas, "per_device_batch": per_device, "global_batch": global_batch,
                            "tokens_per_step": global_batch and global_batch * effective["SEQ_LEN"]},
                 "data": data, "started": datetime.datetime.now().isoformat(timespec="seconds")}
+            if effective.get("PLUGINS"):  # the code of its own families, known again by hash (load_trained)
+                content["plugins"] = {p: PLUGINS[p] for p in effective["PLUGINS"]}
             write_json_atomic(self.path / "config.json", {**content, INTEGRITY_KEY: _integrity(content)})
 
     def write_tokenizer(self, tokenizer) -> None:

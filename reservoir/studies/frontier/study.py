@@ -35,7 +35,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reservoir.config import parse_overrides
+from reservoir.config import load_plugins, named_plugins, parse_overrides
 from reservoir.models.settings import model_settings
 from reservoir.platform.device import study_slots
 from reservoir.platform.machine import processor
@@ -131,6 +131,7 @@ class FrontierStudy:
 
     @classmethod
     def from_args(cls, own: dict[str, str], settings: list[str]) -> FrontierStudy:
+        load_plugins(named_plugins(settings, []))  # a plugin's families, before FAMILIES names them
         grid = parse_grid(own)
         budgets = parse_budgets(own["BUDGETS"]) if "BUDGETS" in own else list(DEFAULT_BUDGETS)
         name = study_name(own, "frontier", FrontierError)

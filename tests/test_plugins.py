@@ -1,0 +1,95 @@
+"""A researcher's own family, in a file outside the package: what PLUGINS loads, records and refuses.
+
+docs/extending.md runs the worked family end to end (a run, a sample, a micro frontier and its report, with
+Sybil); these tests hold what a run records of the plugin and the one-line refusal of each bad one."""
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import ROOT, run_cli, run_script
+
+
+def worked_family() -> str:
+    """The plugin docs/extending.md writes (its heredoc), so the page and these tests use one family."""
+    page = (ROOT / "docs" / "extending.md").read_text()
+    return re.search(r"cat > my_models.py <<'EOF'\n(.*?)\nEOF\n", page, re.S).group(1) + "\n"
+
+
+@pytest.fixture
+def plugin(tmp_path):
+    path = tmp_path / "elsewhere" / "my_models.py"
+    path.parent.mkdir()
+    path.write_text(worked_family())
+    return path
+
+
+def test_a_run_records_its_plugin_by_hash_and_says_when_the_file_has_changed(tmp_path, plugin):
+    import hashlib
+
+    run_cli(tmp_path, f"PLUGINS={plugin}", "MODELS=leaky_tanh", "LEAKY_TANH.units=16", "MAX_STEPS=5",
+            "RUN_NAME=mine")
+    run = tmp_path / "results" / "mine"
+    recorded = json.loads((run / "config.json").read_text())
+    assert recorded["plugins"] == {str(plugin): hashlib.sha256(plugin.read_bytes()).hexdigest()}
+    summary = json.loads((run / "summary.json").read_text())
+    assert [(r["model"], r["trained"]) for r in summary] == [("leaky_tanh", "input+readout")]
+    assert summary[0]["params_total"] > summary[0]["params_trainable"]  # the reservoir's frozen weights count
+    sampled = run_script("sample.py", run, "MAX_NEW_TOKENS=5", "PROMPT=Once")
+    assert "has changed since" not in sampled.stderr
+    plugin.write_text(plugin.read_text() + "# an edit\n")
+    edited = run_script("sample.py", run, "MAX_NEW_TOKENS=5", "PROMPT=Once")
+    assert f"was trained with plugin {plugin} has changed since" in edited.stderr
+    plugin.unlink()
+    gone = run_script("sample.py", run, "MAX_NEW_TOKENS=5", "PROMPT=Once", check=False)
+    assert gone.returncode == 1
+    assert f"trained families from a plugin: PLUGINS names '{plugin}', which is neither a .py file" in gone.stderr
+
+
+def test_a_plugins_family_gets_its_settings_checked_like_a_built_in_ones(tmp_path, plugin):
+    typo = run_cli(tmp_path, f"PLUGINS={plugin}", "MODELS=leaky_tanh", "LEAKY_TANH.unit=16", check=False)
+    assert "unknown hyper-parameter LEAKY_TANH.unit; did you mean LEAKY_TANH.units?" in typo.stderr
+    refused = run_cli(tmp_path, f"PLUGINS={plugin}", "MODELS=leaky_tanh", "LEAKY_TANH.spectral_radius=3",
+                      check=False)
+    assert refused.stderr.strip() == "error: LEAKY_TANH: spectral_radius must stay below 2"
+    unnamed = run_cli(tmp_path, "MODELS=leaky_tanh", check=False)  # without PLUGINS, no such model
+    assert "unknown model 'leaky_tanh' in MODELS" in unnamed.stderr
+    assert not (tmp_path / "results").exists()
+
+
+BAD_PLUGINS = {
+    "an error while it loads": ("import torch\n\nraise RuntimeError('no GPU')\n",
+                                "failed to load (line 3: raise RuntimeError('no GPU')): RuntimeError: no GPU"),
+    "a name a built-in has": (worked_family().replace('name="leaky_tanh"', 'name="lstm"'),
+                              "family 'lstm' is already declared by the built-in families: give yours another name"),
+    "a name that is a run setting": (worked_family().replace('name="leaky_tanh"', 'name="seed"'),
+                                     "would take the settings block SEED, which is a run setting already"),
+    "no size presets": (worked_family().replace('sizes={"xs": {"units": 32}, "s": {"units": 64}, '
+                                                '"m": {"units": 128}}', "sizes={}"),
+                        "family 'leaky_tanh' declares no size presets"),
+    "a setting without a default": (worked_family().replace('"units": (64, "reservoir units")',
+                                                            '"units": (None, "reservoir units")'),
+                                    "LEAKY_TANH.units has no default: every setting needs one"),
+    "a setting without its comment": (worked_family().replace('"units": (64, "reservoir units")', '"units": 64'),
+                                      "LEAKY_TANH.units is declared as 64: declare each setting as (default, "),
+}
+
+
+@pytest.mark.parametrize("case", BAD_PLUGINS)
+def test_a_bad_plugin_is_refused_in_one_line_before_anything_is_written(tmp_path, case):
+    source, said = BAD_PLUGINS[case]
+    path = tmp_path / "bad.py"
+    path.write_text(source)
+    proc = run_cli(tmp_path, f"PLUGINS={path}", "MODELS=lstm", "MAX_STEPS=2", check=False)
+    assert proc.returncode == 1
+    assert said in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_missing_plugin_file_is_refused_in_one_line(tmp_path):
+    proc = run_cli(tmp_path, f"PLUGINS={tmp_path / 'nowhere.py'}", "MODELS=lstm", check=False)
+    assert proc.stderr.strip() == (f"error: PLUGINS names '{tmp_path / 'nowhere.py'}', which is neither a .py file "
+                                   "here nor an importable module: give the path of the file that declares your "
+                                   "family (PLUGINS=my_models.py)")
