@@ -264,3 +264,15 @@ def test_a_plan_probes_each_cell_in_as_many_processes_at_once_as_the_study_runs_
     alone = probe_cells(solo, measure.data)
     assert alone(cell) > 0 and alone.copies == {}  # one slot: probed here, alone
     assert alone.besides_training(cell) > 0  # its evaluations and samples, timed with its model
+
+
+def test_a_studys_command_leaves_out_where_the_machine_that_ran_it_wrote():
+    """The command a report prints is for a reader to repeat: the data it read (DATASET, DATA_DIR) belongs in it,
+    the folders one machine wrote its results and caches to (RESULTS_DIR, CACHE_DIR) do not."""
+    from reservoir.studies.frontier.grid import DEFAULT_BUDGETS, DEFAULTS, study_command
+
+    report = {"study": "frontier-x", "budgets": list(DEFAULT_BUDGETS), "grid": dict(DEFAULTS), "stages": {},
+              "settings": ["DATASET=shakespeare", "DATA_DIR=data/shakespeare", "RESULTS_DIR=../study",
+                           "CACHE_DIR=/scratch/cache", "EVAL_POINTS=2"]}
+    assert study_command(report) == ("python scaling.py FRONTIER=True STUDY=frontier-x DATASET=shakespeare "
+                                     "DATA_DIR=data/shakespeare EVAL_POINTS=2")

@@ -238,6 +238,7 @@ def _fraction(text) -> float:
     return value
 
 
+OUTPUT_PLACES = ("RESULTS_DIR", "CACHE_DIR")  # where one machine wrote: a reader repeating a study writes elsewhere
 LOCATIONS = ("RESULTS_DIR", "CACHE_DIR", "DATA_DIR", "DATASET", "TRAIN_PATH", "VAL_PATH")  # may differ per machine
 
 
@@ -303,5 +304,6 @@ def study_command(report: dict) -> str:
         parts.append("CONTEXTS=True")
     if stages.get("edges"):
         parts.append("EDGES=True")
-    parts += [a for a in report["settings"] if a not in defaults]
+    parts += [a for a in report["settings"] if a not in defaults
+              and a.partition("=")[0].strip().upper() not in OUTPUT_PLACES]
     return " ".join(parts)
