@@ -29,6 +29,7 @@ from configs import (
     split_arguments,
     wants_help,
 )
+from reservoir.config import load_plugins, named_plugins
 from reservoir.data.tokens import prepare_data
 from reservoir.models import ModelSettingsError
 from reservoir.platform import stopping
@@ -36,12 +37,12 @@ from reservoir.platform.messages import TAG, OneLineError
 from reservoir.run.experiment import run_experiment
 from reservoir.studies.storage import lost_storage_in
 from reservoir.studies.sweeps import (
-    SEARCH_SPACES,
     Sweep,
     SweepError,
     open_study,
     parse_search,
     run_trials,
+    search_spaces,
     storage_lost,
     write_outputs,
 )
@@ -61,8 +62,10 @@ def parse_args(argv: list[str]) -> Sweep:
         raise SystemExit(0)
     own, fixed = split_arguments(argv, SWEEP_KEYS)
     model = own.get("MODEL", "").lower()
-    if model not in SEARCH_SPACES:
-        raise SweepError(f"MODEL={model or '?'} is not a model to sweep; choose one of {', '.join(SEARCH_SPACES)}")
+    load_plugins(named_plugins(fixed, []))  # a plugin's families may be swept too
+    spaces = search_spaces()
+    if model not in spaces:
+        raise SweepError(f"MODEL={model or '?'} is not a model to sweep; choose one of {', '.join(spaces)}")
     trials = parse_literal(own.get("TRIALS", "20"))
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise SweepError(f"TRIALS must be a whole number >= 1, got {own.get('TRIALS')!r}")
@@ -72,7 +75,7 @@ def parse_args(argv: list[str]) -> Sweep:
     name = own.get("SWEEP_NAME") or f"{model}-sweep"
     if "/" in name or name in (".", ".."):
         raise SweepError(f"SWEEP_NAME must be a plain name, got {name!r}")
-    space = parse_search(own["SEARCH"], known_keys()) if own.get("SEARCH") else SEARCH_SPACES[model]
+    space = parse_search(own["SEARCH"], known_keys()) if own.get("SEARCH") else spaces[model]
     base = parse_overrides([*fixed, f"MODELS={[model]}"])  # fixed settings checked before a trial,
     prepare_data(base)  # and the data they name read (then cached for the trials): a bad one opens no study
     return Sweep(model, trials, name, own.get("SWEEP_STORAGE") or None, space, worker, fixed,

@@ -306,12 +306,13 @@ _PLUGIN_COMMENTS: dict[str, str] = {}  # a plugin family's block -> its comment 
 _PLUGIN_SETTING_COMMENTS: dict[str, dict[str, str]] = {}
 
 
-def load_plugins(plugins) -> None:
+def load_plugins(plugins) -> list[str]:
     """Import the PLUGINS a config names (reservoir/models/registry.py) and add each family they declare to
-    SHARED_CONFIG as a settings block, so MODELS, NAME.setting=..., --help and validation know it."""
+    SHARED_CONFIG as a settings block, so MODELS, NAME.setting=..., --help and validation know it. Returns them
+    as a list (``PLUGINS=a.py,b.py`` is two)."""
     if not plugins:  # a run recorded before PLUGINS existed has None
-        return
-    plugins = _coerce("PLUGINS", plugins, [])
+        return []
+    plugins = list(_coerce("PLUGINS", parse_literal(plugins) if isinstance(plugins, str) else plugins, []))
     from reservoir.models.registry import MODELS, PluginError  # torch only for a run that names a plugin
     from reservoir.models.registry import load_plugins as import_plugins
 
@@ -328,6 +329,7 @@ def load_plugins(plugins) -> None:
         SHARED_CONFIG[family.block] = {k: declared[0] for k, declared in family.settings.items()}
         _PLUGIN_COMMENTS[family.block] = family.comment or f"{family.name} (from {family.source})"
         _PLUGIN_SETTING_COMMENTS[family.block] = {k: declared[1] for k, declared in family.settings.items()}
+    return plugins
 
 
 def _plugin_checks(config: dict) -> None:

@@ -123,6 +123,20 @@ def _plugin_state() -> list[tuple[dict, dict]]:
     return [(registered, dict(registered)) for registered in held]
 
 
+def _forget_plugins(state: list[tuple[dict, dict]]) -> None:
+    for registered, held in state:
+        registered.clear()
+        registered.update(held)
+
+
+@pytest.fixture
+def plugins_forgotten():
+    """A test that loads a plugin in this process (not through a script's main) forgets it afterwards."""
+    before = _plugin_state()
+    yield
+    _forget_plugins(before)
+
+
 def run_in_process(script: str, argv: list[str], env: dict | None = None, cwd: Path = ROOT
                    ) -> subprocess.CompletedProcess:
     """``script``'s ``main(argv)`` here, as ``python script argv...`` would run it from ``cwd`` (the repository root
@@ -192,9 +206,7 @@ def run_in_process(script: str, argv: list[str], env: dict | None = None, cwd: P
         np.random.set_state(saved_np_rng)
         random.setstate(saved_random)
         logging.getLogger().handlers[:] = saved_handlers
-        for registered, before in plugins_loaded_before:
-            registered.clear()
-            registered.update(before)
+        _forget_plugins(plugins_loaded_before)
     said = []
     for file in files:
         file.seek(0)

@@ -93,3 +93,53 @@ def test_a_missing_plugin_file_is_refused_in_one_line(tmp_path):
     assert proc.stderr.strip() == (f"error: PLUGINS names '{tmp_path / 'nowhere.py'}', which is neither a .py file "
                                    "here nor an importable module: give the path of the file that declares your "
                                    "family (PLUGINS=my_models.py)")
+
+
+def test_probes_and_a_sweep_take_a_plugins_family(tmp_path, plugin):
+    probes = run_script("probes.py", f"PLUGINS={plugin}", "FAMILIES=leaky_tanh", "TASKS=copying", "STEPS=5",
+                        "LEARNING_RATES=4e-3", "WORKERS=1", f"RESULTS_DIR={tmp_path}")
+    records = [json.loads(line) for line in (tmp_path / "probes" / "probes.jsonl").read_text().splitlines()]
+    # probed at its three smallest presets (xs, s, m: 32, 64, 128 units), each holding its units as state
+    assert sorted(r["state_size"] for r in records if r["family"] == "leaky_tanh") == [32, 64, 128]
+    assert "| leaky_tanh | " in (tmp_path / "probes" / "probes.md").read_text()
+    assert "probes.md" in probes.stdout + probes.stderr
+    run_script("sweep.py", "MODEL=leaky_tanh", "TRIALS=1", "SWEEP_NAME=mine", f"PLUGINS={plugin}",
+               "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "MAX_STEPS=5", "EVAL_POINTS=1",
+               "FINAL_EVAL_TOKENS=4096", "PLOTS=False", "SAMPLE_TOKENS=0", f"RESULTS_DIR={tmp_path}",
+               f"CACHE_DIR={tmp_path / 'cache'}")
+    best = json.loads((tmp_path / "sweeps" / "mine" / "best.json").read_text())
+    assert set(best["best_params"]) == {"LEARNING_RATE", "WEIGHT_DECAY"}  # a gradient-fitted family's default space
+
+
+def test_a_state_size_function_that_fails_is_one_line(tmp_path, plugin):
+    plugin.write_text(worked_family().replace("    check=lambda", "    state_size=lambda model, length: 1 / 0,\n"
+                                                                  "    check=lambda"))
+    proc = run_script("probes.py", f"PLUGINS={plugin}", "FAMILIES=leaky_tanh", "TASKS=copying", "STEPS=2",
+                      "LEARNING_RATES=4e-3", "WORKERS=1", f"RESULTS_DIR={tmp_path}", check=False)
+    assert proc.returncode == 1
+    assert (f"error: plugin {plugin}: the state_size of 'leaky_tanh' failed at length "
+            in proc.stderr) and "ZeroDivisionError" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_study_records_the_code_of_each_plugin_family_and_refuses_other_code(tmp_path, plugin, plugins_forgotten):
+    """A study continued (another host, another day) with a plugin file that changed would mix two codes in one
+    envelope: its study file holds each plugin family's file hash, and another one is refused in one line."""
+    import hashlib
+
+    from reservoir.config import split_arguments
+    from reservoir.studies.frontier import FRONTIER_KEYS, FrontierStudy
+    from reservoir.studies.frontier.study import study_changes
+    from reservoir.studies.ladder import STUDY_KEYS
+
+    own, settings = split_arguments([f"PLUGINS={plugin}", "FAMILIES=leaky_tanh,transformer++", "SIZES=xs",
+                                     "STUDY=mine", "DATASET=synthetic", f"RESULTS_DIR={tmp_path}"],
+                                    (*STUDY_KEYS, *FRONTIER_KEYS))
+    content = FrontierStudy.from_args(own, settings).study_content({})
+    digest = hashlib.sha256(plugin.read_bytes()).hexdigest()
+    assert content["plugins"] == {"leaky_tanh": {"plugin": str(plugin), "sha256": digest}}  # transformer++: built in
+    assert study_changes(content, content) == []
+    before = {**content, "plugins": {"leaky_tanh": {"plugin": str(plugin), "sha256": "0" * 64}}}
+    assert study_changes(before, content) == [
+        f"code of leaky_tanh (plugin {plugin}: SHA-256 000000000000 there, {digest[:12]} here; restore the file its "
+        "points were trained with)"]

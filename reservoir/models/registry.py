@@ -52,6 +52,11 @@ class Family:
     variants: dict | None = None  # study family -> the options that make it that family; None: {name: {}}
     fit: object = "sgd"
     check: Callable | None = None
+    search: dict | None = None  # sweep.py's search space, {KEY: ('log' | 'float' | 'int', low, high)}; None: the
+    # rate and weight decay, for a family fitted by gradient steps
+    probe_sizes: list | None = None  # the three settings probes.py trains it at; None: its three smallest presets
+    state_size: Callable | None = None  # (model, length) -> the numbers it holds to read on; None: its carried
+    # state (initial_state), or a transformer's key-value cache
     source: str | None = None  # the plugin it came from; None: built in
 
     @property
@@ -63,6 +68,11 @@ class Family:
 
     def trainer(self, block: dict) -> str:
         return self.fit(block) if callable(self.fit) else self.fit
+
+    def sizes_to_probe(self) -> list[dict]:
+        if self.probe_sizes is not None:
+            return list(self.probe_sizes)
+        return [self.sizes[p] for p in PRESETS if p in self.sizes][:3]
 
 
 MODELS: dict[str, Family] = {}  # model name -> its family declaration, in the order declared
@@ -96,6 +106,9 @@ def register(family: Family) -> Family:
                           "of its settings block that names one")
     if family.settings is not None:
         _check_settings(family, where)
+    if family.state_size is not None and not callable(family.state_size):
+        raise PluginError(f"{where}family {name!r} has state_size={family.state_size!r}: a function (model, length) "
+                          "-> the numbers it holds to read on")
     if _LOADING and family.source is None:
         family = Family(**{**family.__dict__, "source": _LOADING[-1]})
     MODELS[name] = family

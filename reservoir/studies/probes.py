@@ -18,7 +18,7 @@ import json
 import math
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +54,16 @@ PROBE_FAMILIES = {
     "linear_reservoir": ("linear_reservoir", {"embed_dim": 32, "readout_hidden": 128},
                          [{"units": 32}, {"units": 128}, {"units": 512}]),
 }
+
+
+def probe_families() -> dict[str, tuple[str, dict, list[dict]]]:
+    """PROBE_FAMILIES and every family a loaded plugin declares, at its probe sizes (registry.Family)."""
+    from reservoir.models.registry import MODELS
+
+    plugins = {name: (name, {}, family.sizes_to_probe()) for name, family in MODELS.items() if family.source}
+    return {**PROBE_FAMILIES, **plugins}
+
+
 LEARNING_RATES = (4e-3, 1e-3)  # every run at the first rate comes before any at the second
 STEPS, BATCH, TEST_EXAMPLES = 2000, 32, 1000  # 64,000 fresh sequences a run (Zoology: 100,000 x 64 epochs)
 
@@ -76,7 +86,7 @@ def build_probe_model(family: str, size: int, task: ProbeTask, seed: int):
     from reservoir.config import parse_overrides
     from reservoir.models import build_model
 
-    model, common, sizes = PROBE_FAMILIES[family]
+    model, common, sizes = probe_families()[family]
     block = model.upper()
     options = {**common, **sizes[size]}
     config = parse_overrides([f"MODELS={model}", f"SEQ_LEN={task.length}", f"SEED={seed}",
@@ -92,10 +102,13 @@ def _numbers(tree) -> int:
     return 0
 
 
-def state_size(model, length: int) -> int:
-    """Numbers a model holds to read on: its carried state, or its attention's key-value cache at ``length``."""
+def state_size(model, length: int, declared=None) -> int:
+    """Numbers a model holds to read on: what its family declares (``declared(model, length)``), else its carried
+    state, or its attention's key-value cache at ``length``."""
     from reservoir.models.baselines import TransformerBlock
 
+    if declared is not None:
+        return int(declared(model, length))
     if carries_state(model):
         return _numbers(model.initial_state(1, torch.device("cpu")))
     return sum(2 * block.qkv.in_features * length for block in model.modules() if isinstance(block, TransformerBlock))
@@ -114,6 +127,18 @@ def accuracy(model, inputs: np.ndarray, targets: np.ndarray, batch: int = 250) -
             total += int(scored.sum())
     model.train()
     return right / total
+
+
+def _declared_state_size(family: str, model, length: int) -> int:
+    """state_size with what the family declares, a plugin's failure said in one line."""
+    from reservoir.models.registry import MODELS
+
+    declared = MODELS[family].state_size if family in MODELS and MODELS[family].source else None
+    try:
+        return state_size(model, length, declared)
+    except Exception as e:  # noqa: BLE001 - a plugin's own function, whatever it raised
+        raise ProbeError(f"plugin {MODELS[family].source}: the state_size of {family!r} failed at length {length} "
+                         f"({type(e).__name__}: {e}); it takes (model, length) and returns a number") from None
 
 
 def train_probe(run: ProbeRun, batch: int = BATCH) -> dict:
@@ -139,10 +164,12 @@ def train_probe(run: ProbeRun, batch: int = BATCH) -> dict:
         schedule.step()
     seconds = time.perf_counter() - started
     test_inputs, test_targets = task.examples(TEST_EXAMPLES, seed=2_000_000 + run.seed)  # never trained on
+    family = probe_families()[run.family]
     return {"task": run.task, "family": run.family, "size": run.size, "learning_rate": run.learning_rate,
-            "seed": run.seed, "model": PROBE_FAMILIES[run.family][0], "trained": model.trained,
-            "options": {**PROBE_FAMILIES[run.family][1], **PROBE_FAMILIES[run.family][2][run.size]},
-            "state_size": state_size(model, task.length), "params_trainable": sum(p.numel() for p in params),
+            "seed": run.seed, "model": family[0], "trained": model.trained,
+            "options": {**family[1], **family[2][run.size]},
+            "state_size": _declared_state_size(run.family, model, task.length),
+            "params_trainable": sum(p.numel() for p in params),
             "train_loss": float(loss.detach()), "accuracy": accuracy(model, test_inputs, test_targets),
             "steps": steps, "batch": batch, "train_seconds": seconds}
 
@@ -151,7 +178,7 @@ def train_probe(run: ProbeRun, batch: int = BATCH) -> dict:
 
 PROBES_FOLDER = "probes"  # RESULTS_DIR/probes/
 RECORDS_FILE = "probes.jsonl"  # one signed line a run, committed
-PROBE_KEYS = ("TASKS", "FAMILIES", "LEARNING_RATES", "STEPS", "SEEDS", "WORKERS", "RESULTS_DIR")
+PROBE_KEYS = ("TASKS", "FAMILIES", "LEARNING_RATES", "STEPS", "SEEDS", "WORKERS", "RESULTS_DIR", "PLUGINS")
 
 
 class ProbeError(OneLineError, ValueError):
@@ -167,12 +194,19 @@ class ProbeSet:
     seeds: list[int]
     workers: int
     folder: Path
+    plugins: list[str] = field(default_factory=list)
 
     @classmethod
     def from_args(cls, own: dict[str, str]) -> ProbeSet:
+        from reservoir.config import ConfigError, load_plugins
+
         unknown = sorted(set(own) - set(PROBE_KEYS))
         if unknown:
             raise ProbeError(f"unknown probe key {unknown[0]} (the keys: {', '.join(PROBE_KEYS)})")
+        try:
+            plugins = load_plugins(own.get("PLUGINS"))  # their families join FAMILIES
+        except ConfigError as e:
+            raise ProbeError(str(e)) from None
 
         def names(key, allowed):
             items = [v.strip() for v in str(own[key]).strip("[]() ").split(",") if v.strip()] if key in own \
@@ -193,14 +227,15 @@ class ProbeSet:
         if not all(s.isdigit() for s in seeds):
             raise ProbeError(f"SEEDS must be non-negative integers, got {own.get('SEEDS')!r}; e.g. SEEDS=0,1")
         seeds = [int(s) for s in seeds]
-        return cls(names("TASKS", PROBE_TASKS), names("FAMILIES", PROBE_FAMILIES),
+        families = names("FAMILIES", probe_families()) if "FAMILIES" in own else list(PROBE_FAMILIES)
+        return cls(names("TASKS", PROBE_TASKS), families,
                    numbers("LEARNING_RATES", LEARNING_RATES, "1e-3,4e-3"),
                    numbers("STEPS", [STEPS], "2000", integers=True)[0], seeds, workers,
-                   Path(own.get("RESULTS_DIR", "results")) / PROBES_FOLDER)
+                   Path(own.get("RESULTS_DIR", "results")) / PROBES_FOLDER, plugins)
 
     def runs(self) -> list[ProbeRun]:
         return [ProbeRun(t, f, s, lr, seed, self.steps) for lr in self.learning_rates for seed in self.seeds
-                for t in self.tasks for f in self.families for s in range(len(PROBE_FAMILIES[f][2]))]
+                for t in self.tasks for f in self.families for s in range(len(probe_families()[f][2]))]
 
 
 def read_records(folder: Path) -> dict[str, dict]:
@@ -233,6 +268,13 @@ def append_record(folder: Path, record: dict) -> None:
 def _train_one(run: ProbeRun) -> dict:
     torch.set_num_threads(1)
     return train_probe(run)
+
+
+def _start_worker(plugins: list[str]) -> None:
+    from reservoir.config import load_plugins
+
+    load_plugins(plugins)  # a worker started anew (not forked) knows their families too
+    _leave_stopping_to_the_set()
 
 
 def _leave_stopping_to_the_set() -> None:
@@ -271,7 +313,7 @@ def run_probe_set(probes: ProbeSet, say) -> dict[str, dict]:
 def _train_all(probes: ProbeSet, todo: list[ProbeRun], records: dict[str, dict], say) -> None:
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    pool = ProcessPoolExecutor(max_workers=probes.workers, initializer=_leave_stopping_to_the_set)
+    pool = ProcessPoolExecutor(max_workers=probes.workers, initializer=_start_worker, initargs=(probes.plugins,))
     futures = {pool.submit(_train_one, run): run for run in todo}
     pending = set(futures)
     try:
@@ -310,6 +352,11 @@ def best_per_size(records: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def _reported(rows: list[dict]) -> list[str]:
+    """The built-in probe families, then any other the records hold (a plugin's: reported without loading it)."""
+    return [*PROBE_FAMILIES, *dict.fromkeys(r["family"] for r in rows if r["family"] not in PROBE_FAMILIES)]
+
+
 def format_probes(records: dict[str, dict], level: int = 1, image: str = "probes/probes.png") -> str:
     """The probe section of REPORT.md: accuracy against state size, per task and family."""
     h = "#" * level
@@ -336,7 +383,7 @@ def format_probes(records: dict[str, dict], level: int = 1, image: str = "probes
                   f"{1 / (spec.vocab // 2 if task == 'mqar' else spec.vocab - 2):.3f})", "",
                   "| family | " + " | ".join(f"size {k}: accuracy (state, rate)" for k in range(3)) + " |",
                   "| --- | --- | --- | --- |"]
-        for family in PROBE_FAMILIES:
+        for family in _reported(rows):
             cells = {r["size"]: r for r in rows if r["task"] == task and r["family"] == family}
             if cells:
                 lines.append(f"| {family} | " + " | ".join(
@@ -357,7 +404,7 @@ def plot_probes(records: dict[str, dict], path: Path) -> Path:
     tasks = [t for t in PROBE_TASKS if any(r["task"] == t for r in rows)]
     fig, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 4.8), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
-        for k, family in enumerate(PROBE_FAMILIES):
+        for k, family in enumerate(_reported(rows)):
             points = sorted((r["state_size"], r["accuracy"]) for r in rows
                             if r["task"] == task and r["family"] == family)
             if points:

@@ -59,6 +59,21 @@ SEARCH_SPACES = {
              "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
     "ngram": {"NGRAM.order": (INT, 2, 8)},
 }
+GRADIENT_SEARCH = {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)}  # a plugin's, undeclared
+
+
+def search_spaces() -> dict[str, dict]:
+    """SEARCH_SPACES and each loaded plugin's family: the space it declares (``Family.search``), else the rate and
+    weight decay where gradient steps fit it (a closed-form or counted fit declares its own or is not swept)."""
+    from reservoir.models.registry import MODELS
+
+    spaces = dict(SEARCH_SPACES)
+    for name, family in MODELS.items():
+        if family.source and (family.search or family.fit == "sgd"):
+            spaces[name] = dict(family.search or GRADIENT_SEARCH)
+    return spaces
+
+
 _RANGE = re.compile(r"^\s*(log|float|int)\s*\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)\s*$")
 
 

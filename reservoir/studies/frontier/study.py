@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reservoir.config import load_plugins, named_plugins, parse_overrides
+from reservoir.models.registry import MODELS, PLUGINS
 from reservoir.models.settings import model_settings
 from reservoir.platform.device import study_slots
 from reservoir.platform.machine import processor
@@ -273,7 +274,17 @@ class FrontierStudy:
                 "plan": {name: {repr(b): why for b, why in row.items()} for name, row in plan.items()},
                 "seed": self.config["SEED"], "extra_seeds": self.extra_seeds(), "stages": self.stages,
                 **({"corpus": self.corpus} if self.corpus else {}),
-                **({"planned": self.planned} if self.planned else {})}
+                **({"planned": self.planned} if self.planned else {}),
+                **({"plugins": plugins} if (plugins := self.plugin_code()) else {})}
+
+    def plugin_code(self) -> dict[str, dict]:
+        """Each grid family a plugin declared: the plugin, as the command named it, and its file's SHA-256."""
+        code = {}
+        for family in self.grid["FAMILIES"]:
+            source = MODELS[FAMILIES[family][0]].source
+            if source:
+                code[family] = {"plugin": source, "sha256": PLUGINS[source]}
+        return code
 
     def write_study_file(self, plan: dict) -> None:
         content = self.study_content(plan)
@@ -715,6 +726,11 @@ def study_changes(before: dict, now: dict) -> list[str]:
         changed.append("settings")
     if before.get("corpus") and now.get("corpus") and before["corpus"] != now["corpus"]:
         changed.append(f"corpus ({before['corpus']} there, {now['corpus']} here)")
+    for family, there in (before.get("plugins") or {}).items():
+        here = (now.get("plugins") or {}).get(family)
+        if here and here["sha256"] != there["sha256"]:
+            changed.append(f"code of {family} (plugin {there['plugin']}: SHA-256 {there['sha256'][:12]} there, "
+                           f"{here['sha256'][:12]} here; restore the file its points were trained with)")
     return changed
 
 
