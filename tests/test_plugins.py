@@ -143,3 +143,51 @@ def test_a_study_records_the_code_of_each_plugin_family_and_refuses_other_code(t
     assert study_changes(before, content) == [
         f"code of leaky_tanh (plugin {plugin}: SHA-256 000000000000 there, {digest[:12]} here; restore the file its "
         "points were trained with)"]
+
+
+SPECTRAL_FAMILY = '''
+import torch
+from torch import nn
+
+from reservoir.models import Family, LanguageModel, register
+
+
+class Spectral(LanguageModel):
+    """Mixes along time with a fixed causal filter applied by FFT: products torch's FLOP counter does not see."""
+
+    def __init__(self, vocab_size, block):
+        super().__init__()
+        self.embed, self.readout = nn.Embedding(vocab_size, block["width"]), nn.Linear(block["width"], vocab_size)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        length = 2 * x.shape[1]
+        decay = torch.exp(-torch.arange(x.shape[1], dtype=x.dtype) / 4.0)
+        mixed = torch.fft.irfft(torch.fft.rfft(x, n=length, dim=1) * torch.fft.rfft(decay, n=length)[None, :, None],
+                                n=length, dim=1)[:, : x.shape[1]]
+        return self.readout(mixed)
+
+
+register(Family(name="spectral", build=lambda v, block, config: Spectral(v, block),
+                settings={"width": (16, "channels"), "learning_rate": (3e-3, "rate"), "batch_size": (8, "batch")},
+                sizes={"xs": {"width": 16}}, FLOPS))
+'''
+
+
+def test_an_op_the_flop_counter_misses_is_said_until_the_family_declares_its_cost(tmp_path):
+    path = tmp_path / "spectral.py"
+    # each FFT charged 10 FLOPs per input number (an illustration, not a law)
+    cost = "lambda x, *args, out_val=None, **kwargs: 10 * x.numel()"
+    path.write_text(SPECTRAL_FAMILY.replace("FLOPS", f"flops={{op: {cost} for op in ('_fft_r2c', '_fft_c2r', "
+                                                     "'_fft_c2c')}"))
+    quiet = run_cli(tmp_path, f"PLUGINS={path}", "MODELS=spectral", "MAX_STEPS=2", "RUN_NAME=declared")
+    assert "FLOPs of Spectral" not in quiet.stderr
+    path.write_text(SPECTRAL_FAMILY.replace(", FLOPS", ""))
+    said = run_cli(tmp_path, f"PLUGINS={path}", "MODELS=spectral", "MAX_STEPS=2", "RUN_NAME=undeclared")
+    assert "FLOPs of Spectral leave out aten._fft_c2c (1 calls), aten._fft_c2r (1 calls), aten._fft_r2c" in said.stderr
+    assert "Family(flops={'<op name>': formula})" in said.stderr
+
+    def per_token(run):
+        return json.loads((tmp_path / "results" / run / "summary.json").read_text())[0]["flops_per_token"]
+
+    assert per_token("declared") > per_token("undeclared")

@@ -129,4 +129,8 @@ def build_model(name: str, vocab_size: int, config: dict) -> LanguageModel:
 
     torch.manual_seed(config["SEED"])  # trained weights start the same way in every run
     block = name.upper()
-    return MODELS[name].build(vocab_size, {**ADDED_OPTIONS.get(block, {}), **config[block]}, config)
+    family = MODELS[name]
+    model = family.build(vocab_size, {**ADDED_OPTIONS.get(block, {}), **config[block]}, config)
+    if family.flops:
+        model.declared_flops = dict(family.flops)  # what FLOP counting adds for it (reservoir/run/flops.py)
+    return model

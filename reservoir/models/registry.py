@@ -57,6 +57,8 @@ class Family:
     probe_sizes: list | None = None  # the three settings probes.py trains it at; None: its three smallest presets
     state_size: Callable | None = None  # (model, length) -> the numbers it holds to read on; None: its carried
     # state (initial_state), or a transformer's key-value cache
+    flops: dict | None = None  # {aten op name: formula}: the cost of an op it calls that torch's counter counts as
+    # 0 (a formula takes the op's arguments, raw tensors, and returns FLOPs; reservoir/run/flops.py's own are alike)
     source: str | None = None  # the plugin it came from; None: built in
 
     @property

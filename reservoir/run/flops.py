@@ -20,7 +20,10 @@ element-wise multiply-add per unit and step, like an LSTM's gates), sums by inde
 one-hot rows), embedding look-ups and optimizer updates. ``torch.utils.flop_counter`` does the
 counting; this module adds the formulas its registry lacks (the CPU attention kernels, where it
 counts 0, and sparse operands, which it counts as dense). The measurement runs on a CPU copy of
-the model, so it adds no device work, and the count does not depend on precision or device.
+the model, so it adds no device work, and the count does not depend on precision or device. An op
+that may do products but that no formula counts (an FFT, a custom kernel) is named in a warning the
+first time a model is counted, and its family declares its cost (``Family.flops``, through ``declared``
+as this module's own formulas are).
 
 - Gradient-trained models: one forward and backward pass of one micro-batch of
   (BATCH_SIZE, SEQ_LEN) tokens, times GRAD_ACCUM x replicas per step. Fused recurrent kernels
@@ -36,14 +39,17 @@ the model, so it adds no device work, and the count does not depend on precision
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from reservoir.platform.device import sequential_scan
+from reservoir.platform.messages import warn
 
 CONVENTION = ("products only, 2 FLOPs per multiply-add: dense matrix products by shape, sparse ones by "
               "non-zeros, attention over the full T x T square (backward 2x forward), the ridge solve; "
@@ -140,18 +146,75 @@ _ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_produc
 _FORMULAS_BY_NAME = {"mm": _mm, "addmm": _addmm, "linalg_cholesky_ex": _cholesky, "cholesky_solve": _cholesky_solve,
                      **{name: _attention for name in _ATTENTION},
                      **{f"{name}_backward": _attention_backward for name in _ATTENTION}}
-# by name, so a torch release without one of these kernels (the XLA environment's 2.9) still imports this module
-FORMULAS = {getattr(aten, name): formula for name, formula in _FORMULAS_BY_NAME.items() if hasattr(aten, name)}
 
 
-def counter() -> FlopCounterMode:
-    """torch's FLOP counter with this module's formulas (see the module docstring)."""
-    return FlopCounterMode(display=False, custom_mapping=FORMULAS)
+def declared(by_name: dict) -> dict:
+    """{aten op: formula} from {op name: formula}: how this module declares what torch's counter lacks, and how a
+    family declares the cost of an op it calls that the counter counts as 0 (``Family.flops``). By name, so a torch
+    release without one of these kernels (the XLA environment's 2.9) still imports this module; a formula takes the
+    op's own arguments (raw tensors, as ``_raw`` marks) and returns FLOPs."""
+    return {getattr(aten, name): _raw(formula) for name, formula in by_name.items() if hasattr(aten, name)}
 
 
-def _counted(fn) -> float:
-    with counter() as count:
+FORMULAS = declared(_FORMULAS_BY_NAME)
+
+
+def counter(family_formulas: dict | None = None) -> FlopCounterMode:
+    """torch's FLOP counter with this module's formulas (see the module docstring) and a family's own."""
+    return FlopCounterMode(display=False, custom_mapping={**FORMULAS, **declared(family_formulas or {})})
+
+
+# Ops whose names say they multiply and add (products by the convention) though torch's counter has no formula for
+# them: a family that calls one is told, once, that its FLOPs miss them. Any op outside aten and prims is a kernel
+# of its own (torch.library, Triton), whose cost nothing can know: told too.
+_PRODUCT_NAMES = re.compile(r"(^|_)(mv|addmv|dot|vdot|mm|bmm|matmul|einsum|tensordot|fft|ifft|rfft|irfft|hfft|stft|"
+                            r"conv|solve|cholesky|lu|qr|svd|eig|eigh|inv|inverse|lstsq|attention|sparse|linear)"
+                            r"($|_)")
+_SAID: set[tuple[str, str]] = set()
+
+
+class _OpsSeen(TorchDispatchMode):
+    """Every op the counted code calls, by how many times."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: dict = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        packet = func._overloadpacket
+        self.calls[packet] = self.calls.get(packet, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def uncounted_products(calls: dict, mapping: dict) -> dict[str, int]:
+    """The ops in ``calls`` that look like products and that neither torch's counter nor ``mapping`` counts."""
+    from torch.utils.flop_counter import flop_registry
+
+    out = {}
+    for packet, times in calls.items():
+        if packet in flop_registry or packet in mapping:
+            continue
+        namespace, _, name = str(packet).partition(".")
+        if namespace not in ("aten", "prims") or _PRODUCT_NAMES.search(name.lower()):
+            out[str(packet)] = times
+    return out
+
+
+def _counted(fn, model=None) -> float:
+    """FLOPs of ``fn()``; an op in it that may do products and that no formula counts is said once per model class,
+    with how to declare its cost (its FLOPs would otherwise be silently low)."""
+    family_formulas = getattr(model, "declared_flops", None) or {}
+    with counter(family_formulas) as count, _OpsSeen() as seen:
         fn()
+    missed = uncounted_products(seen.calls, {**FORMULAS, **declared(family_formulas)})
+    kind = type(model).__name__ if model is not None else "this model"
+    new = {op: times for op, times in missed.items() if (kind, op) not in _SAID}
+    if new:
+        _SAID.update((kind, op) for op in new)
+        listed = ", ".join(f"{op} ({times} calls)" for op, times in sorted(new.items()))
+        warn(f"FLOPs of {kind} leave out {listed}: torch's counter counts these as 0. Declare each one's cost in its "
+             "family, Family(flops={'<op name>': formula}) (docs/extending.md), or its FLOP budgets and "
+             "compute multipliers are low by their work")
     return float(count.get_total_flops())
 
 
@@ -184,7 +247,7 @@ def sgd_step(model, vocab_size: int, batch_size: int, seq_len: int, steps_per_ba
         logits = twin(ids[:, :-1])
         F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
 
-    return FitCost(per_step=_counted(step) * batch_size / counted * steps_per_batch)
+    return FitCost(per_step=_counted(step, twin) * batch_size / counted * steps_per_batch)
 
 
 def ridge_fit(model, chunk: tuple[torch.Tensor, torch.Tensor], calibration: list, washout: int) -> FitCost:
@@ -194,7 +257,8 @@ def ridge_fit(model, chunk: tuple[torch.Tensor, torch.Tensor], calibration: list
 
     def fit(chunks: int) -> float:
         twin = _host_copy(model)
-        return _counted(lambda: twin.fit_ridge([chunk] * chunks, calibration, washout=washout, carry_state=True))
+        return _counted(lambda: twin.fit_ridge([chunk] * chunks, calibration, washout=washout, carry_state=True),
+                        twin)
 
     one, two = fit(1), fit(2)
     return FitCost(per_step=two - one, fixed=one - (two - one))
