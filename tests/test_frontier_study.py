@@ -314,7 +314,7 @@ def test_the_readme_quotes_the_committed_default_run_and_the_defaults_are_the_fr
     run = ROOT / "results" / "default-run"
     readme = (ROOT / "docs" / "runs.md").read_text()
     quoted = readme.split("<!-- table: results/default-run -->\n```\n", 1)[1].split("\n```\n<!-- /table -->", 1)[0]
-    assert quoted == format_table(read_summary(run))
+    assert quoted == format_table(read_summary(run), read_run_config(run)["effective_config"])
     requested = read_run_config(run)["requested_config"]
     for key in ("MODELS", "FLOP_BUDGET", "LEARNING_RATE", "BATCH_SIZE", "LR_SCHEDULE"):
         assert requested[key] == SHARED_CONFIG[key], key

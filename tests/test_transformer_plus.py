@@ -98,3 +98,19 @@ def test_rotary_needs_heads_of_an_even_size():
     with pytest.raises(ConfigError, match="heads of an even size"):
         parse_overrides(["TRANSFORMER.recipe=++", "TRANSFORMER.n_embd=36", "TRANSFORMER.n_head=4"])
     parse_overrides(["TRANSFORMER.recipe=gpt2", "TRANSFORMER.n_embd=36", "TRANSFORMER.n_head=4"])  # any head size
+
+
+def test_a_runs_table_names_the_transformer_by_its_recipe_as_the_studies_do(tmp_path):
+    """The default run's table and the studies' headline name one transformer alike: the '++' recipe's row is
+    transformer++, GPT-2's is transformer, and sample.py takes the name the table shows."""
+    from tests.conftest import run_cli, run_script
+
+    plus = run_cli(tmp_path, "MODELS=transformer", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=16", "MAX_STEPS=3",
+                   "RUN_NAME=plus")
+    rows = [line.split()[0] for line in plus.stdout.splitlines() if line.startswith("transformer")]
+    assert rows == ["transformer++"]
+    gpt2 = run_cli(tmp_path, "MODELS=transformer", "TRANSFORMER.recipe=gpt2", "TRANSFORMER.n_layer=1",
+                   "TRANSFORMER.n_embd=16", "MAX_STEPS=3", "RUN_NAME=gpt2")
+    assert [line.split()[0] for line in gpt2.stdout.splitlines() if line.startswith("transformer")] == ["transformer"]
+    sampled = run_script("sample.py", tmp_path / "results" / "plus", "MODEL=transformer++", "MAX_NEW_TOKENS=5")
+    assert "transformer at step 3" in sampled.stderr + sampled.stdout

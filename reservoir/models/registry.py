@@ -119,6 +119,15 @@ def register(family: Family) -> Family:
     return family
 
 
+def family_of(model: str, block: dict) -> str:
+    """The study family a model built from ``block`` is (``transformer++`` for a transformer in the '++' recipe):
+    the one variant whose options the block holds, else the model's own name."""
+    family = MODELS.get(model)
+    matching = [name for name, options in (family.study_families() if family else {}).items()
+                if all(block.get(k) == v for k, v in options.items())]
+    return matching[0] if len(matching) == 1 else model
+
+
 def _check_settings(family: Family, where: str) -> None:
     for setting, declared in family.settings.items():
         if not (isinstance(declared, tuple) and len(declared) == 2 and isinstance(declared[1], str)):

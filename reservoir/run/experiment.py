@@ -71,7 +71,7 @@ def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claime
     # --- results and plots
     if main:
         print(f"\n{TAG} {run.path}: validation bits/char on {data.description}, {info.name}\n"
-              f"{format_table(run.summaries())}", flush=True)
+              f"{format_table(run.summaries(), config)}", flush=True)
         if config["PLOTS"]:
             from reservoir.run.plots import plot_runs  # matplotlib: only when plots are asked for
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import statistics
 
+from reservoir.models.registry import family_of
+
 
 def seed_groups(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """Records grouped by model, in the order models first appear (one record per seed)."""
@@ -50,8 +52,9 @@ def _ppl(value: float) -> str:
     return f"{value:.2f}" if value < 1e5 else f"{value:.1e}"
 
 
-def format_table(records: list[dict]) -> str:
-    """The final comparison, best bits/char first, one line per model (the mean over its seeds).
+def format_table(records: list[dict], config: dict | None = None) -> str:
+    """The final comparison, best bits/char first, one line per model (the mean over its seeds), each named by its
+    family where the run's ``config`` says which (``transformer++``: the transformer in the '++' recipe).
 
     ± is the standard deviation across seeds ('sd') where two or more seeds scored, or the 95% bootstrap
     interval of a single seed's final evaluation ('ci'); the seeds column says how many seeds scored of
@@ -60,6 +63,8 @@ def format_table(records: list[dict]) -> str:
     the whole budget, '!' a model trained while the machine was oversubscribed. 'bound by' names the
     limit that ended each fit; 'trained' what training changes (LanguageModel.trained)."""
     rows = [aggregate(group) for _, group in seed_groups(records)]
+    for r in rows if config else ():
+        r["model"] = family_of(r["model"], config.get(r["model"].upper()) or {})
     compile_column = any(r.get("device_kind") == "tpu" or r.get("compile_over_budget") for r in records)
     seeds_column = any(r["seeds"] > 1 for r in rows)
     width = max([18, *(len(r["model"]) + 2 for r in rows)])  # names line up whatever their length

@@ -10,7 +10,7 @@ from pathlib import Path
 from reservoir.config import ConfigError, load_plugins
 from reservoir.data.tokenizers import TOKENIZERS, tokenizer_hash
 from reservoir.models import build_model
-from reservoir.models.registry import changed_plugins
+from reservoir.models.registry import changed_plugins, family_of
 from reservoir.platform.messages import warn
 from reservoir.run.checkpoint import (
     CheckpointError,
@@ -90,6 +90,9 @@ def load_trained(run_dir: str | Path, model_name: str | None = None, train_seed:
             raise ResultsError(f"{run_dir} has no model with a score; name one with MODEL=<name>")
         best = min(scored, key=lambda r: r["val_bpc"])
         model_name, train_seed = best["model"], best.get("seed")
+    if model_name not in config["MODELS"]:  # a family's name, as the run's table shows it (transformer++)
+        model_name = next((m for m in config["MODELS"] if family_of(m, config.get(m.upper()) or {}) == model_name),
+                          model_name)
     if model_name not in config["MODELS"]:
         raise ResultsError(f"MODEL={model_name!r} is not a model of this run (its models: "
                            f"{', '.join(config['MODELS'])})")
