@@ -28,16 +28,18 @@ def plugin(tmp_path):
 def test_a_run_records_its_plugin_by_hash_and_says_when_the_file_has_changed(tmp_path, plugin):
     import hashlib
 
-    run_cli(tmp_path, f"PLUGINS={plugin}", "MODELS=leaky_tanh", "LEAKY_TANH.units=16", "MAX_STEPS=5",
+    run_cli(tmp_path, f"PLUGINS={plugin}", "MODELS=leaky_tanh,ngram", "LEAKY_TANH.units=16", "MAX_STEPS=5",
             "RUN_NAME=mine")
     run = tmp_path / "results" / "mine"
     recorded = json.loads((run / "config.json").read_text())
     assert recorded["plugins"] == {str(plugin): hashlib.sha256(plugin.read_bytes()).hexdigest()}
     summary = json.loads((run / "summary.json").read_text())
-    assert [(r["model"], r["trained"]) for r in summary] == [("leaky_tanh", "input+readout")]
+    assert [(r["model"], r["trained"]) for r in summary] == [("leaky_tanh", "input+readout"), ("ngram", "counts")]
     assert summary[0]["params_total"] > summary[0]["params_trainable"]  # the reservoir's frozen weights count
     sampled = run_script("sample.py", run, "MAX_NEW_TOKENS=5", "PROMPT=Once")
     assert "has changed since" not in sampled.stderr
+    compared = run_script("compare.py", f"{run}:leaky_tanh", f"{run}:ngram", f"OUT={tmp_path / 'ab.json'}")
+    assert json.loads((tmp_path / "ab.json").read_text())["a"]["model"] == "leaky_tanh", compared.stdout
     plugin.write_text(plugin.read_text() + "# an edit\n")
     edited = run_script("sample.py", run, "MAX_NEW_TOKENS=5", "PROMPT=Once")
     assert f"was trained with plugin {plugin} has changed since" in edited.stderr
