@@ -10,7 +10,7 @@ import math
 from reservoir.models.attention_readout import ReservoirAttention
 from reservoir.models.base import LanguageModel
 from reservoir.models.baselines import LSTM, NGram, Transformer
-from reservoir.models.registry import MODELS, Family, register
+from reservoir.models.registry import FLOAT, INT, LOG, MODELS, Family, register
 from reservoir.models.reservoirs import ESN, NVAR, DeepESN, DeepLinearReservoir, LinearReservoir, ReservoirLM
 from reservoir.models.retention import FrozenRetention
 from reservoir.platform.messages import OneLineError
@@ -25,35 +25,56 @@ def _ridge_or_sgd(block: dict) -> str:
     return "ridge" if block.get("readout") == "ridge" else "sgd"
 
 
+# sweep.py's search spaces, with the ranges reservoirpy's tutorials and the literature use (log-uniform spectral
+# radius 1e-2..10, leak rate 1e-3..1, input scaling 1e-2..10, ridge 1e-8..10; a learning rate 1e-4..1e-2 for
+# gradient-trained models). Keys are the runner's own override names.
+def _reservoir_search(block: str) -> dict:
+    return {f"{block}.spectral_radius": (LOG, 1e-2, 10.0), f"{block}.leak_rate": (LOG, 1e-3, 1.0),
+            f"{block}.input_scaling": (LOG, 1e-2, 10.0), f"{block}.ridge": (LOG, 1e-8, 10.0)}
+
+
+def _gradient_search(block: str) -> dict:  # the transformer's keys: an equal search for every gradient family
+    return {"LEARNING_RATE": (LOG, 1e-4, 1e-2), f"{block}.dropout": (FLOAT, 0.0, 0.3), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)}
+
+
 # The built-in families. Size presets: trained parameters on TinyStories' 77 characters in the comments; the
 # studies' grids default to xs to l, and xxs and xl are the steps beyond its edges, for a grid that grows to
 # contain its optimum. The ESNs, NVAR and the n-gram have no presets: they are references, not grid families.
 _BUILT_IN = [
-    Family("esn", lambda v, b, c: ESN(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={}),
-    Family("deep_esn", lambda v, b, c: DeepESN(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={}),
-    Family("linear_reservoir", lambda v, b, c: LinearReservoir(v, b, c["SEED"]), sizes={
+    Family("esn", lambda v, b, c: ESN(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={},
+           search=_reservoir_search("ESN")),
+    Family("deep_esn", lambda v, b, c: DeepESN(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={},
+           search={**_reservoir_search("DEEP_ESN"), "DEEP_ESN.inter_scaling": (LOG, 1e-2, 10.0)}),
+    Family("linear_reservoir", lambda v, b, c: LinearReservoir(v, b, c["SEED"]),
+           added_options={"train_recurrence": False},
+           search={"LEARNING_RATE": (LOG, 1e-4, 1e-2), "LINEAR_RESERVOIR.r_min": (FLOAT, 0.0, 0.95),
+                   "LINEAR_RESERVOIR.input_scaling": (LOG, 1e-2, 10.0), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)}, sizes={
         "xxs": {"units": 96, "embed_dim": 24, "readout_hidden": 96},  # 28k
         "xs": {"units": 128, "embed_dim": 32, "readout_hidden": 128},  # 50k
         "s": {"units": 192, "embed_dim": 48, "readout_hidden": 256},  # 135k
         "m": {"units": 256, "embed_dim": 64, "readout_hidden": 512},  # 341k
         "l": {"units": 384, "embed_dim": 64, "readout_hidden": 1024},  # 939k
         "xl": {"units": 512, "embed_dim": 96, "readout_hidden": 2048}}),  # 2.4M
-    Family("deep_linear_reservoir", lambda v, b, c: DeepLinearReservoir(v, b, c["SEED"], c["SEQ_LEN"]), sizes={
+    Family("deep_linear_reservoir", lambda v, b, c: DeepLinearReservoir(v, b, c["SEED"], c["SEQ_LEN"]),
+           added_options={"train_recurrence": False}, search=_gradient_search("DEEP_LINEAR_RESERVOIR"), sizes={
         "xxs": {"layers": 2, "units": 48, "width": 48, "mix_hidden": 96},  # 56k
         "xs": {"layers": 2, "units": 64, "width": 64, "mix_hidden": 128},  # 93k
         "s": {"layers": 3, "units": 96, "width": 96, "mix_hidden": 192},  # 260k
         "m": {"layers": 4, "units": 128, "width": 128, "mix_hidden": 256},  # 575k
         "l": {"layers": 4, "units": 192, "width": 192, "mix_hidden": 384},  # 1.25M
         "xl": {"layers": 5, "units": 256, "width": 256, "mix_hidden": 512}}),  # 2.7M
-    Family("nvar", lambda v, b, c: NVAR(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={}),
-    Family("frozen_retention", lambda v, b, c: FrozenRetention(v, b, c["SEQ_LEN"]), sizes={
+    Family("nvar", lambda v, b, c: NVAR(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={}, search={
+        "NVAR.delays": (INT, 1, 8), "NVAR.input_dim": (INT, 4, 16), "NVAR.ridge": (LOG, 1e-8, 10.0)}),
+    Family("frozen_retention", lambda v, b, c: FrozenRetention(v, b, c["SEQ_LEN"]),
+           search=_gradient_search("FROZEN_RETENTION"), sizes={
         "xxs": {"layers": 2, "width": 32, "ffn_hidden": 128},  # 28k
         "xs": {"layers": 2, "width": 48, "ffn_hidden": 192},  # 65k
         "s": {"layers": 3, "width": 64, "ffn_hidden": 256},  # 167k
         "m": {"layers": 4, "width": 96, "ffn_hidden": 384},  # 491k
         "l": {"layers": 4, "width": 128, "ffn_hidden": 512},  # 868k
         "xl": {"layers": 4, "width": 192, "ffn_hidden": 768}}),  # 1.94M
-    Family("reservoir_attention", lambda v, b, c: ReservoirAttention(v, b, c["SEED"], c["SEQ_LEN"]), sizes={
+    Family("reservoir_attention", lambda v, b, c: ReservoirAttention(v, b, c["SEED"], c["SEQ_LEN"]),
+           added_options={"train_recurrence": False}, search=_gradient_search("RESERVOIR_ATTENTION"), sizes={
         "xxs": {"units": 96, "width": 32, "layers": 1},  # 24k
         "xs": {"units": 128, "width": 48, "layers": 1},  # 51k
         "s": {"units": 192, "width": 64, "layers": 2},  # 139k
@@ -61,17 +82,20 @@ _BUILT_IN = [
         "l": {"units": 256, "width": 128, "layers": 3},  # 688k
         "xl": {"units": 384, "width": 160, "layers": 4}}),  # 1.4M
     Family("transformer", lambda v, b, c: Transformer(v, b, c["SEQ_LEN"]),
-           variants={"transformer": {"recipe": "gpt2"}, "transformer++": {"recipe": "++"}}, sizes={
+           variants={"transformer": {"recipe": "gpt2"}, "transformer++": {"recipe": "++"}},
+           # the recipe was GPT-2's before it was a setting: a run recorded then is built as it was
+           added_options={"recipe": "gpt2", "rotary": None, "swiglu": None, "rmsnorm": None, "qk_norm": False,
+                          "trained": "everything"}, search=_gradient_search("TRANSFORMER"), sizes={
         "xxs": {"n_layer": 2, "n_embd": 32},  # 27k
         "xs": {"n_layer": 2, "n_embd": 48}, "s": {"n_layer": 3, "n_embd": 64},  # 66k, 163k
         "m": {"n_layer": 4, "n_embd": 96}, "l": {"n_layer": 4, "n_embd": 128},  # 467k, 820k
         "xl": {"n_layer": 6, "n_embd": 160}}),  # 1.86M
-    Family("lstm", lambda v, b, c: LSTM(v, b), sizes={
+    Family("lstm", lambda v, b, c: LSTM(v, b), search=_gradient_search("LSTM"), sizes={
         "xxs": {"embed_dim": 24, "hidden": 64},  # 28k
         "xs": {"embed_dim": 32, "hidden": 96}, "s": {"embed_dim": 48, "hidden": 160},  # 60k, 150k
         "m": {"embed_dim": 64, "hidden": 256}, "l": {"embed_dim": 64, "hidden": 384},  # 354k, 726k
         "xl": {"embed_dim": 96, "hidden": 576}}),  # 1.6M
-    Family("ngram", lambda v, b, c: NGram(v, b), fit="counts", variants={}),
+    Family("ngram", lambda v, b, c: NGram(v, b), fit="counts", variants={}, search={"NGRAM.order": (INT, 2, 8)}),
 ]
 for _family in _BUILT_IN:
     register(_family)
@@ -107,13 +131,9 @@ def check_vocabulary(config: dict, vocab_size: int) -> None:
                                      f"NGRAM.order<={highest}, or a smaller VOCAB_SIZE")
 
 
-# Options added to a model after runs of it were recorded, with the value that builds the model as
-# it was: a run folder's config.json (read by RESUME, sample.py, compare.py) lacks them.
-ADDED_OPTIONS = {"TRANSFORMER": {"recipe": "gpt2", "rotary": None, "swiglu": None, "rmsnorm": None, "qk_norm": False,
-                                 "trained": "everything"},
-                 "LINEAR_RESERVOIR": {"train_recurrence": False},
-                 "DEEP_LINEAR_RESERVOIR": {"train_recurrence": False},
-                 "RESERVOIR_ATTENTION": {"train_recurrence": False}}
+# Options added to a model after runs of it were recorded (each family's added_options), with the value that builds
+# the model as it was: a run folder's config.json (read by RESUME, sample.py, compare.py) lacks them.
+ADDED_OPTIONS = {family.block: family.added_options for family in MODELS.values() if family.added_options}
 
 
 def with_added_options(config: dict) -> dict:

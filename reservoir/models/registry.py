@@ -29,6 +29,7 @@ from pathlib import Path
 
 from reservoir.platform.messages import OneLineError
 
+LOG, FLOAT, INT = "log", "float", "int"  # how a search space draws a setting (sweep.py)
 FITS = ("sgd", "ridge", "counts")  # gradient steps, a closed-form ridge solve, counting
 PRESETS = ("xxs", "xs", "s", "m", "l", "xl")  # every family's size presets, smallest first
 ALWAYS_OPTIONAL = ("learning_rate", "batch_size")  # None: the run's LEARNING_RATE / BATCH_SIZE
@@ -57,6 +58,8 @@ class Family:
     probe_sizes: list | None = None  # the three settings probes.py trains it at; None: its three smallest presets
     state_size: Callable | None = None  # (model, length) -> the numbers it holds to read on; None: its carried
     # state (initial_state), or a transformer's key-value cache
+    added_options: dict | None = None  # options added after runs of it were recorded, each with the value that
+    # builds the model as those runs built it (their config.json lacks them)
     flops: dict | None = None  # {aten op name: formula}: the cost of an op it calls that torch's counter counts as
     # 0 (a formula takes the op's arguments, raw tensors, and returns FLOPs; reservoir/run/flops.py's own are alike)
     source: str | None = None  # the plugin it came from; None: built in

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reservoir.config import parse_overrides
+from reservoir.models.registry import INT, LOG, MODELS
 from reservoir.models.settings import model_settings
 from reservoir.platform import stopping
 from reservoir.platform.files import atomic_write_text
@@ -35,43 +36,15 @@ from reservoir.platform.messages import OneLineError, say, warn
 from reservoir.run.records import run_seeds
 from reservoir.studies.storage import open_rdb, shown, storage_errors
 
-# One declared search space per model, with the ranges reservoirpy's tutorials and the literature
-# use (log-uniform spectral radius 1e-2..10, leak rate 1e-3..1, input scaling 1e-2..10, ridge 1e-8..10;
-# a learning rate 1e-4..1e-2 for gradient-trained models). Keys are the runner's own override names.
-LOG, FLOAT, INT = "log", "float", "int"
-_RESERVOIR = {"spectral_radius": (LOG, 1e-2, 10.0), "leak_rate": (LOG, 1e-3, 1.0),
-              "input_scaling": (LOG, 1e-2, 10.0), "ridge": (LOG, 1e-8, 10.0)}
-SEARCH_SPACES = {
-    "esn": {f"ESN.{k}": v for k, v in _RESERVOIR.items()},
-    "deep_esn": {**{f"DEEP_ESN.{k}": v for k, v in _RESERVOIR.items()}, "DEEP_ESN.inter_scaling": (LOG, 1e-2, 10.0)},
-    "nvar": {"NVAR.delays": (INT, 1, 8), "NVAR.input_dim": (INT, 4, 16), "NVAR.ridge": (LOG, 1e-8, 10.0)},
-    "linear_reservoir": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "LINEAR_RESERVOIR.r_min": (FLOAT, 0.0, 0.95),
-                         "LINEAR_RESERVOIR.input_scaling": (LOG, 1e-2, 10.0), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
-    "deep_linear_reservoir": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "DEEP_LINEAR_RESERVOIR.dropout": (FLOAT, 0.0, 0.3),
-                              "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
-    "frozen_retention": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "FROZEN_RETENTION.dropout": (FLOAT, 0.0, 0.3),
-                         "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},  # the transformer's keys: an equal search
-    "reservoir_attention": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "RESERVOIR_ATTENTION.dropout": (FLOAT, 0.0, 0.3),
-                            "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},  # the transformer's keys: an equal search
-    "transformer": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "TRANSFORMER.dropout": (FLOAT, 0.0, 0.3),
-                    "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
-    "lstm": {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "LSTM.dropout": (FLOAT, 0.0, 0.3),
-             "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
-    "ngram": {"NGRAM.order": (INT, 2, 8)},
-}
+SEARCH_SPACES = {name: dict(family.search) for name, family in MODELS.items() if family.search}  # the built-in
 GRADIENT_SEARCH = {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)}  # a plugin's, undeclared
 
 
 def search_spaces() -> dict[str, dict]:
-    """SEARCH_SPACES and each loaded plugin's family: the space it declares (``Family.search``), else the rate and
-    weight decay where gradient steps fit it (a closed-form or counted fit declares its own or is not swept)."""
-    from reservoir.models.registry import MODELS
-
-    spaces = dict(SEARCH_SPACES)
-    for name, family in MODELS.items():
-        if family.source and (family.search or family.fit == "sgd"):
-            spaces[name] = dict(family.search or GRADIENT_SEARCH)
-    return spaces
+    """Each family's declared space (``Family.search``); a plugin's family that declares none, the rate and weight
+    decay where gradient steps fit it (a closed-form or counted fit declares its own or is not swept)."""
+    return {name: dict(family.search or GRADIENT_SEARCH) for name, family in MODELS.items()
+            if family.search or (family.source and family.fit == "sgd")}
 
 
 _RANGE = re.compile(r"^\s*(log|float|int)\s*\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)\s*$")
