@@ -114,8 +114,9 @@ SHARED_CONFIG = {
     "FROZEN_RETENTION": {"layers": 2, "heads": 4, "width": 48, "ffn_hidden": 192, "tau_min": 2.0,
                          "tau_max": 1000.0, "rotation_base": 10000.0, "dropout": 0.0,
                          "train_recurrence": False, "conv_width": 0,
-                         "write_gate": False,
-                         "learning_rate": 6e-3, "batch_size": 8},  # RetNet retention, decays and rotations frozen
+                         "write_gate": False, "forget_gate": False, "learning_rate": 6e-3,
+                         "batch_size": 8},  # RetNet retention, decays and rotations frozen; write_gate: a trained
+    # gate on what enters the state (still a reservoir); forget_gate: trained content-dependent decays (not one)
     "RESERVOIR_ATTENTION": {"units": 192, "tau_min": 1.0, "tau_max": 1000.0, "max_phase": 3.1416,
                             "input_scaling": 1.0, "width": 64, "layers": 2, "heads": 4, "dropout": 0.0,
                             "reservoir": True, "train_recurrence": False, "learning_rate": 6e-3,

@@ -163,3 +163,14 @@ def test_the_random_transformer_pays_the_forward_and_the_activation_backward_of_
     assert model.param_counts()["params_trainable"] == 2 * VOCAB * cfg["n_embd"]  # embedding, untied unembedding
     # the frozen matrices skip their weight gradients (2 FLOPs a weight a token) and nothing else
     assert trained - random == pytest.approx(2 * frozen, rel=0.01)
+
+
+@pytest.mark.parametrize("gate", ["write_gate", "forget_gate"])
+def test_a_retention_gate_costs_its_projection_alone(gate):
+    """Each gate is one trained projection, width -> heads, per layer: 6 FLOPs a weight a token (forward and
+    backward); the sigmoid and the content-dependent decays are element-wise, by the convention not counted."""
+    shape = ("FROZEN_RETENTION.layers=2", "FROZEN_RETENTION.width=64", "FROZEN_RETENTION.heads=4",
+             "FROZEN_RETENTION.ffn_hidden=96")
+    plain, _, cfg = per_token_sgd("frozen_retention", *shape)
+    gated, _, _ = per_token_sgd("frozen_retention", *shape, f"FROZEN_RETENTION.{gate}=True")
+    assert gated - plain == pytest.approx(cfg["layers"] * 6 * cfg["width"] * cfg["heads"])

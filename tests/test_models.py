@@ -421,7 +421,9 @@ def test_a_checkpoint_from_another_model_version_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("chunks", [(1, 2, 4, 30, 31, 40), (16, 32, 40)])  # single tokens, and whole windows
-@pytest.mark.parametrize("options", [(), ("FROZEN_RETENTION.conv_width=4", "FROZEN_RETENTION.write_gate=True")])
+@pytest.mark.parametrize("options", [(), ("FROZEN_RETENTION.conv_width=4", "FROZEN_RETENTION.write_gate=True"),
+                                     ("FROZEN_RETENTION.forget_gate=True",),
+                                     ("FROZEN_RETENTION.write_gate=True", "FROZEN_RETENTION.forget_gate=True")])
 def test_frozen_retention_parallel_and_recurrent_forms_agree(chunks, options):
     model = build_model("frozen_retention", 30, small_config("FROZEN_RETENTION.tau_max=50", *options)).eval()
     ids = torch.randint(0, 30, (2, 40), generator=torch.Generator().manual_seed(0))
@@ -429,6 +431,8 @@ def test_frozen_retention_parallel_and_recurrent_forms_agree(chunks, options):
         for block in model.blocks:
             if block.taps:  # past its identity start: every tap counts, across chunk boundaries too
                 block.conv.normal_(generator=torch.Generator().manual_seed(1))
+            if block.forget_gate is not None:  # past its start at the frozen decay: every step's decay its own
+                block.forget_gate.weight.normal_(generator=torch.Generator().manual_seed(2))
         whole = model(ids)  # the parallel form: a masked 40 x 40 product per head
         state, parts, start = model.initial_state(2, "cpu"), [], 0
         for end in chunks:
@@ -437,8 +441,28 @@ def test_frozen_retention_parallel_and_recurrent_forms_agree(chunks, options):
             start = end
     torch.testing.assert_close(torch.cat(parts, dim=1), whole, atol=1e-5, rtol=1e-4)
     assert [s.shape for s in state.layers] == [(2, 4, 8, 8)] * 2  # per layer: each head's key x value state
-    assert [r.shape[1] for r in state.recent] == [3 if options else 0] * 2  # what the convolution reaches back to
+    taps = 3 if "FROZEN_RETENTION.conv_width=4" in options else 0
+    assert [r.shape[1] for r in state.recent] == [taps] * 2  # what the convolution reaches back to
     assert model.stream_kind == "window" and model.context_size == 32  # evaluated and sampled like the transformer
+
+
+@pytest.mark.parametrize("gate, trained", [("write_gate", "all but recurrence"), ("forget_gate", "everything")])
+def test_a_gate_trains_while_the_frozen_decays_and_rotations_stay_as_they_were(gate, trained):
+    """The write gate keeps frozen retention a reservoir (its decays and rotations never move); the forget gate
+    makes each step's decay depend on the text, trained: the control, no longer one, and labelled so."""
+    model = build_model("frozen_retention", 30, small_config(f"FROZEN_RETENTION.{gate}=True"))
+    frozen = {name: b.clone() for name, b in model.named_buffers()}
+    gate_before = [getattr(b, gate).weight.clone() for b in model.blocks]
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.randint(0, 30, (2, 33), generator=torch.Generator().manual_seed(0))
+    for _ in range(3):
+        F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert {"blocks.0.log_decay", "blocks.0.angles"} <= set(frozen)
+    assert all(torch.equal(b, frozen[name]) for name, b in model.named_buffers())
+    assert all(not torch.equal(getattr(b, gate).weight, w) for b, w in zip(model.blocks, gate_before, strict=True))
+    assert model.trained == trained
 
 
 def test_frozen_retention_freezes_its_decays_and_rotations_unless_trained_on_purpose():

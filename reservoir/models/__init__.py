@@ -66,6 +66,10 @@ _BUILT_IN = [
     Family("nvar", lambda v, b, c: NVAR(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={}, search={
         "NVAR.delays": (INT, 1, 8), "NVAR.input_dim": (INT, 4, 16), "NVAR.ridge": (LOG, 1e-8, 10.0)}),
     Family("frozen_retention", lambda v, b, c: FrozenRetention(v, b, c["SEQ_LEN"]),
+           # a trained gate on what enters the frozen state (still a reservoir), and the control that trains what
+           # the state forgets (content-dependent decays: no longer a reservoir)
+           variants={"frozen_retention": {}, "frozen_retention+write": {"write_gate": True},
+                     "frozen_retention+forget": {"forget_gate": True}}, added_options={"forget_gate": False},
            search=_gradient_search("FROZEN_RETENTION"), sizes={
         "xxs": {"layers": 2, "width": 32, "ffn_hidden": 128},  # 28k
         "xs": {"layers": 2, "width": 48, "ffn_hidden": 192},  # 65k

@@ -124,11 +124,13 @@ def register(family: Family) -> Family:
 
 def family_of(model: str, block: dict) -> str:
     """The study family a model built from ``block`` is (``transformer++`` for a transformer in the '++' recipe):
-    the one variant whose options the block holds, else the model's own name."""
+    of the variants whose options the block holds, the one that fixes the most, else the model's own name."""
     family = MODELS.get(model)
-    matching = [name for name, options in (family.study_families() if family else {}).items()
-                if all(block.get(k) == v for k, v in options.items())]
-    return matching[0] if len(matching) == 1 else model
+    matching = sorted(((len(options), name) for name, options in (family.study_families() if family else {}).items()
+                       if all(block.get(k) == v for k, v in options.items())), reverse=True)
+    if not matching or (len(matching) > 1 and matching[0][0] == matching[1][0]):
+        return model
+    return matching[0][1]
 
 
 def _check_settings(family: Family, where: str) -> None:

@@ -85,15 +85,22 @@ class RetentionBlock(nn.Module):
             identity[:, :, -1] = 1.0
             self.conv = nn.Parameter(identity)
         self.write_gate = nn.Linear(width, heads) if cfg["write_gate"] else None
+        # the control that is no longer a reservoir: a trained, content-dependent decay γ_h^(2σ(W x_t)) (GLA's
+        # data-dependent forgetting over the frozen γ_h as its base; zero weights start it at the frozen decay)
+        self.forget_gate = nn.Linear(width, heads) if cfg.get("forget_gate") else None
+        if self.forget_gate is not None:
+            nn.init.zeros_(self.forget_gate.weight)
+            nn.init.zeros_(self.forget_gate.bias)
         if cfg["train_recurrence"]:  # the unfrozen control: the same recurrence, trained
             self.log_decay, self.angles = nn.Parameter(log_decay.clone()), nn.Parameter(angles.clone())
         else:
             self.register_buffer("log_decay", log_decay.clone())
             self.register_buffer("angles", angles.clone())
 
-    def _retention(self, q, k, v, state):
+    def _retention(self, q, k, v, state, forget=None):
         """(o, state after) for q, k, v (B, H, T, d) from ``state`` (B, H, d, d): a stream; or (o, None) from
-        None, a window from a zero state (training, evaluation windows), whose state after nobody reads."""
+        None, a window from a zero state (training, evaluation windows), whose state after nobody reads.
+        ``forget`` (B, H, T): each step's share of ln γ_h (the forget gate's 2σ(W x_t)); None: all of it."""
         t = q.shape[2]
         with torch.autocast(q.device.type, enabled=False):  # decays over ~1000 steps: fp32
             q, k, v = q.float(), k.float(), v.float()
@@ -104,20 +111,29 @@ class RetentionBlock(nn.Module):
             q_rot, k_rot = _rotate(q, cos, sin), _rotate(k, cos, sin)
             offsets = n[:, None] - n[None, :]  # t - s
             causal = offsets >= 0
-            decay = torch.where(causal, torch.exp(log_decay[:, :, None] * offsets.clamp(min=0)), 0.0)  # (H, T, T)
+            if forget is None:  # Σ of ln γ over steps s+1..t is (t - s) ln γ
+                decayed = log_decay[:, :, None] * offsets.clamp(min=0)  # (H, T, T)
+                through = log_decay * (n + 1)  # ln γ summed over steps 0..t: what the incoming state has decayed
+            else:  # L_t = Σ_{r<=t} ln γ_r; the steps s+1..t decay by L_t - L_s
+                through = torch.cumsum(log_decay * forget.float(), dim=-1)  # (B, H, T)
+                decayed = through[..., :, None] - through[..., None, :]
+            decay = torch.where(causal, torch.exp(torch.where(causal, decayed, 0.0)), 0.0)  # ([B,] H, T, T)
             o = ((q_rot @ k_rot.transpose(-1, -2)) * decay) @ v
             if state is None:
                 return o, None
-            to_end = torch.exp(log_decay * (t - 1 - n))  # γ^(T-1-s), (H, T)
-            summed = (k_rot * to_end[None, :, :, None]).transpose(-1, -2) @ v  # Σ_s γ^(T-1-s) k~_s v_sᵀ
+            if forget is None:
+                to_end = torch.exp(log_decay * (t - 1 - n))  # γ^(T-1-s), (H, T)
+            else:
+                to_end = torch.exp(through[..., -1:] - through)  # the decays of steps s+1..T-1, (B, H, T)
+            summed = (k_rot * to_end[..., None]).transpose(-1, -2) @ v  # Σ_s γ^(T-1-s) k~_s v_sᵀ
             state = state.float()
             ahead = -(n + 1)[:, None] * self.angles.float()  # R^(-(t+1)) q_t reads the state
-            o = o + (_rotate(q, ahead.cos(), ahead.sin()) @ state) * torch.exp(log_decay * (n + 1))[None, :, :, None]
+            o = o + (_rotate(q, ahead.cos(), ahead.sin()) @ state) * torch.exp(through)[..., None]
             # S after: R^(T-1) Σ (rows rotated by +(T-1)θ) + γ^T R^T S (by +Tθ); keys are the rows of S
             last, whole = (t - 1) * self.angles.float(), t * self.angles.float()
             new_state = (_rotate(summed.transpose(-1, -2), last.cos(), last.sin())
                          + _rotate(state.transpose(-1, -2), whole.cos(), whole.sin())
-                         * torch.exp(log_decay * t)[None, :, :, None]).transpose(-1, -2)
+                         * torch.exp(through[..., -1:])[..., None]).transpose(-1, -2)
         return o, new_state
 
     def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None):
@@ -134,7 +150,9 @@ class RetentionBlock(nn.Module):
         q, k, v = self.qkv(written).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.write_gate is not None:
             k = k * torch.sigmoid(self.write_gate(written)).transpose(1, 2)[..., None]
-        o, new_state = self._retention(q, k / math.sqrt(self.head_dim), v, None if state is None else state[0])
+        forget = None if self.forget_gate is None else 2 * torch.sigmoid(self.forget_gate(written)).transpose(1, 2)
+        o, new_state = self._retention(q, k / math.sqrt(self.head_dim), v, None if state is None else state[0],
+                                       forget)
         o = self.norm(o.transpose(1, 2).reshape(b * t, width)).view(b, t, width).to(x.dtype)
         x = x + self.out(F.silu(self.gate(h)) * o)
         return x + self.ffn(self.ln2(x)), None if state is None else (new_state, recent)
@@ -152,7 +170,8 @@ class FrozenRetention(LanguageModel):
         if width % heads or (width // heads) % 2:
             raise ValueError(f"frozen_retention width={width} must split into {heads} heads of an even size")
         self.context_size = seq_len
-        self.trained = "everything" if cfg["train_recurrence"] else "all but recurrence"
+        # a forget gate trains how the state decays: the recurrence is no longer fixed
+        self.trained = "everything" if cfg["train_recurrence"] or cfg.get("forget_gate") else "all but recurrence"
         log_decay = head_decays(heads, cfg["tau_min"], cfg["tau_max"])
         angles = rotation_angles(width // heads, cfg["rotation_base"])
         self.embed = nn.Embedding(vocab_size, width)
