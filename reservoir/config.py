@@ -119,7 +119,7 @@ SHARED_CONFIG = {
     # gate on what enters the state (still a reservoir); forget_gate: trained content-dependent decays (not one)
     "RESERVOIR_ATTENTION": {"units": 192, "tau_min": 1.0, "tau_max": 1000.0, "max_phase": 3.1416,
                             "input_scaling": 1.0, "width": 64, "layers": 2, "heads": 4, "dropout": 0.0,
-                            "reservoir": True, "train_recurrence": False, "learning_rate": 6e-3,
+                            "reservoir": True, "train_recurrence": False, "write_gate": False, "learning_rate": 6e-3,
                             "batch_size": 16},  # frozen reservoir states + a trained attention readout
     "TRANSFORMER": {"n_layer": 2, "n_head": 4, "n_embd": 48, "dropout": 0.0, "recipe": "++", "rotary": None,
                     "swiglu": None, "rmsnorm": None,

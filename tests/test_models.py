@@ -589,3 +589,29 @@ def test_the_random_transformer_trains_its_embeddings_alone_and_its_blocks_stay_
     summary = {r["model"]: r for r in json.loads((tmp_path / "results" / "r" / "summary.json").read_text())}
     assert summary["transformer"]["trained"] == "embeddings"
     assert summary["transformer"]["params_trainable"] == 2 * tokenizer.vocab_size * run.config["TRANSFORMER"]["n_embd"]
+
+
+def test_reservoir_attentions_write_gate_starts_as_the_ungated_reservoir_and_leaves_it_frozen():
+    """A gate per character on what it writes into the frozen reservoir: at the start the model is the ungated one
+    (the same weights, the gate at 1); training moves the gate and the readout, never λ or B; it costs no FLOPs
+    by the convention (an element-wise scale)."""
+    from reservoir.run import flops
+
+    plain = build_model("reservoir_attention", 30, small_config()).eval()
+    gated = build_model("reservoir_attention", 30, small_config("RESERVOIR_ATTENTION.write_gate=True")).eval()
+    ids = torch.randint(0, 30, (2, 33), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(plain(ids[:, :-1]), gated(ids[:, :-1]))
+    assert gated.trained == "input+readout" and plain.trained == "readout"
+    assert gated.param_counts()["params_trainable"] == plain.param_counts()["params_trainable"] + 30
+    cost = [flops.sgd_step(m, 30, batch_size=2, seq_len=32, steps_per_batch=1).per_step for m in (plain, gated)]
+    assert cost[0] == cost[1]
+    frozen = {name: b.clone() for name, b in gated.named_buffers()}
+    gated.train()
+    optimizer = torch.optim.AdamW([p for p in gated.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(3):
+        F.cross_entropy(gated(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert {"b_re", "b_im"} <= set(frozen) and all(torch.equal(b, frozen[n]) for n, b in gated.named_buffers())
+    assert gated.write_gate.abs().sum() > 0

@@ -78,7 +78,9 @@ _BUILT_IN = [
         "l": {"layers": 4, "width": 128, "ffn_hidden": 512},  # 868k
         "xl": {"layers": 4, "width": 192, "ffn_hidden": 768}}),  # 1.94M
     Family("reservoir_attention", lambda v, b, c: ReservoirAttention(v, b, c["SEED"], c["SEQ_LEN"]),
-           added_options={"train_recurrence": False}, search=_gradient_search("RESERVOIR_ATTENTION"), sizes={
+           variants={"reservoir_attention": {}, "reservoir_attention+write": {"write_gate": True}},
+           added_options={"train_recurrence": False, "write_gate": False},
+           search=_gradient_search("RESERVOIR_ATTENTION"), sizes={
         "xxs": {"units": 96, "width": 32, "layers": 1},  # 24k
         "xs": {"units": 128, "width": 48, "layers": 1},  # 51k
         "s": {"units": 192, "width": 64, "layers": 2},  # 139k

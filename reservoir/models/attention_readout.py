@@ -11,7 +11,8 @@ input weights B, so only a readout is trained: the projection of the states, the
 layers and the output layer. ``reservoir=False`` is the control: the same readout over the same
 frozen input B u_t with no recurrence (a transformer whose token embedding is frozen and random),
 so what the recurrence adds is measured on its own. ``train_recurrence=True`` trains λ and B too
-(the unfrozen control): what freezing them costs.
+(the unfrozen control): what freezing them costs. ``write_gate=True`` trains what each character writes
+into the reservoir (a gate per character, on the frozen B u_t): still a reservoir.
 """
 
 from __future__ import annotations
@@ -61,12 +62,20 @@ class ReservoirAttention(LanguageModel):
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, vocab_size))
         for module in self.modules():  # the transformer's (GPT-2's) initialisation, for an equal readout
             gpt2_init(module)
+        # write_gate: a trained gate 2σ(g[u_t]) on what each character writes into the frozen reservoir (the input
+        # is one-hot, so one number per character); made last and zero, so the model starts as the ungated one
+        self.write_gate = nn.Parameter(torch.zeros(vocab_size, 1)) if cfg.get("write_gate") else None
+        if self.write_gate is not None and not train_recurrence:
+            self.trained = "input+readout"
 
     def features(self, ids: torch.Tensor) -> torch.Tensor:
         """The reservoir (frozen unless ``train_recurrence``): (Re h, Im h) for every position of the
         window (B, T, 2 units), from a zero state."""
         with torch.autocast(ids.device.type, enabled=False):  # frozen λ and B are buffers: no graph
             drive_re, drive_im = self.b_re[ids], self.b_im[ids]
+            if self.write_gate is not None:
+                gate = 2 * torch.sigmoid(self.write_gate[ids].float())
+                drive_re, drive_im = drive_re * gate, drive_im * gate
             if self.recurrent:
                 drive_re, drive_im = diagonal_scan(drive_re, drive_im, *eigenvalues(self))
             return torch.cat([drive_re, drive_im], dim=-1)
