@@ -212,7 +212,8 @@ def key_comments() -> dict[str, str]:
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT and tok.start[0] in key_on_line:
             comments[key_on_line[tok.start[0]]] = tok.string.lstrip("# ").strip()
-    return {**comments, **_PLUGIN_COMMENTS}
+    return {**comments, **{block: family.comment or f"{family.name} (from {family.source})"
+                           for block, family in _PLUGIN_FAMILIES.items()}}
 
 
 def help_text(config: dict | None = None) -> str:
@@ -230,7 +231,7 @@ def help_text(config: dict | None = None) -> str:
         lines.append(f"  {key:<{width}}  default {value!r}")
         if comments.get(key):
             lines.append(f"  {'':<{width}}    {comments[key]}")
-        for setting, comment in _PLUGIN_SETTING_COMMENTS.get(key, {}).items():
+        for setting, (_, comment) in (_PLUGIN_FAMILIES[key].settings if key in _PLUGIN_FAMILIES else {}).items():
             lines.append(f"  {'':<{width}}    {key}.{setting}: {comment}")
     return "\n".join(lines)
 
@@ -303,8 +304,7 @@ def _coerce(key: str, value, default):
     return value
 
 
-_PLUGIN_COMMENTS: dict[str, str] = {}  # a plugin family's block -> its comment (its settings' below)
-_PLUGIN_SETTING_COMMENTS: dict[str, dict[str, str]] = {}
+_PLUGIN_FAMILIES: dict = {}  # a plugin family's settings block -> its declaration (registry.Family)
 
 
 def load_plugins(plugins) -> list[str]:
@@ -322,29 +322,23 @@ def load_plugins(plugins) -> list[str]:
     except PluginError as e:
         raise ConfigError(str(e)) from None
     for family in MODELS.values():
-        if family.settings is None or family.block in _PLUGIN_COMMENTS:
+        if family.settings is None or family.block in _PLUGIN_FAMILIES:
             continue
         if family.block in SHARED_CONFIG:
             raise ConfigError(f"plugin {family.source}: family {family.name!r} would take the settings block "
                               f"{family.block}, which is a run setting already: give the family another name")
         SHARED_CONFIG[family.block] = {k: declared[0] for k, declared in family.settings.items()}
-        _PLUGIN_COMMENTS[family.block] = family.comment or f"{family.name} (from {family.source})"
-        _PLUGIN_SETTING_COMMENTS[family.block] = {k: declared[1] for k, declared in family.settings.items()}
+        _PLUGIN_FAMILIES[family.block] = family
     return plugins
 
 
 def _plugin_checks(config: dict) -> None:
     """A plugin family's own check of its block (settings that cannot build together), as one line."""
-    if not _PLUGIN_COMMENTS:
-        return
-    from reservoir.models.registry import MODELS
-
     for name in config["MODELS"]:
-        family = MODELS.get(name)
-        if family is not None and family.check is not None:
-            refusal = family.check(config[family.block])
-            if refusal:
-                raise ConfigError(f"{family.block}: {refusal}")
+        family = _PLUGIN_FAMILIES.get(str(name).upper())
+        refusal = family and family.check and family.check(config[family.block])
+        if refusal:
+            raise ConfigError(f"{family.block}: {refusal}")
 
 
 def model_blocks() -> list[str]:
@@ -544,7 +538,6 @@ def parse_overrides(args: list[str], base: dict | None = None) -> dict:
     """Apply ``KEY=VALUE`` arguments to ``base`` (default SHARED_CONFIG) and validate the result."""
     config = default_config() if base is None else copy.deepcopy(base)
     load_plugins(named_plugins(args, config.get("PLUGINS")))  # their blocks, before any of their settings is set
-    config = {**config, **{k: copy.deepcopy(v) for k, v in SHARED_CONFIG.items() if k not in config}}
     for arg in args:
         parsed = key_value(arg)
         if parsed is None:
@@ -555,7 +548,7 @@ def parse_overrides(args: list[str], base: dict | None = None) -> dict:
         if sub is not None:
             if not isinstance(SHARED_CONFIG[key], dict):
                 raise ConfigError(f"{key} has no sub-keys; write {key}=VALUE")
-            config[key] = {**config[key], sub: parse_literal(text)}
+            config[key] = {**config.get(key, SHARED_CONFIG[key]), sub: parse_literal(text)}  # a plugin's: new
         else:
             config[key] = parse_literal(text)
     return validate(config)

@@ -118,8 +118,7 @@ def _plugin_state() -> list[tuple[dict, dict]]:
     from reservoir import config
     from reservoir.models import registry
 
-    held = (registry.MODELS, registry.STUDY_FAMILIES, registry.PLUGINS, config.SHARED_CONFIG,
-            config._PLUGIN_COMMENTS, config._PLUGIN_SETTING_COMMENTS)
+    held = (registry.MODELS, registry.STUDY_FAMILIES, registry.PLUGINS, config.SHARED_CONFIG, config._PLUGIN_FAMILIES)
     return [(registered, dict(registered)) for registered in held]
 
 

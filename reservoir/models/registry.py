@@ -30,6 +30,7 @@ from pathlib import Path
 from reservoir.platform.messages import OneLineError
 
 LOG, FLOAT, INT = "log", "float", "int"  # how a search space draws a setting (sweep.py)
+GRADIENT_SEARCH = {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)}  # undeclared, fit by steps
 FITS = ("sgd", "ridge", "counts")  # gradient steps, a closed-form ridge solve, counting
 PRESETS = ("xxs", "xs", "s", "m", "l", "xl")  # every family's size presets, smallest first
 ALWAYS_OPTIONAL = ("learning_rate", "batch_size")  # None: the run's LEARNING_RATE / BATCH_SIZE
@@ -73,6 +74,11 @@ class Family:
 
     def trainer(self, block: dict) -> str:
         return self.fit(block) if callable(self.fit) else self.fit
+
+    def search_space(self) -> dict | None:
+        """What sweep.py searches: the declared space, else the rate and weight decay where gradient steps fit it
+        (a closed-form or counted fit declares its own or is not swept)."""
+        return dict(self.search) if self.search else dict(GRADIENT_SEARCH) if self.fit == "sgd" else None
 
     def sizes_to_probe(self) -> list[dict]:
         if self.probe_sizes is not None:
@@ -152,9 +158,13 @@ def _file_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _names_a_file(plugin: str) -> bool:
+    return plugin.endswith(".py") or "/" in plugin  # else a module's import path
+
+
 def plugin_file(plugin: str) -> Path | None:
     """The file a plugin names: a path to a .py file, or a module's file once importable; None if neither."""
-    if plugin.endswith(".py") or "/" in plugin:
+    if _names_a_file(plugin):
         path = Path(plugin).expanduser()
         return path if path.is_file() else None
     try:
@@ -183,7 +193,7 @@ def _import(plugin: str) -> None:
                           "give the path of the file that declares your family (PLUGINS=my_models.py)")
     _LOADING.append(plugin)
     try:
-        if plugin.endswith(".py") or "/" in plugin:
+        if _names_a_file(plugin):
             spec = importlib.util.spec_from_file_location(f"reservoir_plugin_{path.stem}_{len(PLUGINS)}", path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module  # dataclasses and pickling look the module up by name
@@ -208,8 +218,9 @@ def changed_plugins(recorded: dict) -> list[str]:
     said = []
     for plugin, digest in (recorded or {}).items():
         path = plugin_file(plugin)
-        if path is None:
+        now = None if path is None else _file_hash(path)
+        if now is None:
             said.append(f"{plugin} is missing here")
-        elif _file_hash(path) != digest:
-            said.append(f"{plugin} has changed since (SHA-256 {_file_hash(path)[:12]}, recorded {digest[:12]})")
+        elif now != digest:
+            said.append(f"{plugin} has changed since (SHA-256 {now[:12]}, recorded {digest[:12]})")
     return said

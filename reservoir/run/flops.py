@@ -159,9 +159,9 @@ def declared(by_name: dict) -> dict:
 FORMULAS = declared(_FORMULAS_BY_NAME)
 
 
-def counter(family_formulas: dict | None = None) -> FlopCounterMode:
-    """torch's FLOP counter with this module's formulas (see the module docstring) and a family's own."""
-    return FlopCounterMode(display=False, custom_mapping={**FORMULAS, **declared(family_formulas or {})})
+def counter(formulas: dict = FORMULAS) -> FlopCounterMode:
+    """torch's FLOP counter with this module's formulas (see the module docstring), or those and a family's."""
+    return FlopCounterMode(display=False, custom_mapping=formulas)
 
 
 # Ops whose names say they multiply and add (products by the convention) though torch's counter has no formula for
@@ -203,10 +203,10 @@ def uncounted_products(calls: dict, mapping: dict) -> dict[str, int]:
 def _counted(fn, model=None) -> float:
     """FLOPs of ``fn()``; an op in it that may do products and that no formula counts is said once per model class,
     with how to declare its cost (its FLOPs would otherwise be silently low)."""
-    family_formulas = getattr(model, "declared_flops", None) or {}
-    with counter(family_formulas) as count, _OpsSeen() as seen:
+    formulas = {**FORMULAS, **declared(getattr(model, "declared_flops", None) or {})}
+    with counter(formulas) as count, _OpsSeen() as seen:
         fn()
-    missed = uncounted_products(seen.calls, {**FORMULAS, **declared(family_formulas)})
+    missed = uncounted_products(seen.calls, formulas)
     kind = type(model).__name__ if model is not None else "this model"
     new = {op: times for op, times in missed.items() if (kind, op) not in _SAID}
     if new:

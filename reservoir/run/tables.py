@@ -63,8 +63,9 @@ def format_table(records: list[dict], config: dict | None = None) -> str:
     the whole budget, '!' a model trained while the machine was oversubscribed. 'bound by' names the
     limit that ended each fit; 'trained' what training changes (LanguageModel.trained)."""
     rows = [aggregate(group) for _, group in seed_groups(records)]
-    for r in rows if config else ():
-        r["model"] = family_of(r["model"], config.get(r["model"].upper()) or {})
+    if config:
+        for r in rows:
+            r["model"] = family_of(r["model"], config.get(r["model"].upper()) or {})
     compile_column = any(r.get("device_kind") == "tpu" or r.get("compile_over_budget") for r in records)
     seeds_column = any(r["seeds"] > 1 for r in rows)
     width = max([18, *(len(r["model"]) + 2 for r in rows)])  # names line up whatever their length

@@ -234,8 +234,9 @@ class ProbeSet:
                    Path(own.get("RESULTS_DIR", "results")) / PROBES_FOLDER, plugins)
 
     def runs(self) -> list[ProbeRun]:
+        sizes = {family: len(declared[2]) for family, declared in probe_families().items()}
         return [ProbeRun(t, f, s, lr, seed, self.steps) for lr in self.learning_rates for seed in self.seeds
-                for t in self.tasks for f in self.families for s in range(len(probe_families()[f][2]))]
+                for t in self.tasks for f in self.families for s in range(sizes[f])]
 
 
 def read_records(folder: Path) -> dict[str, dict]:

@@ -37,14 +37,9 @@ from reservoir.run.records import run_seeds
 from reservoir.studies.storage import open_rdb, shown, storage_errors
 
 SEARCH_SPACES = {name: dict(family.search) for name, family in MODELS.items() if family.search}  # the built-in
-GRADIENT_SEARCH = {"LEARNING_RATE": (LOG, 1e-4, 1e-2), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)}  # a plugin's, undeclared
-
-
 def search_spaces() -> dict[str, dict]:
-    """Each family's declared space (``Family.search``); a plugin's family that declares none, the rate and weight
-    decay where gradient steps fit it (a closed-form or counted fit declares its own or is not swept)."""
-    return {name: dict(family.search or GRADIENT_SEARCH) for name, family in MODELS.items()
-            if family.search or (family.source and family.fit == "sgd")}
+    """Every family's search space (``Family.search_space``), those a loaded plugin declares among them."""
+    return {name: space for name, family in MODELS.items() if (space := family.search_space())}
 
 
 _RANGE = re.compile(r"^\s*(log|float|int)\s*\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)\s*$")
