@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from reservoir.models.registry import PluginError, presets
 from tests.conftest import ROOT, run_cli, run_script
 
 
@@ -193,3 +194,10 @@ def test_an_op_the_flop_counter_misses_is_said_until_the_family_declares_its_cos
         return json.loads((tmp_path / "results" / run / "summary.json").read_text())[0]["flops_per_token"]
 
     assert per_token("declared") > per_token("undeclared")
+
+
+def test_size_presets_written_as_a_table_are_refused_when_a_row_misses_a_column():
+    assert presets(("units", "width"), xs=(128, 48), s=(192, 64)) == {"xs": {"units": 128, "width": 48},
+                                                                     "s": {"units": 192, "width": 64}}
+    with pytest.raises(PluginError, match="a value for each of units, width"):
+        presets(("units", "width"), xs=(128,))

@@ -10,7 +10,7 @@ import math
 from reservoir.models.attention_readout import ReservoirAttention
 from reservoir.models.base import LanguageModel
 from reservoir.models.baselines import LSTM, NGram, Transformer
-from reservoir.models.registry import FLOAT, INT, LOG, MODELS, Family, register
+from reservoir.models.registry import FLOAT, INT, LOG, MODELS, Family, presets, register
 from reservoir.models.reservoirs import ESN, NVAR, DeepESN, DeepLinearReservoir, LinearReservoir, ReservoirLM
 from reservoir.models.retention import FrozenRetention
 from reservoir.platform.messages import OneLineError
@@ -48,21 +48,15 @@ _BUILT_IN = [
     Family("linear_reservoir", lambda v, b, c: LinearReservoir(v, b, c["SEED"]),
            added_options={"train_recurrence": False},
            search={"LEARNING_RATE": (LOG, 1e-4, 1e-2), "LINEAR_RESERVOIR.r_min": (FLOAT, 0.0, 0.95),
-                   "LINEAR_RESERVOIR.input_scaling": (LOG, 1e-2, 10.0), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)}, sizes={
-        "xxs": {"units": 96, "embed_dim": 24, "readout_hidden": 96},  # 28k
-        "xs": {"units": 128, "embed_dim": 32, "readout_hidden": 128},  # 50k
-        "s": {"units": 192, "embed_dim": 48, "readout_hidden": 256},  # 135k
-        "m": {"units": 256, "embed_dim": 64, "readout_hidden": 512},  # 341k
-        "l": {"units": 384, "embed_dim": 64, "readout_hidden": 1024},  # 939k
-        "xl": {"units": 512, "embed_dim": 96, "readout_hidden": 2048}}),  # 2.4M
+                   "LINEAR_RESERVOIR.input_scaling": (LOG, 1e-2, 10.0), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
+           sizes=presets(("units", "embed_dim", "readout_hidden"),
+        xxs=(96, 24, 96), xs=(128, 32, 128), s=(192, 48, 256),  # 28k, 50k, 135k
+        m=(256, 64, 512), l=(384, 64, 1024), xl=(512, 96, 2048))),  # 341k, 939k, 2.4M
     Family("deep_linear_reservoir", lambda v, b, c: DeepLinearReservoir(v, b, c["SEED"], c["SEQ_LEN"]),
-           added_options={"train_recurrence": False}, search=_gradient_search("DEEP_LINEAR_RESERVOIR"), sizes={
-        "xxs": {"layers": 2, "units": 48, "width": 48, "mix_hidden": 96},  # 56k
-        "xs": {"layers": 2, "units": 64, "width": 64, "mix_hidden": 128},  # 93k
-        "s": {"layers": 3, "units": 96, "width": 96, "mix_hidden": 192},  # 260k
-        "m": {"layers": 4, "units": 128, "width": 128, "mix_hidden": 256},  # 575k
-        "l": {"layers": 4, "units": 192, "width": 192, "mix_hidden": 384},  # 1.25M
-        "xl": {"layers": 5, "units": 256, "width": 256, "mix_hidden": 512}}),  # 2.7M
+           added_options={"train_recurrence": False}, search=_gradient_search("DEEP_LINEAR_RESERVOIR"), sizes=presets(
+        ("layers", "units", "width", "mix_hidden"),
+        xxs=(2, 48, 48, 96), xs=(2, 64, 64, 128), s=(3, 96, 96, 192),  # 56k, 93k, 260k
+        m=(4, 128, 128, 256), l=(4, 192, 192, 384), xl=(5, 256, 256, 512))),  # 575k, 1.25M, 2.7M
     Family("nvar", lambda v, b, c: NVAR(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={}, search={
         "NVAR.delays": (INT, 1, 8), "NVAR.input_dim": (INT, 4, 16), "NVAR.ridge": (LOG, 1e-8, 10.0)}),
     Family("frozen_retention", lambda v, b, c: FrozenRetention(v, b, c["SEQ_LEN"]),
@@ -70,37 +64,29 @@ _BUILT_IN = [
            # the state forgets (content-dependent decays: no longer a reservoir)
            variants={"frozen_retention": {}, "frozen_retention+write": {"write_gate": True},
                      "frozen_retention+forget": {"forget_gate": True}}, added_options={"forget_gate": False},
-           search=_gradient_search("FROZEN_RETENTION"), sizes={
-        "xxs": {"layers": 2, "width": 32, "ffn_hidden": 128},  # 28k
-        "xs": {"layers": 2, "width": 48, "ffn_hidden": 192},  # 65k
-        "s": {"layers": 3, "width": 64, "ffn_hidden": 256},  # 167k
-        "m": {"layers": 4, "width": 96, "ffn_hidden": 384},  # 491k
-        "l": {"layers": 4, "width": 128, "ffn_hidden": 512},  # 868k
-        "xl": {"layers": 4, "width": 192, "ffn_hidden": 768}}),  # 1.94M
+           search=_gradient_search("FROZEN_RETENTION"), sizes=presets(
+        ("layers", "width", "ffn_hidden"),
+        xxs=(2, 32, 128), xs=(2, 48, 192), s=(3, 64, 256),  # 28k, 65k, 167k
+        m=(4, 96, 384), l=(4, 128, 512), xl=(4, 192, 768))),  # 491k, 868k, 1.94M
     Family("reservoir_attention", lambda v, b, c: ReservoirAttention(v, b, c["SEED"], c["SEQ_LEN"]),
            variants={"reservoir_attention": {}, "reservoir_attention+write": {"write_gate": True}},
            added_options={"train_recurrence": False, "write_gate": False},
-           search=_gradient_search("RESERVOIR_ATTENTION"), sizes={
-        "xxs": {"units": 96, "width": 32, "layers": 1},  # 24k
-        "xs": {"units": 128, "width": 48, "layers": 1},  # 51k
-        "s": {"units": 192, "width": 64, "layers": 2},  # 139k
-        "m": {"units": 256, "width": 96, "layers": 2},  # 294k
-        "l": {"units": 256, "width": 128, "layers": 3},  # 688k
-        "xl": {"units": 384, "width": 160, "layers": 4}}),  # 1.4M
+           search=_gradient_search("RESERVOIR_ATTENTION"), sizes=presets(
+        ("units", "width", "layers"),
+        xxs=(96, 32, 1), xs=(128, 48, 1), s=(192, 64, 2),  # 24k, 51k, 139k
+        m=(256, 96, 2), l=(256, 128, 3), xl=(384, 160, 4))),  # 294k, 688k, 1.4M
     Family("transformer", lambda v, b, c: Transformer(v, b, c["SEQ_LEN"]),
            variants={"transformer": {"recipe": "gpt2"}, "transformer++": {"recipe": "++"}},
            # the recipe was GPT-2's before it was a setting: a run recorded then is built as it was
            added_options={"recipe": "gpt2", "rotary": None, "swiglu": None, "rmsnorm": None, "qk_norm": False,
-                          "trained": "everything"}, search=_gradient_search("TRANSFORMER"), sizes={
-        "xxs": {"n_layer": 2, "n_embd": 32},  # 27k
-        "xs": {"n_layer": 2, "n_embd": 48}, "s": {"n_layer": 3, "n_embd": 64},  # 66k, 163k
-        "m": {"n_layer": 4, "n_embd": 96}, "l": {"n_layer": 4, "n_embd": 128},  # 467k, 820k
-        "xl": {"n_layer": 6, "n_embd": 160}}),  # 1.86M
-    Family("lstm", lambda v, b, c: LSTM(v, b), search=_gradient_search("LSTM"), sizes={
-        "xxs": {"embed_dim": 24, "hidden": 64},  # 28k
-        "xs": {"embed_dim": 32, "hidden": 96}, "s": {"embed_dim": 48, "hidden": 160},  # 60k, 150k
-        "m": {"embed_dim": 64, "hidden": 256}, "l": {"embed_dim": 64, "hidden": 384},  # 354k, 726k
-        "xl": {"embed_dim": 96, "hidden": 576}}),  # 1.6M
+                          "trained": "everything"}, search=_gradient_search("TRANSFORMER"), sizes=presets(
+        ("n_layer", "n_embd"),
+        xxs=(2, 32), xs=(2, 48), s=(3, 64),  # 27k, 66k, 163k
+        m=(4, 96), l=(4, 128), xl=(6, 160))),  # 467k, 820k, 1.86M
+    Family("lstm", lambda v, b, c: LSTM(v, b), search=_gradient_search("LSTM"), sizes=presets(
+        ("embed_dim", "hidden"),
+        xxs=(24, 64), xs=(32, 96), s=(48, 160),  # 28k, 60k, 150k
+        m=(64, 256), l=(64, 384), xl=(96, 576))),  # 354k, 726k, 1.6M
     Family("ngram", lambda v, b, c: NGram(v, b), fit="counts", variants={}, search={"NGRAM.order": (INT, 2, 8)}),
 ]
 for _family in _BUILT_IN:

@@ -86,6 +86,14 @@ class Family:
         return [self.sizes[p] for p in PRESETS if p in self.sizes][:3]
 
 
+def presets(keys: tuple[str, ...], **rows: tuple) -> dict[str, dict]:
+    """A family's size presets as a table: the settings each column sets, then a row of values per preset
+    (``presets(("units", "width"), xs=(128, 48), s=(192, 64))``)."""
+    if any(len(row) != len(keys) for row in rows.values()):
+        raise PluginError(f"a size preset row gives a value for each of {', '.join(keys)}: got {rows}")
+    return {name: dict(zip(keys, row, strict=True)) for name, row in rows.items()}
+
+
 MODELS: dict[str, Family] = {}  # model name -> its family declaration, in the order declared
 STUDY_FAMILIES: dict[str, tuple[str, dict]] = {}  # study family -> (model, the options that make it that family)
 PLUGINS: dict[str, str] = {}  # plugin (as named) -> the SHA-256 of its file, for every plugin loaded
