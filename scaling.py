@@ -11,6 +11,7 @@
     python scaling.py FRONTIER=True STUDY=big STUDY_STORAGE=postgresql+psycopg2://me@db/studies ...  # each host
     python scaling.py EXPORT=results/big STUDY_STORAGE=postgresql+psycopg2://me@db/studies   # records -> files
     python scaling.py FRONTIER=True PLAN=True HOSTS=4 ...     # what it costs here, before anything trains
+    python scaling.py GENERATION=results/frontier          # what generating costs each envelope configuration
 
 The ladder: study keys BUDGETS (FLOP budgets, at least two, increasing; default 2.5e12,5e12,1e13,2e13,4e13)
 and STUDY (the folder under RESULTS_DIR, default 'scaling'). Everything else is a TinyStories.py
@@ -57,6 +58,17 @@ def report_only(folder: str) -> int:
     return 0
 
 
+def generation_cost(folder: str) -> int:
+    """What each family's envelope configuration costs to generate with, into the study's records and report."""
+    from reservoir.studies.frontier.analysis import report_from_records
+    from reservoir.studies.frontier.generation import measure_study, write_generation
+
+    path = Path(folder)
+    content = measure_study(path, report_from_records(path), f"python scaling.py GENERATION={path.as_posix()}")
+    say(f"wrote {write_generation(path, content)}")
+    return report_only(folder)
+
+
 def frontier(own: dict, settings: list[str]) -> int:
     planning = own.pop("PLAN", "false").strip().lower() in ("true", "1", "yes")
     if "HOSTS" in own and not planning:
@@ -99,13 +111,19 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0
     try:
-        own, settings = split_arguments(argv, (*STUDY_KEYS, *FRONTIER_KEYS, "FRONTIER", "REPORT", "EXPORT"))
+        own, settings = split_arguments(argv, (*STUDY_KEYS, *FRONTIER_KEYS, "FRONTIER", "REPORT", "EXPORT",
+                                                "GENERATION"))
         if "EXPORT" in own:  # a shared study's records, from its database into committable files
             if set(own) != {"EXPORT", "STUDY_STORAGE"} or settings:
                 raise StudyError("EXPORT=results/<study> STUDY_STORAGE=<url> writes a shared study's records and "
                                  "report from its database: give those two alone")
             say(f"wrote {export_records(own['STUDY_STORAGE'], Path(own['EXPORT']))}")
             return report_only(own["EXPORT"])
+        if "GENERATION" in own:
+            if len(own) > 1 or settings:
+                raise StudyError("GENERATION=<study folder> measures what generating costs for each family's envelope "
+                                 "configuration at the top grid budget: give it alone")
+            return generation_cost(own["GENERATION"])
         if "REPORT" in own:
             if len(own) > 1 or settings:
                 raise StudyError("REPORT=<study folder> rebuilds a study's tables and plots from its records: "

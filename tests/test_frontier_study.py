@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from reservoir.models import MODELS
 from tests.conftest import ROOT, TINY, run_cli, run_script, summary_of
 
 
@@ -450,3 +451,36 @@ def test_a_point_to_train_again_that_the_study_does_not_hold_is_one_line(studies
                        ((cell, "lots"), "must be a number of FLOPs")):
         refused = run_script("bench/reproduce_point.py", studies / "micro", *args, check=False)
         assert refused.returncode != 0 and said in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported(studies):
+    """GENERATION=<study>: the reservoir's carried state costs the same at any context; the transformer's cache
+    grows by 4 x layers x width FLOPs and 2 x layers x width numbers a character of context, capped at its window."""
+    micro = studies / "micro"
+    run_script("scaling.py", f"GENERATION={micro}")
+    content = json.loads((micro / "generation-cost.json").read_text())
+    rows = {r["family"]: r for r in content["rows"]}
+    assert set(rows) == {"linear_reservoir", "transformer++"} and content["contexts"] == [128, 1024, 8192]
+    reservoir, transformer = rows["linear_reservoir"], rows["transformer++"]
+    assert reservoir["how"] == "carried state" and len(set(reservoir["flops_per_char"].values())) == 1
+    assert len(set(reservoir["bytes"].values())) == 1 and reservoir["flops_per_char"]["128"] > 0
+    window = transformer["window"]
+    preset = MODELS["transformer"].sizes[transformer["cell"].split("-")[1]]  # the envelope cell's size preset
+    layers, width = preset["n_layer"], preset["n_embd"]
+    full = transformer["full_cache"]
+    assert transformer["how"] == "key-value cache" and window < 128
+    assert full["flops_per_context"] == 4 * layers * width  # q.k and a.v, 2 FLOPs a multiply-add
+    assert full["bytes"]["1024"] - full["bytes"]["128"] == 896 * 2 * layers * width * 4  # keys and values, fp32
+    windowed = transformer["flops_per_char"]
+    assert windowed["8192"] == windowed["128"] < full["flops_per_char"]["8192"]  # its window caps what it reads
+    assert all(rate > 0 for row in rows.values() for rate in row["chars_per_s"].values())
+    run_script("scaling.py", f"REPORT={studies}")
+    text = (studies / "REPORT.md").read_text()
+    assert "What generating costs" in text and f"python scaling.py GENERATION={micro.as_posix()}" in text
+    assert (micro / "generation-cost.png").stat().st_size > 10_000
+    edited = content | {"budget": 1.0}
+    (micro / "generation-cost.json").write_text(json.dumps(edited))
+    proc = run_script("scaling.py", f"REPORT={micro}", check=False)
+    assert proc.returncode == 1 and "generation-cost.json" in proc.stderr and "GENERATION=" in proc.stderr
+    proc = run_script("scaling.py", f"GENERATION={micro}", "SEED=2", check=False)
+    assert proc.returncode == 1 and "give it alone" in proc.stderr

@@ -269,6 +269,21 @@ def test_the_transformer_cache_matches_its_forward_pass(corpus_ids):
     assert len(cache) == 2 and cache[0][0].shape[2] == 20  # keys of every position so far
 
 
+@pytest.mark.parametrize("options", [(), ("RESERVOIR_ATTENTION.write_gate=True",),
+                                     ("RESERVOIR_ATTENTION.reservoir=False",)])
+def test_reservoir_attentions_kept_state_and_keys_match_its_forward_pass(options, corpus_ids):
+    ids, vocab = corpus_ids
+    model = build_model("reservoir_attention", vocab, small_config(*options)).eval()
+    if model.write_gate is not None:
+        torch.nn.init.normal_(model.write_gate)  # a gate that has learned something
+    ids = torch.from_numpy(ids[:20].astype(np.int64)).view(1, -1)
+    logits, carry = model.begin_generation(ids[:, :12])
+    for t in range(12, 20):
+        torch.testing.assert_close(logits, model(ids[:, :t])[:, -1], rtol=1e-5, atol=1e-5)
+        logits, carry = model.continue_generation(ids[:, :t + 1], carry)
+    assert carry is not None and len(carry[1]) == len(model.blocks) and carry[1][0][0].shape[2] == 20
+
+
 def test_esn_readout_ridge_is_calibrated_to_a_real_cross_entropy(corpus_ids):
     ids, vocab = corpus_ids
     config = small_config()

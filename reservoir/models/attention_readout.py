@@ -68,14 +68,19 @@ class ReservoirAttention(LanguageModel):
         if self.write_gate is not None and not train_recurrence:
             self.trained = "input+readout"
 
+    def _drive(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What each character writes into the reservoir, B u_t (gated where the write gate is on)."""
+        drive_re, drive_im = self.b_re[ids], self.b_im[ids]
+        if self.write_gate is not None:
+            gate = 2 * torch.sigmoid(self.write_gate[ids].float())
+            drive_re, drive_im = drive_re * gate, drive_im * gate
+        return drive_re, drive_im
+
     def features(self, ids: torch.Tensor) -> torch.Tensor:
         """The reservoir (frozen unless ``train_recurrence``): (Re h, Im h) for every position of the
         window (B, T, 2 units), from a zero state."""
         with torch.autocast(ids.device.type, enabled=False):  # frozen λ and B are buffers: no graph
-            drive_re, drive_im = self.b_re[ids], self.b_im[ids]
-            if self.write_gate is not None:
-                gate = 2 * torch.sigmoid(self.write_gate[ids].float())
-                drive_re, drive_im = drive_re * gate, drive_im * gate
+            drive_re, drive_im = self._drive(ids)
             if self.recurrent:
                 drive_re, drive_im = diagonal_scan(drive_re, drive_im, *eigenvalues(self))
             return torch.cat([drive_re, drive_im], dim=-1)
@@ -86,3 +91,37 @@ class ReservoirAttention(LanguageModel):
         for block in self.blocks:
             x = self._checkpointed(block, x)
         return self.head(x)
+
+    # generation: the reservoir's state and each block's keys and values are kept while the context fits the
+    # window; past it the learned positions shift with every token, so the window is recomputed, as without a cache
+    def begin_generation(self, ids):
+        if ids.shape[1] > self.context_size:
+            return self._window_logits(ids), None
+        features = self.features(ids)
+        units = features.shape[-1] // 2
+        state = (features[:, -1, :units], features[:, -1, units:])
+        x = self.drop(self.project(features) + self.pos(torch.arange(ids.shape[1], device=ids.device)))
+        cache = []
+        for block in self.blocks:
+            x, kv = block(x, keep=True)
+            cache.append(kv)
+        return self.head(x)[:, -1, :].float(), (state, cache)
+
+    def continue_generation(self, ids, carry):
+        position = ids.shape[1] - 1
+        if carry is None or position >= self.context_size:
+            return self._window_logits(ids), None
+        (h_re, h_im), cache = carry
+        with torch.autocast(ids.device.type, enabled=False):
+            drive_re, drive_im = (d[:, 0] for d in self._drive(ids[:, -1:]))
+            if self.recurrent:  # h_t = λ h_{t-1} + B u_t, one step of the window's scan
+                lam_re, lam_im = eigenvalues(self)
+                h_re, h_im = lam_re * h_re - lam_im * h_im + drive_re, lam_re * h_im + lam_im * h_re + drive_im
+            else:
+                h_re, h_im = drive_re, drive_im
+        x = self.drop(self.project(torch.cat([h_re, h_im], dim=-1)[:, None]) + self.pos.weight[position])
+        kept = []
+        for block, kv in zip(self.blocks, cache, strict=True):
+            x, kv = block(x, past=kv, keep=True)
+            kept.append(kv)
+        return self.head(x)[:, -1, :].float(), ((h_re, h_im), kept)

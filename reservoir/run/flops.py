@@ -230,6 +230,14 @@ def _host_copy(model):
     return twin
 
 
+def step_flops(model, step) -> float:
+    """FLOPs of ``step(model)`` (one generation step, say) by the convention, counted on a CPU copy in which every
+    product is visible (``_host_copy``)."""
+    twin = _host_copy(model).eval()
+    with torch.no_grad():
+        return _counted(lambda: step(twin), twin)
+
+
 COUNT_BATCH = 2  # sequences the count runs: every counted product is linear in the batch, so it scales
 
 

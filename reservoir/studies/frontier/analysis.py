@@ -13,6 +13,7 @@ from reservoir.run.records import ResultsError
 from reservoir.studies.curves import fit_curve
 from reservoir.studies.frontier.contexts import context_table
 from reservoir.studies.frontier.edges import edges_report
+from reservoir.studies.frontier.generation import read_generation
 from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, FrontierError
 from reservoir.studies.frontier.records import (
     STUDY_FILE,
@@ -197,5 +198,7 @@ def report_from_records(folder: Path) -> dict:
         raise
     except (KeyError, TypeError) as e:
         raise FrontierError(f"{folder / STUDY_FILE} is damaged ({e}); re-run the study's command") from None
-    return build_frontier(rows, study, references, collect_comparisons(folder), controls,
-                          context_table(folder, records), edges)
+    report = build_frontier(rows, study, references, collect_comparisons(folder), controls,
+                            context_table(folder, records), edges)
+    generation = read_generation(folder)
+    return {**report, "generation": generation} if generation else report

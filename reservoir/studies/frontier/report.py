@@ -24,6 +24,7 @@ from reservoir.platform.files import atomic_write_text
 from reservoir.run.records import write_json_atomic
 from reservoir.studies.curves import curve, log_axes, save_figure
 from reservoir.studies.frontier.analysis import BOUNDS, report_from_records
+from reservoir.studies.frontier.generation import GENERATION_PLOT, format_generation, plot_generation
 from reservoir.studies.frontier.grid import (
     PRESETS,
     RESERVOIR_FAMILIES,
@@ -89,7 +90,10 @@ def write_study(report: dict, folder: Path) -> list[Path]:
     folder = Path(folder)
     write_json_atomic(folder / "frontier.json", report)
     atomic_write_text(folder / "frontier.md", format_study(report, "frontier.png", level=1))
-    return [folder / "frontier.json", folder / "frontier.md", plot_frontier(report, folder / "frontier.png")]
+    written = [folder / "frontier.json", folder / "frontier.md", plot_frontier(report, folder / "frontier.png")]
+    if report.get("generation"):
+        written.append(plot_generation(report["generation"], folder / GENERATION_PLOT))
+    return written
 
 
 # --------------------------------------------------------------------- tables
@@ -289,6 +293,8 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
                          f"| {_fmt(c['params_trained'], ',')}, {_fmt(c['envelope_params_trained'], ',')} |")
     lines += _random_transformer(report, h)
     lines += _contexts(report, h)
+    if report.get("generation"):
+        lines += format_generation(report["generation"], report, h, str(Path(plot).with_name(GENERATION_PLOT)))
     lines += _edges(report, h)
     published = next((rows for (train, val), rows in PUBLISHED.items()
                       if f"{train:,} training and {val:,} validation characters" in (report.get("corpus") or "")), [])

@@ -1,0 +1,282 @@
+"""GENERATION=<study folder>: what each family's envelope configuration costs to generate with.
+
+A reservoir's state does not grow with the context; a transformer's key-value cache does. For each family's
+envelope point at the study's top grid budget this measures, on the model built from the point's recorded
+settings (weights do not change the cost, so none are loaded; the quality is the point's record):
+
+- FLOPs per generated character at contexts 128, 1,024 and 8,192, by the training FLOPs' convention (products
+  only), counted on one generation step: a step that carries state costs the same at any context; a cached
+  transformer step grows with the keys it reads, measured at two cache lengths and extended as the line it is.
+  A transformer trained on SEQ_LEN-character windows generates with that window (its cost stops growing there);
+  the full-cache figure, the context it was never trained on, stands beside it.
+- the state or cache a sequence holds, in bytes (fp32), at the same contexts;
+- characters per second at batch 1 and batch 64 on one CPU thread (a prompt of half a window, then half a
+  window of greedy steps, so every family generates from its carried state or cache: a timing of this machine,
+  recorded with its processor);
+- the crossover: the context past which each family generates a character with fewer FLOPs than the reference
+  transformer's full cache.
+
+Written to ``<study>/generation-cost.json`` (committed, signed); REPORT shows it beside the study's tables.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from reservoir.models import build_model, with_added_options
+from reservoir.platform.machine import processor
+from reservoir.run.evaluation import carries_state
+from reservoir.run.flops import step_flops
+from reservoir.run.records import ResultsError, read_signed_json, write_signed_json
+from reservoir.studies.budgets import point_name
+from reservoir.studies.frontier.records import read_study_file, study_budgets
+from reservoir.studies.probes import state_size
+from reservoir.studies.store import PointRecords
+
+GENERATION_FILE = "generation-cost.json"
+GENERATION_PLOT = "generation-cost.png"
+CONTEXTS = (128, 1024, 8192)  # characters of context a generated character is read on
+BATCHES = (1, 64)
+BYTES_PER_NUMBER = 4  # fp32, as the studies train and generate on the CPU
+
+
+def read_generation(study_path: Path) -> dict | None:
+    """The study's generation costs, checked; None where they have not been measured."""
+    file = Path(study_path) / GENERATION_FILE
+    if not file.exists():
+        return None
+    return read_signed_json(file, "the study's generation costs",
+                            f"restore it (git checkout), or measure it again: python scaling.py "
+                            f"GENERATION={Path(study_path).as_posix()}")
+
+
+def top_grid_budget(study: dict) -> float:
+    """The grid's largest budget (a lead budget above it holds the leaders alone)."""
+    lead = (study.get("stages") or {}).get("lead_budget")
+    return max(b for b in study_budgets(study) if b != lead)
+
+
+def envelope_points(folder: Path, report: dict) -> list[dict]:
+    """Each family's envelope point at the top grid budget: its family, cell, bits/char and recorded config."""
+    budget = top_grid_budget(read_study_file(folder))
+    records = PointRecords(folder)
+    points = []
+    for family, envelope in report["envelope"].items():
+        at = next((p for p in envelope if p["budget"] == budget), None)
+        if at is None:
+            continue
+        recorded = records.config(folder / at["cell"] / point_name(budget))
+        points.append({"family": family, "cell": at["cell"], "budget": budget,
+                       "bpc": at.get("bpc_mean", at["bpc"]), "params_trained": at["params_trained"],
+                       "config": with_added_options(dict(recorded["effective_config"])),
+                       "vocab_size": recorded["data"]["vocab_size"]})
+    return points
+
+
+# ------------------------------------------------------------------ measuring
+
+
+def _tree_bytes(tree) -> int:
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, (list, tuple)):
+        return sum(_tree_bytes(t) for t in tree)
+    return 0
+
+
+def _prompt(vocab_size: int, batch: int, length: int) -> torch.Tensor:
+    return torch.arange(batch * length).view(batch, length) % vocab_size
+
+
+def _greedy_steps(model, prompt: torch.Tensor, steps: int, carried: bool) -> None:
+    if carried:  # the state carried from character to character, at any context
+        logits, state = model.forward_stream(prompt, model.initial_state(prompt.shape[0], prompt.device))
+        for _ in range(steps):
+            logits, state = model.forward_stream(logits[:, -1:].argmax(-1), state)
+        return
+    ids = prompt  # the model's own generation: a key-value cache within its window, or the window recomputed
+    logits, carry = model.begin_generation(ids)
+    for _ in range(steps):
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+        logits, carry = model.continue_generation(ids, carry)
+
+
+def _held(model, vocab_size: int, length: int) -> int | None:
+    """Bytes a sequence's generation carries after ``length`` characters; None where it carries nothing."""
+    with torch.no_grad():
+        carry = model.begin_generation(_prompt(vocab_size, 1, length))[1]
+    return None if carry is None else _tree_bytes(carry)
+
+
+def _step_flops(model, vocab_size: int, length: int, carried: bool) -> float:
+    """FLOPs of generating one character read on ``length`` characters of context."""
+    ids = _prompt(vocab_size, 1, length + 1)
+    with torch.no_grad():
+        if carried:
+            _, state = model.forward_stream(ids[:, :-1], model.initial_state(1, ids.device))
+            return step_flops(model, lambda m: m.forward_stream(ids[:, -1:], state))
+        _, carry = model.begin_generation(ids[:, :-1])
+        return step_flops(model, lambda m: m.continue_generation(ids, carry))
+
+
+def chars_per_second(model, vocab_size: int, batch: int, window: int, carried: bool) -> float:
+    """Greedy characters a second at ``batch`` sequences on one thread, after a half-window prompt."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        half = max(1, window // 2)
+        prompt = _prompt(vocab_size, batch, half)
+        with torch.no_grad():
+            _greedy_steps(model, prompt, 4, carried)  # warm-up
+            start = time.perf_counter()
+            _greedy_steps(model, prompt, half, carried)
+            return batch * half / (time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure(point: dict, contexts=CONTEXTS, batches=BATCHES) -> dict:
+    """One family's generation costs, on its envelope configuration built with untrained weights. A model that
+    can carry its state generates that way (constant cost; a window-trained one read so scores the contexts
+    table's stream column); the rest as the project generates: the transformer from its key-value cache within
+    its window, a model with neither recomputing its window."""
+    config, vocab = point["config"], point["vocab_size"]
+    model = build_model(config["MODELS"][0], vocab, config).eval()
+    window, carried = int(config["SEQ_LEN"]), carries_state(model)
+    if carried:
+        how = "carried state"
+        held = _tree_bytes(model.initial_state(1, torch.device("cpu")))
+        flops = {c: _step_flops(model, vocab, window // 2, True) for c in contexts}
+        nbytes = {c: held for c in contexts}
+    else:
+        how = "key-value cache" if _held(model, vocab, 2) is not None else "recomputed window"
+        flops = {c: _step_flops(model, vocab, min(c, window) - 1, False) for c in contexts}
+        nbytes = {c: _held(model, vocab, min(c, window)) or BYTES_PER_NUMBER * state_size(model, min(c, window))
+                  for c in contexts}  # what the cache holds; a recomputing model, the keys and values it would
+    row = {key: point[key] for key in ("family", "cell", "bpc", "params_trained")}
+    row.update({"how": how, "window": None if carried else window,
+                "flops_per_char": {str(c): flops[c] for c in contexts},
+                "bytes": {str(c): nbytes[c] for c in contexts},
+                "chars_per_s": {str(n): chars_per_second(model, vocab, n, window, carried) for n in batches}})
+    if how == "key-value cache":  # the cost of a step is a line in the keys it reads: extended past the window
+        low, high = window // 4, window // 2
+        slope = (_step_flops(model, vocab, high, False) - _step_flops(model, vocab, low, False)) / (high - low)
+        first = _step_flops(model, vocab, low, False) - slope * low
+        per_position = (_held(model, vocab, high) - _held(model, vocab, low)) / (high - low)
+        held = _held(model, vocab, low) - per_position * low
+        row["full_cache"] = {"step_flops": first, "flops_per_context": slope,
+                             "flops_per_char": {str(c): first + slope * c for c in contexts},
+                             "bytes": {str(c): held + per_position * c for c in contexts}}
+    return row
+
+
+def measure_study(folder: Path, report: dict, command: str) -> dict:
+    points = envelope_points(folder, report)
+    if not points:
+        raise ResultsError(f"{folder} has no envelope point at its top grid budget yet: run the study first")
+    rows = [measure(p) for p in points]
+    return {"command": command, "budget": points[0]["budget"], "contexts": list(CONTEXTS), "batches": list(BATCHES),
+            "machine": {"processor": processor(), "torch": torch.__version__,
+                        "threads": 1},
+            "reference": report["reference"], "rows": rows}
+
+
+def write_generation(folder: Path, content: dict) -> Path:
+    write_signed_json(Path(folder) / GENERATION_FILE, content)
+    return Path(folder) / GENERATION_FILE
+
+
+# ------------------------------------------------------------------ reading
+
+
+def crossover(row: dict, reference: dict) -> int | None:
+    """The shortest context from which ``row`` (a carried state: the same cost at any context) generates a
+    character with no more FLOPs than ``reference``'s full key-value cache; None for a row whose cost grows too."""
+    line = reference.get("full_cache")
+    if row["how"] != "carried state" or not line:
+        return None
+    own = next(iter(row["flops_per_char"].values()))
+    if own <= line["step_flops"]:
+        return 1
+    return math.ceil((own - line["step_flops"]) / line["flops_per_context"])
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.3g}"
+
+
+def format_generation(content: dict, report: dict, h: str, image: str) -> list[str]:
+    """The generation-cost section of a study's report: ``content`` is its generation-cost.json."""
+    rows, contexts = content["rows"], [str(c) for c in content["contexts"]]
+    reference = next((r for r in rows if r["family"] == content["reference"]), None)
+    window = reference["window"] if reference and reference["window"] else 128
+    scored = ((report.get("contexts") or {}).get("rows") or {}).values()
+    stream = {r["family"]: r["scores"].get("stream") for r in scored
+              if r.get("seq_len") == window}  # the points themselves, not the leaders trained on longer windows
+    machine = content["machine"]
+    lines = ["", f"{h}# What generating costs", "",
+             f"Each family's envelope configuration at {content['budget']:.3g} FLOPs, built from its recorded settings "
+             "(the cost does not depend on the weights; bits/char are the envelope's, on windows, and the stream "
+             "column's the same point read with its state carried, from the context table). FLOPs per generated "
+             "character by the training FLOPs' convention (products only), counted on one step; bytes: what one "
+             "sequence holds to go on (fp32). A model that can carry its state generates from it, at the same cost "
+             "at any context; the transformer keeps its keys and values within its window of "
+             f"{window} characters, the context it was trained on (past it the "
+             "cost stops growing), and its full cache, a context it never trained on, is the row below it. "
+             f"Characters per second: greedy, one CPU thread ({machine['processor']}, torch {machine['torch']}), a "
+             "half-window prompt then half a window of steps. Made by", "", f"    {content['command']}", "",
+             "| family | generates from | bits/char | stream | " + " | ".join(f"FLOPs/char at {int(c):,}"
+                                                                        for c in contexts)
+             + " | " + " | ".join(f"bytes at {int(c):,}" for c in contexts)
+             + " | chars/s, batch " + " | chars/s, batch ".join(str(b) for b in content["batches"])
+             + f" | fewer FLOPs than {content['reference']}'s full cache from |",
+             "| --- | --- | --- | --- | " + "--- | " * (2 * len(contexts) + len(content["batches"])) + "--- |"]
+    for row in sorted(rows, key=lambda r: r["bpc"]):
+        rate = " | ".join(f"{row['chars_per_s'][str(b)]:,.0f}" for b in content["batches"])
+        where = row["how"] + (f" ({row['window']})" if row["how"] != "carried state" else "")
+        cross = crossover(row, reference) if reference else None
+        lines.append(f"| {row['family']} | {where} | {row['bpc']:.3f} | "
+                     f"{'–' if stream.get(row['family']) is None else format(stream[row['family']], '.3f')} | "
+                     + " | ".join(_si(row["flops_per_char"][c]) for c in contexts) + " | "
+                     + " | ".join(_si(row["bytes"][c]) for c in contexts) + f" | {rate} | "
+                     + ("–" if cross is None else "every context" if cross == 1 else f"{cross:,} characters") + " |")
+        if row.get("full_cache"):
+            full = row["full_cache"]
+            lines.append(f"| {row['family']} | full key-value cache | | | "
+                         + " | ".join(_si(full["flops_per_char"][c]) for c in contexts) + " | "
+                         + " | ".join(_si(full["bytes"][c]) for c in contexts) + " | " + " | " * len(content["batches"])
+                         + " |")
+    lines += ["", f"![bits/char against FLOPs per generated character]({image})"]
+    return lines
+
+
+def plot_generation(content: dict, path: Path) -> Path:
+    """Bits/char against FLOPs per generated character, at every context (a carried state: one point)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from reservoir.studies.curves import log_axes, save_figure
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    contexts = [str(c) for c in content["contexts"]]
+    for k, row in enumerate(sorted(content["rows"], key=lambda r: r["family"])):
+        colour = plt.get_cmap("tab10")(k % 10)
+        line = row.get("full_cache") or row
+        xs = [line["flops_per_char"][c] for c in contexts]
+        ax.plot(xs, [row["bpc"]] * len(xs), "o-" if len(set(xs)) > 1 else "o", color=colour, label=row["family"])
+        if len(set(xs)) > 1:
+            for x, c in zip(xs, contexts, strict=True):
+                ax.annotate(f"{int(c):,}", (x, row["bpc"]), fontsize=6, color=colour, va="bottom")
+    log_axes(ax, "FLOPs per generated character (full cache, at contexts 128, 1,024, 8,192)", "validation bits/char",
+             legend_size=7)
+    ax.set_title(f"generation cost at {content['budget']:.3g} training FLOPs", fontsize=10)
+    return save_figure(fig, path, dpi=110)
