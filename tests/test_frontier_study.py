@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from reservoir.models import MODELS
+from reservoir.studies.frontier.generation import format_generation
 from tests.conftest import ROOT, TINY, run_cli, run_script, summary_of
 
 
@@ -478,6 +479,12 @@ def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported
     text = (studies / "REPORT.md").read_text()
     assert "What generating costs" in text and f"python scaling.py GENERATION={micro.as_posix()}" in text
     assert (micro / "generation-cost.png").stat().st_size > 10_000
+    assert "Measured before the envelope moved" not in text
+    report = json.loads((micro / "frontier.json").read_text())
+    report["envelope"]["linear_reservoir"] = [p | {"cell": "linear_reservoir-s-lr0.004-b8"}
+                                              for p in report["envelope"]["linear_reservoir"]]
+    said = "\n".join(format_generation(content, report, "##", "generation-cost.png"))
+    assert "Measured before the envelope moved: linear_reservoir (linear_reservoir-xs-lr0.004-b8, now " in said
     edited = content | {"budget": 1.0}
     (micro / "generation-cost.json").write_text(json.dumps(edited))
     proc = run_script("scaling.py", f"REPORT={micro}", check=False)

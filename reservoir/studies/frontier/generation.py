@@ -5,18 +5,19 @@ envelope point at the study's top grid budget this measures, on the model built 
 settings (weights do not change the cost, so none are loaded; the quality is the point's record):
 
 - FLOPs per generated character at contexts 128, 1,024 and 8,192, by the training FLOPs' convention (products
-  only), counted on one generation step: a step that carries state costs the same at any context; a cached
-  transformer step grows with the keys it reads, measured at two cache lengths and extended as the line it is.
-  A transformer trained on SEQ_LEN-character windows generates with that window (its cost stops growing there);
-  the full-cache figure, the context it was never trained on, stands beside it.
-- the state or cache a sequence holds, in bytes (fp32), at the same contexts;
-- characters per second at batch 1 and batch 64 on one CPU thread (a prompt of half a window, then half a
-  window of greedy steps, so every family generates from its carried state or cache: a timing of this machine,
-  recorded with its processor);
-- the crossover: the context past which each family generates a character with fewer FLOPs than the reference
-  transformer's full cache.
+  only), counted on one generation step. A model that can carry its state generates from it, at the same cost at
+  any context (a window-trained one read that way scores the context table's stream column). The rest generate as
+  the project does: from a key-value cache within the SEQ_LEN window they were trained on (past it the cost stops
+  growing), and the cache's step, a line in the keys it reads, is also extended to the full context (a context it
+  never trained on) to show what the window saves;
+- the state or cache one sequence holds, in bytes (fp32), at the same contexts;
+- greedy characters per second at batch 1 and batch 64 on one CPU thread, from a half-window prompt (a timing of
+  this machine, recorded with its processor);
+- the crossover: the context from which a carried state generates a character with fewer FLOPs than the
+  reference transformer's full cache.
 
-Written to ``<study>/generation-cost.json`` (committed, signed); REPORT shows it beside the study's tables.
+Written to ``<study>/generation-cost.json`` (committed, signed); the study's report shows it, and says where the
+envelope has moved since it was measured.
 """
 
 from __future__ import annotations
@@ -238,6 +239,11 @@ def format_generation(content: dict, report: dict, h: str, image: str) -> list[s
              + " | chars/s, batch " + " | chars/s, batch ".join(str(b) for b in content["batches"])
              + f" | fewer FLOPs than {content['reference']}'s full cache from |",
              "| --- | --- | --- | --- | " + "--- | " * (2 * len(contexts) + len(content["batches"])) + "--- |"]
+    now = {f: p["cell"] for f, points in report["envelope"].items() for p in points if p["budget"] == content["budget"]}
+    moved = [f"{r['family']} ({r['cell']}, now {now.get(r['family'])})" for r in rows
+             if now.get(r["family"]) != r["cell"]]
+    if moved:
+        lines[-2:-2] = [f"Measured before the envelope moved: {'; '.join(moved)}. Run the command again.", ""]
     for row in sorted(rows, key=lambda r: r["bpc"]):
         rate = " | ".join(f"{row['chars_per_s'][str(b)]:,.0f}" for b in content["batches"])
         where = row["how"] + (f" ({row['window']})" if row["how"] != "carried state" else "")
