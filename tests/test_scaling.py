@@ -15,7 +15,7 @@ import pytest
 from reservoir.config import ConfigError, parse_overrides, split_arguments
 from reservoir.data.corpus import DataError, load_corpus
 from reservoir.studies.budgets import StudyError, parse_budgets, point_name
-from reservoir.studies.curves import crossovers, curve, fit_curve
+from reservoir.studies.curves import crossovers, curve, fit_curve, gap_slope
 from reservoir.studies.ladder import STUDY_KEYS, Study, build_report
 from tests.conftest import ROOT, TINY, run_cli, run_script
 
@@ -108,6 +108,10 @@ for path in sys.argv[2:]:
     fits = {f: curves.fit_curve([p["budget"] for p in points], [p["bpc_mean"] for p in points], report["budgets"][0])
             for f, points in report["envelope"].items() if points}
     out[path] = {"fits": fits, "crossovers": curves.crossovers(fits, report["budgets"][0], report["budgets"][-1])}
+    growth, at = report["gap_growth"], {f: {p["budget"]: p for p in points} for f, points in report["envelope"].items()}
+    reference = at[growth["reference"]]
+    out[path]["gap_growth"] = curves.gap_slope([(b, at[f][b]["bpc_per_seed"], reference[b]["bpc_per_seed"])
+                                                for b, f in zip(growth["budgets"], growth["families"])])
 print(json.dumps(out, sort_keys=True))
 """
 
@@ -132,7 +136,9 @@ def test_a_fit_is_the_same_on_every_machine_byte_for_byte():
     assert outputs[1] == outputs[0] and outputs[2] == outputs[0]
     refitted = json.loads(outputs[0])
     for path in studies:
-        assert refitted[str(path)]["fits"] == json.loads(path.read_text())["fits"], path.parent.name
+        committed = json.loads(path.read_text())
+        assert refitted[str(path)]["fits"] == committed["fits"], path.parent.name
+        assert {**committed["gap_growth"], **refitted[str(path)]["gap_growth"]} == committed["gap_growth"]
 
 
 def test_a_fit_recovers_the_least_squares_optimum_within_its_bounds():
@@ -307,3 +313,19 @@ def test_a_signal_while_a_finished_point_exits_is_143_and_the_point_counts_as_fi
         study.run(finishes_then_is_killed)
     assert stopped.value.code == 143 and "finished as the study was stopped" in str(stopped.value)
     assert study.finished(1e5)
+
+
+def test_a_gaps_slope_against_compute_has_an_interval_over_seeds_and_one_over_budgets():
+    budgets = [1e11 * 10 ** (k / 2) for k in range(5)]  # two decades
+    reference = [[1.50, 1.501, 1.499]] * 5
+    growing = [(c, [v * math.exp(0.05 * k / 2) for v in reference[k]], reference[k]) for k, c in enumerate(budgets)]
+    growth = gap_slope(growing)  # ln ratio 0.05 a decade, exactly, seeds alike on both sides
+    assert growth["slope_per_decade"] == pytest.approx(0.05, abs=1e-6)
+    assert growth["ci95_residuals"] == pytest.approx([0.05, 0.05], abs=1e-6)  # on the line: no scatter
+    assert 0.04 < growth["ci95_seeds"][0] < 0.05 < growth["ci95_seeds"][1] < 0.06
+    zigzag = [(c, [v * math.exp(0.04 * (k % 2) + 0.002 * k) for v in reference[k]], reference[k])
+              for k, c in enumerate(budgets)]
+    growth = gap_slope(zigzag)  # a small rise under a large zigzag: seeds cannot explain it, the scatter can
+    assert growth["ci95_seeds"][0] > 0 > growth["ci95_residuals"][0]
+    assert gap_slope(growing[:2]) is None  # a line through two budgets has no interval
+    assert gap_slope(growing) == gap_slope(list(growing))  # fixed draws: the same numbers every time

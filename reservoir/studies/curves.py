@@ -119,6 +119,52 @@ def _kept(value) -> float | None:
     return float(f"{value:.{FIT_DIGITS}g}")  # a Decimal rounded to its digits in decimal, once
 
 
+GAP_RESAMPLES = 4000  # bootstrap resamples of a gap's slope
+GAP_SEED = 0  # numpy's PCG64 draws the same indices on every machine
+T_975 = {1: "12.706", 2: "4.303", 3: "3.182", 4: "2.776", 5: "2.571", 6: "2.447", 7: "2.365", 8: "2.306",
+         9: "2.262", 10: "2.228"}  # Student's t, two-sided 95%, by degrees of freedom (more: 2.2, a bound)
+
+
+def gap_slope(points: list[tuple[float, list[float], list[float]]]) -> dict | None:
+    """Does the gap grow with compute? ``points``: (compute, one family's bits/char per seed, the reference's).
+    The gap at a budget is ln(mean / reference mean); its least-squares slope against log10 compute (per
+    decade), with two 95% intervals: a bootstrap over seeds (each budget's seeds of either side resampled with
+    replacement, GAP_RESAMPLES times: what seed noise allows) and Student's t on the residuals about the line
+    (what the budgets' scatter allows). In ``decimal`` arithmetic on fixed draws, like the fits: the same bytes
+    on every machine."""
+    if len(points) < 3 or any(not a or not b for _, a, b in points):
+        return None
+    with localcontext(Context(prec=PRECISION)):
+        xs = [Decimal(c).ln() / Decimal(10).ln() for c, _, _ in points]
+        mean_x = sum(xs) / len(xs)
+        sxx = sum((x - mean_x) ** 2 for x in xs)
+        weights = [(x - mean_x) / sxx for x in xs]  # the slope is linear in the gaps: sum(w_i g_i)
+        ln_means: dict = {}
+
+        def ln_mean(values) -> Decimal:  # a resample of three seeds has ten distinct means: each ln once
+            key = tuple(sorted(values))
+            if key not in ln_means:
+                ln_means[key] = (sum(Decimal(v) for v in key) / len(key)).ln()
+            return ln_means[key]
+
+        gaps = [ln_mean(a) - ln_mean(b) for _, a, b in points]
+        slope = sum(w * g for w, g in zip(weights, gaps, strict=True))
+        mean_gap = sum(gaps) / len(gaps)
+        residuals = [g - mean_gap - slope * (x - mean_x) for g, x in zip(gaps, xs, strict=True)]
+        dof = len(points) - 2
+        spread = Decimal(T_975.get(dof, "2.2")) * (sum(r * r for r in residuals) / dof / sxx).sqrt()
+        rng = np.random.default_rng(GAP_SEED)
+        picks = [(rng.integers(0, len(a), (GAP_RESAMPLES, len(a))), rng.integers(0, len(b), (GAP_RESAMPLES, len(b))))
+                 for _, a, b in points]
+        draws = sorted(sum(w * (ln_mean(a[k] for k in pa[n]) - ln_mean(b[k] for k in pb[n]))
+                           for w, (_, a, b), (pa, pb) in zip(weights, points, picks, strict=True))
+                       for n in range(GAP_RESAMPLES))
+        low, high = draws[int(0.025 * GAP_RESAMPLES)], draws[int(0.975 * GAP_RESAMPLES) - 1]
+        return {"slope_per_decade": _kept(slope), "ci95_seeds": [_kept(low), _kept(high)],
+                "ci95_residuals": [_kept(slope - spread), _kept(slope + spread)], "gaps": [_kept(g) for g in gaps],
+                "resamples": GAP_RESAMPLES, "seed": GAP_SEED}
+
+
 def crossovers(fits: dict, low: float, high: float) -> list[dict]:
     """Budgets where two fitted curves cross, searched from the ladder's lowest budget up to 100x its highest
     (the question is who wins with more compute; past the ladder a crossover is extrapolated). In decimal

@@ -10,11 +10,11 @@ import statistics
 from pathlib import Path
 
 from reservoir.run.records import ResultsError
-from reservoir.studies.curves import fit_curve
+from reservoir.studies.curves import fit_curve, gap_slope
 from reservoir.studies.frontier.contexts import context_table
 from reservoir.studies.frontier.edges import edges_report
 from reservoir.studies.frontier.generation import read_generation
-from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, FrontierError
+from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, RESERVOIR_FAMILIES, FrontierError
 from reservoir.studies.frontier.records import (
     STUDY_FILE,
     check_records_file,
@@ -112,12 +112,29 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
             "envelope": envelope, "fits": fits, "n_opt": {f: {repr(p["budget"]): p["params_trained"]
                                                              for p in pts} for f, pts in envelope.items()},
             "isoflop": isoflop, "lr_sensitivity": lr_sensitivity, "reference": reference,
-            "compute_multiplier": multipliers, "grid_points": rows, "references": references,
+            "compute_multiplier": multipliers, "gap_growth": _gap_growth(envelope, reference),
+            "grid_points": rows, "references": references,
             "controls": _against_envelope(controls, rows), **({"contexts": contexts} if contexts else {}),
             **({"edges": edges} if edges else {}),
             "lead_budget": (study.get("stages") or {}).get("lead_budget"), "stages": study.get("stages"),
             "skipped": skipped,
             "not_run_pruned": pruned, "spent": spent, **({"planned": study["planned"]} if "planned" in study else {})}
+
+
+def _gap_growth(envelope: dict, reference: str | None) -> dict | None:
+    """The best reservoir family's gap to the reference at each budget both reached, and its slope against
+    compute with a bootstrap interval over seeds (curves.gap_slope): does the gap grow with compute?"""
+    by = {f: {p["budget"]: p for p in points} for f, points in envelope.items()}
+    rows = []
+    for budget, ref in sorted(by.get(reference, {}).items()):
+        present = [f for f in RESERVOIR_FAMILIES if budget in by.get(f, {})]
+        if present:
+            best = min(present, key=lambda f: (by[f][budget]["bpc_mean"], f))
+            rows.append((budget, best, by[best][budget]["bpc_per_seed"], ref["bpc_per_seed"]))
+    slope = gap_slope([(budget, mine, theirs) for budget, _, mine, theirs in rows])
+    if slope is None:
+        return None
+    return {"reference": reference, "budgets": [r[0] for r in rows], "families": [r[1] for r in rows], **slope}
 
 
 def _against_envelope(controls: list[dict], rows: list[dict]) -> list[dict]:

@@ -72,7 +72,10 @@ OWN_SETTINGS = ("MODELS", "LEARNING_RATE", "BATCH_SIZE", "FLOP_BUDGET", "RUN_NAM
 REFERENCE_FAMILIES = ("transformer", "transformer++")  # the better envelope of the two is "the transformer"
 
 
-RESERVOIR_FAMILIES = ("frozen_retention", "reservoir_attention", "deep_linear_reservoir", "linear_reservoir")
+# a write gate learns what enters the frozen state and leaves the transition frozen: still a reservoir (a forget
+# gate trains the transition itself: frozen_retention+forget is a control, not one of these)
+RESERVOIR_FAMILIES = ("frozen_retention", "reservoir_attention", "deep_linear_reservoir", "linear_reservoir",
+                      "frozen_retention+write", "reservoir_attention+write")
 
 
 # REFERENCES=True: reference lines beside the envelopes, each one pass over the training data (no FLOP cap):

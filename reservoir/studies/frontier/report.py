@@ -180,6 +180,7 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
         lines += ["", f"Met at {met} of {len(goal)} budgets (bits/char, mean ± sd over seeds)." + (
             " A budget above the grid's carries only the leaders' top-budget configurations."
             if report.get("lead_budget") else ""), ""]
+        lines += _gap_growth(report, h)
     lines += [f"{h}# Lower envelopes", "",
               "Validation bits/char of each family's best configuration at each training budget, mean ± sd over "
               "its seeds (the size preset, and the number of seeds, in brackets).", "", head, rule]
@@ -410,6 +411,37 @@ def plot_frontier(report: dict, path: Path) -> Path:
 
 __all__ = ["write_from_records", "write_study", "format_study", "format_report", "headline", "goal_rows",
            "study_folders", "plot_frontier", "study_command", "GOAL"]
+
+
+def _interval(bounds: list[float]) -> str:
+    return f"[{bounds[0]:+.3f}, {bounds[1]:+.3f}]"
+
+
+def _gap_growth(report: dict, h: str) -> list[str]:
+    """Does the best reservoir's gap to the reference grow with compute? Its slope, with both intervals."""
+    growth = report.get("gap_growth")
+    if not growth:
+        return []
+    slope, seeds, spread = growth["slope_per_decade"], growth["ci95_seeds"], growth["ci95_residuals"]
+    if spread[0] > 0:
+        verdict = "the gap grows with compute, beyond both seed noise and the budgets' scatter"
+    elif spread[1] < 0:
+        verdict = "the gap shrinks with compute, beyond both seed noise and the budgets' scatter"
+    elif seeds[0] > 0 or seeds[1] < 0:
+        verdict = (f"the slope is {'above' if seeds[0] > 0 else 'below'} zero beyond what seed noise explains, but "
+                   "the budgets scatter about the line by more than the seeds do, and with that scatter the slope "
+                   "is not shown to differ from zero: the gap is not shown to " +
+                   ("grow" if slope > 0 else "shrink"))
+    else:
+        verdict = "the slope is within seed noise of zero: the gap is not shown to change with compute"
+    gaps = ", ".join(f"{b:.3g}: {g:+.3f} ({f})" for b, g, f in zip(growth["budgets"], growth["gaps"],
+                                                                   growth["families"], strict=True))
+    return [f"{h}# Does the gap grow with compute?", "",
+            f"The gap as ln(best reservoir family's bits/char / {growth['reference']}'s), mean over seeds, at each "
+            f"budget: {gaps}. Its least-squares slope against log10 compute is **{slope:+.3f} per decade**; 95% "
+            f"intervals: {_interval(seeds)} over seeds (a bootstrap, {growth['resamples']:,} resamples of each "
+            f"budget's seeds, seed {growth['seed']}) and {_interval(spread)} from the budgets' scatter about the "
+            f"line (Student's t, {len(growth['gaps']) - 2} degrees of freedom). So {verdict}.", ""]
 
 
 def _random_transformer(report: dict, h: str) -> list[str]:
