@@ -56,6 +56,19 @@ PROBE_FAMILIES = {
 }
 
 
+def _gated(family: str, gate: str) -> tuple[str, dict, list[dict]]:
+    """``family`` with a trained gate, at its sizes: 'write' (what enters the frozen state: still a reservoir) or
+    'forget' (decays that depend on the content: the control that is not one). Does choosing what to write buy
+    recall?"""
+    model, options, sizes = PROBE_FAMILIES[family]
+    return model, {**options, f"{gate}_gate": True}, sizes
+
+
+PROBE_FAMILIES.update({"frozen_retention+write": _gated("frozen_retention", "write"),
+                       "frozen_retention+forget": _gated("frozen_retention", "forget"),
+                       "reservoir_attention+write": _gated("reservoir_attention", "write")})
+
+
 def probe_families() -> dict[str, tuple[str, dict, list[dict]]]:
     """PROBE_FAMILIES and every family a loaded plugin declares, at its probe sizes (registry.Family)."""
     from reservoir.models.registry import MODELS
