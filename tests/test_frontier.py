@@ -9,6 +9,7 @@ import pytest
 
 from reservoir.studies.frontier.analysis import build_frontier
 from reservoir.studies.frontier.grid import FrontierError, parse_grid
+from reservoir.studies.frontier.report import format_study
 from tests.conftest import ROOT, run_script
 
 # 2 families x 2 sizes x 2 rates x 2 budgets on the synthetic corpus: seconds per point
@@ -276,3 +277,25 @@ def test_a_studys_command_leaves_out_where_the_machine_that_ran_it_wrote():
                            "CACHE_DIR=/scratch/cache", "EVAL_POINTS=2"]}
     assert study_command(report) == ("python scaling.py FRONTIER=True STUDY=frontier-x DATASET=shakespeare "
                                      "DATA_DIR=data/shakespeare EVAL_POINTS=2")
+
+
+def test_where_the_gap_comes_from_gives_each_gates_share_of_the_frozen_familys_gap():
+    report = json.loads((ROOT / "results" / "frontier-tinystories" / "frontier.json").read_text())
+    assert "Where the gap comes from" not in format_study(report, "frontier.png")  # no gated family yet
+    frozen, reference = report["envelope"]["frozen_retention"], report["envelope"]["transformer++"]
+    gaps = {p["budget"]: p["bpc_mean"] - next(r["bpc_mean"] for r in reference if r["budget"] == p["budget"])
+            for p in frozen}
+    report["envelope"]["frozen_retention+write"] = [p | {"bpc_mean": p["bpc_mean"] - gaps[p["budget"]] / 4}
+                                                    for p in frozen]  # a quarter of each gap closed
+    report["envelope"]["frozen_retention+forget"] = [p | {"bpc_mean": p["bpc_mean"] - gaps[p["budget"]]}
+                                                     for p in frozen[-2:]]  # all of it, at the top two budgets
+    text = format_study(report, "frontier.png")
+    assert "Where the gap comes from" in text and "| budget | transformer++ | reservoir_attention |" not in text
+    top = 19531250000000.0
+    row = next(line for line in text.splitlines() if line.startswith(f"| {top:.3g} | ") and "(+25%)" in line)
+    unfrozen = next(c["val_bpc"] for c in report["controls"]
+                    if c["family"] == "frozen_retention" and c["control"] == "unfrozen")
+    own = next(p["bpc_mean"] for p in frozen if p["budget"] == top)
+    assert f"{unfrozen:.3f} ({(own - unfrozen) / gaps[top]:+.0%})" in row and "(+100%)" in row
+    low = next(line for line in text.splitlines() if line.startswith("| 1.25e+12 | ") and "(+25%)" in line)
+    assert low.count("–") == 2  # no forget gate and no control at that budget

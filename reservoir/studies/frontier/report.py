@@ -293,6 +293,7 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
                          + f" | {_fmt(c['envelope_bpc'])} | {_fmt(c['val_bpc'])}{ci} | {_fmt(c['difference'], '+.3f')} "
                          f"| {_fmt(c['params_trained'], ',')}, {_fmt(c['envelope_params_trained'], ',')} |")
     lines += _random_transformer(report, h)
+    lines += _gap_split(report, h)
     lines += _contexts(report, h)
     if report.get("generation"):
         lines += format_generation(report["generation"], report, h, str(Path(plot).with_name(GENERATION_PLOT)))
@@ -442,6 +443,48 @@ def _gap_growth(report: dict, h: str) -> list[str]:
             f"intervals: {_interval(seeds)} over seeds (a bootstrap, {growth['resamples']:,} resamples of each "
             f"budget's seeds, seed {growth['seed']}) and {_interval(spread)} from the budgets' scatter about the "
             f"line (Student's t, {len(growth['gaps']) - 2} degrees of freedom). So {verdict}.", ""]
+
+
+GATES = {"write": "+ write gate (a reservoir)", "forget": "+ forget gate (trained: not a reservoir)"}
+
+
+def _gap_split(report: dict, h: str) -> list[str]:
+    """Where the gap comes from: a frozen family, its gated variants, its unfrozen control and the LSTM at each
+    budget, with the share of the family's gap to the reference each closes."""
+    by, reference = _by_budget(report), report["reference"]
+    unfrozen = {(c["family"], c["budget"]): c["val_bpc"] for c in report.get("controls") or []
+                if c["control"] == "unfrozen" and c["seed"] == min(
+                    d["seed"] for d in report["controls"] if d["family"] == c["family"])}
+    lines = []
+    for base in ("frozen_retention", "reservoir_attention"):
+        gated = [(f"{base}+{gate}", label) for gate, label in GATES.items() if by.get(f"{base}+{gate}")]
+        if not gated or not by.get(base) or not by.get(reference):
+            continue
+        columns = [*gated, ("unfrozen", "unfrozen (first seed)"), ("lstm", "lstm")]
+        if not lines:
+            lines = ["", f"{h}# Where the gap comes from", "",
+                     "Each frozen family beside its gated variants, its unfrozen control (CONTROLS=True, the grid's "
+                     "top budget) and the LSTM, as bits/char (mean over seeds), and in brackets the share of the "
+                     f"family's gap to {reference} each closes ((family − it) / (family − {reference}); 100%: level "
+                     f"with {reference}). A write gate learns what enters the frozen state, whose transition stays "
+                     "frozen; a forget gate makes the decays depend on the content, which trains the transition."]
+        lines += ["", f"| budget | {reference} | {base} | " + " | ".join(label for _, label in columns) + " |",
+                  "| --- |" + " --- |" * (2 + len(columns))]
+        for budget in report["budgets"]:
+            ref, own = by[reference].get(budget), by[base].get(budget)
+            if ref is None or own is None:
+                continue
+            gap = own["bpc_mean"] - ref["bpc_mean"]
+            cells = []
+            for name, _ in columns:
+                value = unfrozen.get((base, budget)) if name == "unfrozen" else (
+                    by.get(name, {}).get(budget) or {}).get("bpc_mean")
+                closes = None if value is None or gap <= 0 else (own["bpc_mean"] - value) / gap
+                share = "" if closes is None else f" ({closes:+.0%})"
+                cells.append("–" if value is None else f"{value:.3f}{share}")
+            lines.append(f"| {budget:.3g} | {ref['bpc_mean']:.3f} | {own['bpc_mean']:.3f} | " + " | ".join(cells)
+                         + " |")
+    return lines
 
 
 def _random_transformer(report: dict, h: str) -> list[str]:
