@@ -299,3 +299,12 @@ def test_where_the_gap_comes_from_gives_each_gates_share_of_the_frozen_familys_g
     assert f"{unfrozen:.3f} ({(own - unfrozen) / gaps[top]:+.0%})" in row and "(+100%)" in row
     low = next(line for line in text.splitlines() if line.startswith("| 1.25e+12 | ") and "(+25%)" in line)
     assert low.count("–") == 2  # no forget gate and no control at that budget
+
+
+def test_the_study_compares_the_best_reservoir_and_every_write_gated_one_with_the_transformer():
+    from reservoir.studies.frontier.study import compared_families
+
+    at = {"frozen_retention": 1.415, "frozen_retention+write": 1.43, "reservoir_attention+write": 1.40,
+          "linear_reservoir": 1.49}
+    assert compared_families(at) == ["reservoir_attention+write", "frozen_retention+write"]
+    assert compared_families({"frozen_retention": 1.415, "linear_reservoir": 1.49}) == ["frozen_retention"]

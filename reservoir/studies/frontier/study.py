@@ -107,6 +107,14 @@ from reservoir.studies.runner import hold_study
 from reservoir.studies.store import PointRecords
 
 
+def compared_families(bpc_at_budget: dict[str, float]) -> list[str]:
+    """The reservoir families a study compares with "the transformer", paired, at a budget (``bpc_at_budget``:
+    each one's envelope bits/char there): the best, then each write-gated one (a reservoir that chooses what it
+    writes, whose interval REPORT gives whether or not it is the best)."""
+    best = min(bpc_at_budget, key=lambda f: (bpc_at_budget[f], f))
+    return [best, *(f for f in bpc_at_budget if f.endswith("+write") and f != best)]
+
+
 @dataclass
 class FrontierStudy:
     name: str
@@ -655,9 +663,7 @@ class FrontierStudy:
     def compare_at_the_top(self, budgets: list[float] | None = None, run_points=None) -> Path | None:
         """The paired difference (compare.py, with its diagnostics) between the best reservoir family and "the
         transformer" at the largest of ``budgets`` (default: the lead budget's too) both reached on every seed,
-        written to comparisons/ once."""
-        from reservoir.studies.comparison import Side, compare, describe
-
+        and each write-gated reservoir family's there too, written to comparisons/ once. Returns the best's."""
         report = self.report()
         reference, seeds = report["reference"], [self.config["SEED"], *self.extra_seeds()]
         full = {f: {p["budget"]: p for p in points if sorted(p["seeds"]) == seeds}
@@ -670,26 +676,33 @@ class FrontierStudy:
         if not shared:
             return None
         budget = shared[-1]
-        best = min((full[f][budget]["bpc_mean"], f) for f in reservoirs if budget in full[f])[1]
-        out = self.path / COMPARISONS / f"{point_name(budget)}-{best}-vs-{reference}.json"
+        families = compared_families({f: full[f][budget]["bpc_mean"] for f in reservoirs if budget in full[f]})
+        written = [self._compare(family, reference, budget, full, seeds, run_points) for family in families]
+        return written[0]
+
+    def _compare(self, family: str, reference: str, budget: float, full: dict, seeds: list[int],
+                 run_points) -> Path | None:
+        from reservoir.studies.comparison import Side, compare, describe
+
+        out = self.path / COMPARISONS / f"{point_name(budget)}-{family}-vs-{reference}.json"
         if out.exists():
             return out
 
-        def side(family):
-            cell = next(c for c in self.cells() if c.name == full[family][budget]["cell"])
+        def side(name):
+            cell = next(c for c in self.cells() if c.name == full[name][budget]["cell"])
             points = [(cell, budget, extra) for extra in (False, True)][: 2 if seeds[1:] else 1]
-            return Side(self.on_this_machine(points, run_points), FAMILIES[family][0])
+            return Side(self.on_this_machine(points, run_points), FAMILIES[name][0])
 
-        say(f"frontier {self.name}: the paired comparison at {budget:.3g} FLOPs, {best} against {reference}")
+        say(f"frontier {self.name}: the paired comparison at {budget:.3g} FLOPs, {family} against {reference}")
         try:
-            a, b = side(best), side(reference)
+            a, b = side(family), side(reference)
             result = compare(a, b, diagnostics=True)
         except CheckpointError as missing:  # records travel in git, checkpoints do not: the stages go on
             say(f"frontier {self.name}: no paired comparison at {budget:.3g} FLOPs: {missing}. It scores the "
                 "points' checkpoints, which stay in the point folders on the machine that trained them (never "
                 "committed; points.jsonl carries their records alone): run this command there")
             return None
-        result.update({"budget": budget, "family_a": best, "family_b": reference})
+        result.update({"budget": budget, "family_a": family, "family_b": reference})
         replays = [r for _, r in sorted(self.replayed.items())
                    if any(self.path / r["copy"] == Path(f) for f in [*a.run_dirs, *b.run_dirs])]
         if replays:  # checkpoints trained again here (REPLAY=True, or EDGES=True): the interval is of these models
