@@ -1,6 +1,6 @@
 """Peak resident memory and speed of preparing a large TinyStories-format file (streaming preparation).
 
-    python bench/bench_prepare.py [--size-mb 50 100 200] [--tokenizers char bpe] [--source FILE]
+    python bench/bench_prepare.py [--size-mb 50 100 200] [--tokenizers char bpe] [--source FILE] [--distinct]
 
 Builds a file of each size by repeating the real training slice (../shared/data/tinystories), then
 prepares it in a fresh child process per (size, tokenizer), with an empty cache: the full pipeline
@@ -10,6 +10,8 @@ one line per case: seconds, MB/s and the child's peak resident memory (ru_maxrss
 
 import argparse
 import json
+import random
+import string
 import subprocess
 import sys
 import tempfile
@@ -30,16 +32,32 @@ print(json.dumps({{"seconds": seconds, "peak_mb": resource.getrusage(resource.RU
 """
 
 
-def build(source: Path, folder: Path, size_mb: int) -> Path:
+def _cipher(copy: int) -> dict:
+    """Copy ``copy``'s letter substitution (the first copy unchanged): every copy spells its words anew, so the
+    file holds as many distinct words as a corpus of that many distinct stories would, roughly, not one slice's."""
+    if copy == 0:
+        return {}
+    rng = random.Random(copy)
+    lower = list(string.ascii_lowercase)
+    rng.shuffle(lower)
+    table = dict(zip(string.ascii_lowercase, lower, strict=True))
+    return str.maketrans({**table, **{k.upper(): v.upper() for k, v in table.items()}})
+
+
+def build(source: Path, folder: Path, size_mb: int, distinct: bool = False) -> Path:
     text = source.read_text(encoding="utf-8")
     if not text.rstrip().endswith("<|endoftext|>"):
         text = text.rstrip() + "\n<|endoftext|>\n"
+    stories = text.split("<|endoftext|>")
     path = folder / f"TinyStories-train-{size_mb}MB.txt"
     with open(path, "w", encoding="utf-8") as f:
-        written = 0
+        written, copy = 0, 0
         while written < size_mb * 1e6:
-            f.write(text)
-            written += len(text.encode("utf-8"))
+            # the marker itself is never enciphered: each story is, and joined again
+            part = "<|endoftext|>".join(s.translate(_cipher(copy)) for s in stories) if distinct else text
+            f.write(part)
+            written += len(part.encode("utf-8"))
+            copy += 1
     return path
 
 
@@ -48,6 +66,9 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, nargs="+", default=[50, 100, 200])
     parser.add_argument("--tokenizers", nargs="+", default=["char", "bpe"], choices=["char", "bpe"])
     parser.add_argument("--source", type=Path, default=DEFAULT, help="text repeated to the size (TinyStories format)")
+    parser.add_argument("--distinct", action="store_true",
+                        help="spell each repetition's words anew (a letter substitution per copy): distinct words grow "
+                             "with the size, as in a corpus of distinct stories")
     args = parser.parse_args()
     if not args.source.is_file():
         raise SystemExit(f"error: {args.source} not found; give --source a TinyStories-format text file")
@@ -56,7 +77,7 @@ def main() -> None:
         val = tmp / "TinyStories-valid.txt"
         val.write_text(args.source.read_text(encoding="utf-8")[:200_000], encoding="utf-8")
         for size in args.size_mb:
-            path = build(args.source, tmp, size)
+            path = build(args.source, tmp, size, args.distinct)
             mb = path.stat().st_size / 1e6
             for kind in args.tokenizers:
                 cache = tmp / f"cache-{size}-{kind}"
