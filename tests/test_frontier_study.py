@@ -475,6 +475,7 @@ def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported
     windowed = transformer["flops_per_char"]
     assert windowed["8192"] == windowed["128"] < full["flops_per_char"]["8192"]  # its window caps what it reads
     assert all(rate > 0 for row in rows.values() for rate in row["chars_per_s"].values())
+    assert content["machine"]["cores"] >= 1 and content["machine"]["load_average"] >= 0  # what the timings shared
     run_script("scaling.py", f"REPORT={studies}")
     text = (studies / "REPORT.md").read_text()
     assert "What generating costs" in text and f"python scaling.py GENERATION={micro.as_posix()}" in text

@@ -23,13 +23,14 @@ envelope has moved since it was measured.
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
 import torch
 
 from reservoir.models import build_model, with_added_options
-from reservoir.platform.machine import processor
+from reservoir.platform.machine import processor, usable_cores
 from reservoir.run.evaluation import carries_state
 from reservoir.run.flops import step_flops
 from reservoir.run.records import ResultsError, read_signed_json, write_signed_json
@@ -179,10 +180,11 @@ def measure_study(folder: Path, report: dict, command: str) -> dict:
     points = envelope_points(folder, report)
     if not points:
         raise ResultsError(f"{folder} has no envelope point at its top grid budget yet: run the study first")
+    load = os.getloadavg()[0]  # what else ran beside the timings: they are this machine's, at this load
     rows = [measure(p) for p in points]
     return {"command": command, "budget": points[0]["budget"], "contexts": list(CONTEXTS), "batches": list(BATCHES),
-            "machine": {"processor": processor(), "torch": torch.__version__,
-                        "threads": 1},
+            "machine": {"processor": processor(), "torch": torch.__version__, "threads": 1,
+                        "cores": usable_cores(), "load_average": round(max(load, os.getloadavg()[0]), 1)},
             "reference": report["reference"], "rows": rows}
 
 
@@ -231,7 +233,9 @@ def format_generation(content: dict, report: dict, h: str, image: str) -> list[s
              "at any context; the transformer keeps its keys and values within its window of "
              f"{window} characters, the context it was trained on (past it the "
              "cost stops growing), and its full cache, a context it never trained on, is the row below it. "
-             f"Characters per second: greedy, one CPU thread ({machine['processor']}, torch {machine['torch']}), a "
+             f"Characters per second: greedy, one CPU thread ({machine['processor']}, torch {machine['torch']}"
+             + (f"; {machine['cores']} cores at a load of {machine['load_average']}" if "cores" in machine else "")
+             + "), a "
              "half-window prompt then half a window of steps. Made by", "", f"    {content['command']}", "",
              "| family | generates from | bits/char | stream | " + " | ".join(f"FLOPs/char at {int(c):,}"
                                                                         for c in contexts)
