@@ -34,6 +34,7 @@ from reservoir.platform.machine import processor, usable_cores
 from reservoir.run.evaluation import carries_state
 from reservoir.run.flops import step_flops
 from reservoir.run.records import ResultsError, read_signed_json, write_signed_json
+from reservoir.run.trained import load_run_plugins
 from reservoir.studies.budgets import point_name
 from reservoir.studies.frontier.records import read_study_file, study_budgets
 from reservoir.studies.probes import state_size
@@ -71,7 +72,9 @@ def envelope_points(folder: Path, report: dict) -> list[dict]:
         at = next((p for p in envelope if p["budget"] == budget), None)
         if at is None:
             continue
-        recorded = records.config(folder / at["cell"] / point_name(budget))
+        point = folder / at["cell"] / point_name(budget)
+        recorded = records.config(point)
+        load_run_plugins(point, recorded)  # a plugin family is built from its plugin, as the run named it
         points.append({"family": family, "cell": at["cell"], "budget": budget,
                        "bpc": at.get("bpc_mean", at["bpc"]), "params_trained": at["params_trained"],
                        "config": with_added_options(dict(recorded["effective_config"])),
