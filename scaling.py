@@ -62,8 +62,12 @@ def generation_cost(folder: str) -> int:
     """What each family's envelope configuration costs to generate with, into the study's records and report."""
     from reservoir.studies.frontier.analysis import report_from_records
     from reservoir.studies.frontier.generation import measure_study, write_generation
+    from reservoir.studies.frontier.records import STUDY_FILE
 
     path = Path(folder)
+    if not (path / STUDY_FILE).is_file():
+        raise StudyError(f"{path} is not a frontier study's folder (it holds no {STUDY_FILE}): "
+                         "GENERATION=results/<study>")
     content = measure_study(path, report_from_records(path), f"python scaling.py GENERATION={path.as_posix()}")
     say(f"wrote {write_generation(path, content)}")
     return report_only(folder)

@@ -492,3 +492,5 @@ def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported
     assert proc.returncode == 1 and "generation-cost.json" in proc.stderr and "GENERATION=" in proc.stderr
     proc = run_script("scaling.py", f"GENERATION={micro}", "SEED=2", check=False)
     assert proc.returncode == 1 and "give it alone" in proc.stderr
+    proc = run_script("scaling.py", f"GENERATION={studies}", check=False)  # the folder of studies, not a study
+    assert proc.returncode == 1 and "is not a frontier study's folder" in proc.stderr
