@@ -40,8 +40,11 @@ from reservoir.platform.device import runs_on_cpu
 from reservoir.platform.messages import TAG, OneLineError, say
 from reservoir.run.records import read_json
 from reservoir.studies.budgets import StudyError, positive_numbers
+from reservoir.studies.frontier.analysis import report_from_records
+from reservoir.studies.frontier.generation import measure_study, read_generation, write_generation
 from reservoir.studies.frontier.grid import FRONTIER_KEYS
 from reservoir.studies.frontier.plan import estimate, format_plan, probe_cells
+from reservoir.studies.frontier.records import STUDY_FILE
 from reservoir.studies.frontier.report import format_study, headline, write_from_records, write_study
 from reservoir.studies.frontier.shared import export_records
 from reservoir.studies.frontier.study import FrontierExit, FrontierStudy, measure_cells
@@ -60,17 +63,16 @@ def report_only(folder: str) -> int:
 
 def generation_cost(folder: str) -> int:
     """What each family's envelope configuration costs to generate with, into the study's records and report."""
-    from reservoir.studies.frontier.analysis import report_from_records
-    from reservoir.studies.frontier.generation import measure_study, write_generation
-    from reservoir.studies.frontier.records import STUDY_FILE
-
     path = Path(folder)
     if not (path / STUDY_FILE).is_file():
         raise StudyError(f"{path} is not a frontier study's folder (it holds no {STUDY_FILE}): "
                          "GENERATION=results/<study>")
-    content = measure_study(path, report_from_records(path), f"python scaling.py GENERATION={path.as_posix()}")
-    say(f"wrote {write_generation(path, content)}")
-    return report_only(folder)
+    report = report_from_records(path)  # built once: measured from, then written with the measurement in it
+    measured = measure_study(path, report, f"python scaling.py GENERATION={path.as_posix()}")
+    say(f"wrote {write_generation(path, measured)}")
+    for written in write_study({**report, "generation": read_generation(path)}, path):
+        say(f"wrote {written}")
+    return 0
 
 
 def frontier(own: dict, settings: list[str]) -> int:

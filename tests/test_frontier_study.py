@@ -457,8 +457,10 @@ def test_a_point_to_train_again_that_the_study_does_not_hold_is_one_line(studies
 def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported(studies):
     """GENERATION=<study>: the reservoir's carried state costs the same at any context; the transformer's cache
     grows by 4 x layers x width FLOPs and 2 x layers x width numbers a character of context, capped at its window."""
+    import scaling  # its main, in this process
+
     micro = studies / "micro"
-    run_script("scaling.py", f"GENERATION={micro}")
+    assert scaling.main([f"GENERATION={micro}"]) == 0
     content = json.loads((micro / "generation-cost.json").read_text())
     rows = {r["family"]: r for r in content["rows"]}
     assert set(rows) == {"linear_reservoir", "transformer++"} and content["contexts"] == [128, 1024, 8192]
@@ -476,7 +478,7 @@ def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported
     assert windowed["8192"] == windowed["128"] < full["flops_per_char"]["8192"]  # its window caps what it reads
     assert all(rate > 0 for row in rows.values() for rate in row["chars_per_s"].values())
     assert content["machine"]["cores"] >= 1 and content["machine"]["load_average"] >= 0  # what the timings shared
-    run_script("scaling.py", f"REPORT={studies}")
+    assert scaling.main([f"REPORT={studies}"]) == 0
     text = (studies / "REPORT.md").read_text()
     assert "What generating costs" in text and f"python scaling.py GENERATION={micro.as_posix()}" in text
     assert (micro / "generation-cost.png").stat().st_size > 10_000
@@ -488,9 +490,9 @@ def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported
     assert "Measured before the envelope moved: linear_reservoir (linear_reservoir-xs-lr0.004-b8, now " in said
     edited = content | {"budget": 1.0}
     (micro / "generation-cost.json").write_text(json.dumps(edited))
-    proc = run_script("scaling.py", f"REPORT={micro}", check=False)
-    assert proc.returncode == 1 and "generation-cost.json" in proc.stderr and "GENERATION=" in proc.stderr
-    proc = run_script("scaling.py", f"GENERATION={micro}", "SEED=2", check=False)
-    assert proc.returncode == 1 and "give it alone" in proc.stderr
-    proc = run_script("scaling.py", f"GENERATION={studies}", check=False)  # the folder of studies, not a study
-    assert proc.returncode == 1 and "is not a frontier study's folder" in proc.stderr
+    with pytest.raises(SystemExit, match="generation-cost.json.*GENERATION="):  # one line: "error: ..."
+        scaling.main([f"REPORT={micro}"])
+    with pytest.raises(SystemExit, match="give it alone"):
+        scaling.main([f"GENERATION={micro}", "SEED=2"])
+    with pytest.raises(SystemExit, match="is not a frontier study's folder"):  # the folder of studies, not a study
+        scaling.main([f"GENERATION={studies}"])

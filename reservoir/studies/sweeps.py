@@ -37,6 +37,8 @@ from reservoir.run.records import run_seeds
 from reservoir.studies.storage import open_rdb, shown, storage_errors
 
 SEARCH_SPACES = {name: dict(family.search) for name, family in MODELS.items() if family.search}  # the built-in
+
+
 def search_spaces() -> dict[str, dict]:
     """Every family's search space (``Family.search_space``), those a loaded plugin declares among them."""
     return {name: space for name, family in MODELS.items() if (space := family.search_space())}

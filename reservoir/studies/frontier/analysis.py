@@ -121,17 +121,24 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
             "not_run_pruned": pruned, "spent": spent, **({"planned": study["planned"]} if "planned" in study else {})}
 
 
-def _gap_growth(envelope: dict, reference: str | None) -> dict | None:
-    """The best reservoir family's gap to the reference at each budget both reached, and its slope against
-    compute with a bootstrap interval over seeds (curves.gap_slope): does the gap grow with compute?"""
+def best_reservoirs(envelope: dict, reference: str | None) -> list[tuple[float, str, dict, dict]]:
+    """(budget, the best reservoir family there, its envelope point, the reference's) at each budget both reached,
+    smallest budget first (a tie goes to the family named first alphabetically)."""
     by = {f: {p["budget"]: p for p in points} for f, points in envelope.items()}
     rows = []
     for budget, ref in sorted(by.get(reference, {}).items()):
         present = [f for f in RESERVOIR_FAMILIES if budget in by.get(f, {})]
         if present:
             best = min(present, key=lambda f: (by[f][budget]["bpc_mean"], f))
-            rows.append((budget, best, by[best][budget]["bpc_per_seed"], ref["bpc_per_seed"]))
-    slope = gap_slope([(budget, mine, theirs) for budget, _, mine, theirs in rows])
+            rows.append((budget, best, by[best][budget], ref))
+    return rows
+
+
+def _gap_growth(envelope: dict, reference: str | None) -> dict | None:
+    """The best reservoir family's gap to the reference at each budget both reached, and its slope against
+    compute with a bootstrap interval over seeds (curves.gap_slope): does the gap grow with compute?"""
+    rows = best_reservoirs(envelope, reference)
+    slope = gap_slope([(budget, best["bpc_per_seed"], ref["bpc_per_seed"]) for budget, _, best, ref in rows])
     if slope is None:
         return None
     return {"reference": reference, "budgets": [r[0] for r in rows], "families": [r[1] for r in rows], **slope}

@@ -152,30 +152,40 @@ def measure(point: dict, contexts=CONTEXTS, batches=BATCHES) -> dict:
     config, vocab = point["config"], point["vocab_size"]
     model = build_model(config["MODELS"][0], vocab, config).eval()
     window, carried = int(config["SEQ_LEN"]), carries_state(model)
+    flops_at, held_at = {}, {}  # by context length: each counted once (a count copies the model)
+
+    def flops(length: int) -> float:
+        if length not in flops_at:
+            flops_at[length] = _step_flops(model, vocab, length, carried)
+        return flops_at[length]
+
+    def held(length: int) -> int | None:
+        if length not in held_at:
+            held_at[length] = _held(model, vocab, length)
+        return held_at[length]
+
     if carried:
-        how = "carried state"
-        held = _tree_bytes(model.initial_state(1, torch.device("cpu")))
-        flops = {c: _step_flops(model, vocab, window // 2, True) for c in contexts}
-        nbytes = {c: held for c in contexts}
+        how, state = "carried state", _tree_bytes(model.initial_state(1, torch.device("cpu")))
+        per_char = {c: flops(window // 2) for c in contexts}
+        nbytes = {c: state for c in contexts}
     else:
-        how = "key-value cache" if _held(model, vocab, 2) is not None else "recomputed window"
-        flops = {c: _step_flops(model, vocab, min(c, window) - 1, False) for c in contexts}
-        nbytes = {c: _held(model, vocab, min(c, window)) or BYTES_PER_NUMBER * state_size(model, min(c, window))
+        how = "key-value cache" if held(2) is not None else "recomputed window"
+        per_char = {c: flops(min(c, window) - 1) for c in contexts}
+        nbytes = {c: held(min(c, window)) or BYTES_PER_NUMBER * state_size(model, min(c, window))
                   for c in contexts}  # what the cache holds; a recomputing model, the keys and values it would
     row = {key: point[key] for key in ("family", "cell", "bpc", "params_trained")}
     row.update({"how": how, "window": None if carried else window,
-                "flops_per_char": {str(c): flops[c] for c in contexts},
+                "flops_per_char": {str(c): per_char[c] for c in contexts},
                 "bytes": {str(c): nbytes[c] for c in contexts},
                 "chars_per_s": {str(n): chars_per_second(model, vocab, n, window, carried) for n in batches}})
     if how == "key-value cache":  # the cost of a step is a line in the keys it reads: extended past the window
         low, high = window // 4, window // 2
-        slope = (_step_flops(model, vocab, high, False) - _step_flops(model, vocab, low, False)) / (high - low)
-        first = _step_flops(model, vocab, low, False) - slope * low
-        per_position = (_held(model, vocab, high) - _held(model, vocab, low)) / (high - low)
-        held = _held(model, vocab, low) - per_position * low
+        slope = (flops(high) - flops(low)) / (high - low)
+        per_position = (held(high) - held(low)) / (high - low)
+        first, kept = flops(low) - slope * low, held(low) - per_position * low
         row["full_cache"] = {"step_flops": first, "flops_per_context": slope,
                              "flops_per_char": {str(c): first + slope * c for c in contexts},
-                             "bytes": {str(c): held + per_position * c for c in contexts}}
+                             "bytes": {str(c): kept + per_position * c for c in contexts}}
     return row
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from reservoir.platform.files import atomic_write_text
 from reservoir.run.records import write_json_atomic
 from reservoir.studies.curves import curve, log_axes, save_figure
-from reservoir.studies.frontier.analysis import BOUNDS, report_from_records
+from reservoir.studies.frontier.analysis import BOUNDS, best_reservoirs, report_from_records
 from reservoir.studies.frontier.generation import GENERATION_PLOT, format_generation, plot_generation
 from reservoir.studies.frontier.grid import (
     PRESETS,
@@ -114,16 +114,10 @@ def _by_budget(report: dict) -> dict:
 
 def goal_rows(report: dict) -> list[dict]:
     """Per budget: "the transformer", the best reservoir family, the gap (reservoir / transformer - 1)."""
-    by, reference = _by_budget(report), report["reference"]
     rows = []
-    for budget in report["budgets"]:
-        ref = by.get(reference, {}).get(budget)
-        reservoirs = [(by[f][budget]["bpc_mean"], f) for f in RESERVOIR_FAMILIES if budget in by.get(f, {})]
-        if ref is None or not reservoirs:
-            continue
-        bpc, family = min(reservoirs)
-        gap = bpc / ref["bpc_mean"] - 1
-        rows.append({"budget": budget, "reference": ref, "family": family, "best": by[family][budget], "gap": gap,
+    for budget, family, best, ref in best_reservoirs(report["envelope"], report["reference"]):
+        gap = best["bpc_mean"] / ref["bpc_mean"] - 1
+        rows.append({"budget": budget, "reference": ref, "family": family, "best": best, "gap": gap,
                      "met": gap <= GOAL})
     return rows
 
@@ -452,9 +446,10 @@ def _gap_split(report: dict, h: str) -> list[str]:
     """Where the gap comes from: a frozen family, its gated variants, its unfrozen control and the LSTM at each
     budget, with the share of the family's gap to the reference each closes."""
     by, reference = _by_budget(report), report["reference"]
-    unfrozen = {(c["family"], c["budget"]): c["val_bpc"] for c in report.get("controls") or []
-                if c["control"] == "unfrozen" and c["seed"] == min(
-                    d["seed"] for d in report["controls"] if d["family"] == c["family"])}
+    unfrozen = {}  # the unfrozen control runs on the first seed alone
+    for c in report.get("controls") or []:
+        if c["control"] == "unfrozen":
+            unfrozen.setdefault((c["family"], c["budget"]), c["val_bpc"])
     lines = []
     for base in ("frozen_retention", "reservoir_attention"):
         gated = [(f"{base}+{gate}", label) for gate, label in GATES.items() if by.get(f"{base}+{gate}")]
