@@ -2,6 +2,7 @@
 
 import json
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -233,11 +234,11 @@ def test_an_edited_point_says_what_deleting_its_folder_does(tmp_path):
         PointRecords(study).summary(point)  # points.jsonl does not hold it: deleting the folder means re-training
 
 
-def _readme_study_command() -> list[str]:
-    """The README's command for the committed TinyStories study, its continuation lines joined."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
-    line = next(line for line in text.splitlines() if "scaling.py FRONTIER=True STUDY=frontier-tinystories" in line)
-    return line.split("python scaling.py", 1)[1].split()
+def _documented_study_command(page: str = "README.md", study: str = "frontier-tinystories") -> list[str]:
+    """A page's command for a committed study, its continuation lines joined."""
+    text = (ROOT / page).read_text(encoding="utf-8").replace("\\\n", " ")
+    line = next(line for line in text.splitlines() if f"scaling.py FRONTIER=True STUDY={study} " in line)
+    return shlex.split(line.split("python scaling.py", 1)[1])
 
 
 def _study_from(args: list[str], results: Path):
@@ -251,14 +252,18 @@ def _study_from(args: list[str], results: Path):
     return own, settings, lambda: FrontierStudy.from_args(own, settings)
 
 
-def test_the_readme_s_study_command_is_the_committed_study_s_own(tmp_path):
+@pytest.mark.parametrize("page, name", [("README.md", "frontier-tinystories"),
+                                        ("docs/studies.md", "frontier-tinystories"),
+                                        ("docs/configuration.md", "frontier-shakespeare")])
+def test_a_documented_study_command_is_the_committed_study_s_own(tmp_path, page, name):
     """Run on the committed study, the README's command rewrote its stages (EDGES, CONTEXTS) as False, and the
-    next report lost the sections they had found: the command must be the study's own, stages and all."""
+    next report lost the sections they had found; a page's command without the grid's grown batches is refused:
+    each page's command must be the study's own, stages and grid and all."""
     from reservoir.studies.frontier.grid import FREE, _placeless, parse_stages, portable_settings
 
-    shutil.copytree(ROOT / "results" / "frontier-tinystories", tmp_path / "frontier-tinystories")
-    recorded = json.loads((tmp_path / "frontier-tinystories" / "frontier-study.json").read_text())
-    own, settings, build = _study_from(_readme_study_command(), tmp_path)
+    shutil.copytree(ROOT / "results" / name, tmp_path / name)
+    recorded = json.loads((tmp_path / name / "frontier-study.json").read_text())
+    own, settings, build = _study_from(_documented_study_command(page, name), tmp_path)
     study = build()
     assert parse_stages(own, study.budgets, study.grid) == recorded["stages"]  # named in the command itself
     assert study.budgets == recorded["budgets"]
@@ -272,7 +277,7 @@ def test_a_continued_study_keeps_its_recorded_stages_and_refuses_to_turn_one_off
 
     shutil.copytree(ROOT / "results" / "frontier-tinystories", tmp_path / "frontier-tinystories")
     recorded = json.loads((tmp_path / "frontier-tinystories" / "frontier-study.json").read_text())["stages"]
-    fewer = [a for a in _readme_study_command() if not a.startswith(("EDGES=", "CONTEXTS=", "LEAD_BUDGET="))]
+    fewer = [a for a in _documented_study_command() if not a.startswith(("EDGES=", "CONTEXTS=", "LEAD_BUDGET="))]
     assert _study_from(fewer, tmp_path)[2]().stages == recorded  # left out: the recorded stages go on
     _, _, build = _study_from([*fewer, "EDGES=False"], tmp_path)
     with pytest.raises(FrontierError, match="records EDGES=True; continuing it with EDGES=False would drop") as refused:
