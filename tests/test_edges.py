@@ -85,10 +85,37 @@ def test_the_reports_summary_counts_the_edges_walked_and_the_walks_not_run_yet()
              "budget": 1e12, "val_bpc": 2.0, "seed": 1337, "envelope_seed": False}
     step = {**point, "cell": "lstm-s-lr0.003-b4", "batch_size": 4, "val_bpc": 2.05}
 
-    def summary(steps):
+    def summary(steps, sd=None):
         report = {"families": ["lstm"], "edges": {"max_tokens_per_param": 300,
-                                                  "walks": edge_walks([point], steps, GRID, [1e12], 1337, {})}}
+                                                  "walks": edge_walks([point], steps, GRID, [1e12], 1337, {})},
+                  "envelope": {"lstm": [{"budget": 1e12, "bpc_sd": sd}]}}
         return [line for line in _edges(report, "##") if line and not line.startswith(("|", "#", "Each"))]
 
     assert summary([]) == ["1 walks are not finished: the study's command with EDGES=True continues them."]
     assert summary([step]) == ["At none of the 1 edges walked did the step beyond beat the point."]
+
+
+def test_a_step_that_beats_its_point_by_less_than_the_seeds_spread_does_not_ask_the_grid_to_grow():
+    """A one-seed walk found batch 32 better by 0.018 (Shakespeare, 7.8e12) where the point's seeds spread by 0.022,
+    and the report said the grid should grow: grown (75 points), batch 32 scored worse in the grid."""
+    from reservoir.studies.frontier.report import _edges
+
+    point = {"cell": "lstm-s-lr0.003-b8", "family": "lstm", "size": "s", "learning_rate": 3e-3, "batch_size": 8,
+             "budget": 1e12, "val_bpc": 2.0, "seed": 1337, "envelope_seed": False}
+    steps = [{**point, "cell": "lstm-s-lr0.003-b4", "batch_size": 4, "val_bpc": 1.982},
+             {**point, "cell": "lstm-s-lr0.003-b2", "batch_size": 2, "val_bpc": 2.1}]
+
+    def report(sd):
+        walks = edge_walks([point], steps, GRID, [1e12], 1337, {})
+        return _edges({"families": ["lstm"], "edges": {"max_tokens_per_param": 300, "walks": walks},
+                       "envelope": {"lstm": [{"budget": 1e12, "bpc_sd": sd}]}}, "##")
+
+    within = report(0.022)
+    assert "| **-0.018** (seeds' sd 0.022; grow BATCH_SIZES; then a worse step) |" in within[-3]
+    assert within[-1] == ("1 of 1 edges held the point back on its first seed; the most, lstm at 1e+12 FLOPs, by "
+                          "-0.018 bits/char. None by more than the envelope point's seeds' sd: within it one seed "
+                          "cannot tell the step from the point, and growing the grid there may move no envelope.")
+    beyond = report(0.005)[-1]
+    assert beyond.endswith("1 of them by more than the envelope point's seeds' sd (lstm at 1e+12): the grid should "
+                           "grow there (a grid list may grow).")
+    assert report(None)[-1] == beyond  # one seed: no spread to weigh the step against

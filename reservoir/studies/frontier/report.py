@@ -567,6 +567,9 @@ def _edges(report: dict, h: str) -> list[str]:
     lines += ["| family | budget | envelope point (first seed) | edge | steps beyond (bits/char) | the point moved |",
               "| --- | --- | --- | --- | --- | --- |"]
     order = {f: k for k, f in enumerate(report["families"])}
+    # one seed's step against one seed's point: a gain within the seeds' spread of the point says little
+    seed_sd = {(f, p["budget"]): p.get("bpc_sd") for f, points in (report.get("envelope") or {}).items()
+               for p in points}
     for w in sorted(walks, key=lambda w: (w["budget"], order.get(w["family"], 99), w["axis"], w["direction"])):
         name, key = _AXIS_NAMES[w["axis"]]
         steps = []
@@ -576,7 +579,9 @@ def _edges(report: dict, h: str) -> list[str]:
             steps.append(f"{_edge_value(w['axis'], step['value'])}: {score}{over}")
         if w["moved"] < 0:
             ended = {"worse": "then a worse step", "not run yet": f"next: {w['next']}"}.get(w["end"], w["end"])
-            verdict = f"**{w['moved']:+.3f}** (grow {key}; {ended})"
+            sd = seed_sd.get((w["family"], w["budget"]))
+            spread = f"seeds' sd {sd:.3f}; " if sd else ""
+            verdict = f"**{w['moved']:+.3f}** ({spread}grow {key}; {ended})"
         elif w["end"] == "worse" and w["steps"] and w["steps"][0]["val_bpc"] is not None:
             verdict = f"no: the step is worse ({w['steps'][0]['val_bpc'] - w['val_bpc']:+.3f})"
         elif w["end"] == "worse":
@@ -593,9 +598,14 @@ def _edges(report: dict, h: str) -> list[str]:
     pending = [w for w in walks if w["end"] == "not run yet"]
     if moved:
         most = min(moved, key=lambda w: w["moved"])
-        lines += ["", f"{len(moved)} of {len(walks)} edges held the point back: the grid should grow there (a grid "
-                  f"list may grow); the most, {most['family']} at {most['budget']:.3g} FLOPs, by {most['moved']:+.3f} "
-                  "bits/char on its first seed."]
+        beyond = [w for w in moved if (seed_sd.get((w["family"], w["budget"])) or 0) < -w["moved"]]
+        lines += ["", f"{len(moved)} of {len(walks)} edges held the point back on its first seed; the most, "
+                  f"{most['family']} at {most['budget']:.3g} FLOPs, by {most['moved']:+.3f} bits/char. "
+                  + (f"{len(beyond)} of them by more than the envelope point's seeds' sd ("
+                     + ", ".join(f"{w['family']} at {w['budget']:.3g}" for w in beyond)
+                     + "): the grid should grow there (a grid list may grow)." if beyond else
+                     "None by more than the envelope point's seeds' sd: within it one seed cannot tell the step from "
+                     "the point, and growing the grid there may move no envelope.")]
     elif len(pending) < len(walks):
         lines += ["", f"At none of the {len(walks) - len(pending)} edges walked did the step beyond beat the point."]
     if pending:
