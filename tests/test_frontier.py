@@ -206,6 +206,8 @@ def test_a_plan_says_what_a_study_costs_and_writes_nothing(tmp_path):
     first = rows[0].split("|")
     assert int(first[2]) >= 1 and float(first[3]) > 0  # points, FLOPs
     assert "x 2 host(s): about" in proc.stdout and " s besides training" in proc.stdout
+    # the estimate keeps KEEP cells a family; halving keeps those within WITHIN too, which it cannot foresee
+    assert "points are KEEP=" in proc.stdout and "within WITHIN=" in proc.stdout and "'at most' columns" in proc.stdout
     assert not (tmp_path / "results").exists()
 
 

@@ -263,5 +263,8 @@ def format_plan(plan: dict, study) -> str:
               f"{_hours(plan['wall_seconds'])} of wall time (at most {_hours(plan['wall_seconds_at_most'])}). "
               f"Per point {POINT_OVERHEAD_S:g} s besides training, evaluating and sampling; seconds per step "
               f"probed here ({PROBE_STEPS} steps per family, size and batch, on the CPU as many copies at once as "
-              f"points run), and each evaluation and sample with the family's model."]
+              f"points run), and each evaluation and sample with the family's model. After the first budget the "
+              f"points are KEEP={study.grid['KEEP']} cells a family; halving also keeps every cell within "
+              f"WITHIN={study.grid['WITHIN']:g} of its family's best, which the points do not count: a study whose "
+              f"cells score close together costs more, up to the 'at most' columns."]
     return "\n".join(lines)
