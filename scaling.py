@@ -43,7 +43,7 @@ from reservoir.studies.budgets import StudyError, positive_numbers
 from reservoir.studies.frontier.analysis import report_from_records
 from reservoir.studies.frontier.generation import measure_study, read_generation, write_generation
 from reservoir.studies.frontier.grid import FRONTIER_KEYS
-from reservoir.studies.frontier.plan import estimate, format_plan, probe_cells
+from reservoir.studies.frontier.plan import estimate, format_plan, probe_cells, recorded_cells
 from reservoir.studies.frontier.records import STUDY_FILE
 from reservoir.studies.frontier.report import format_study, headline, write_from_records, write_study
 from reservoir.studies.frontier.shared import export_records
@@ -86,7 +86,7 @@ def frontier(own: dict, settings: list[str]) -> int:
         measure = measure_cells(study)
         probe = probe_cells(study, measure.data)
         try:
-            print(format_plan(estimate(study, measure, probe, hosts), study), flush=True)
+            print(format_plan(estimate(study, measure, probe, hosts, recorded_cells(study)), study), flush=True)
         finally:
             probe.close()
         return 0

@@ -243,6 +243,29 @@ def test_a_plan_charges_each_point_what_its_probe_says_it_spends_besides_trainin
     assert seeds["stage"] == f"envelope seeds (+{extra})" and seeds["seconds"] == extra * 110.0 * len(study.budgets)
 
 
+def test_a_plan_keeps_as_many_cells_after_the_first_budget_as_the_study_s_own_halving_kept(tmp_path):
+    """The plan kept KEEP cells a family after the first budget, where WITHIN kept far more (the grown TinyStories
+    grid's 1.25e12 stage: 30 planned, 132 to train; the committed studies spent 2.0x and 3.8x the planned FLOPs):
+    a study with records plans by what its halving kept, and a family without records by the share kept."""
+    from reservoir.studies.frontier.plan import _kept, estimate
+
+    assert [len(_kept({"a": list(range(10)), "b": list(range(10))}, 1e12, 3, r)) for r in
+            ({}, {("a", 1e12): 6})] == [6, 12]  # KEEP each; a's 6 recorded, b's 60% share of 10
+    assert len(_kept({"a": list(range(20)), "b": list(range(10)), "c": [0, 1]}, 1e12, 3, {("a", 1e12): 6})) == \
+        6 + 3 + 2  # a's records; b: 30% of 10 is 3; c has only 2 cells
+    assert len(_kept({"a": list(range(20))}, 1e12, 3, {("a", 1e12): 6, ("a", 2e12): 9})) == 6
+
+    study, measure = micro_study(tmp_path)  # KEEP=1: one cell a family after the first budget
+
+    def no_training(cell):
+        return 0.0
+
+    before = estimate(study, measure, no_training)["stages"][1]["points"]
+    recorded = {(family, study.budgets[1]): 2 for family in study.grid["FAMILIES"]}
+    after = estimate(study, measure, no_training, recorded=recorded)["stages"][1]
+    assert before == len(study.grid["FAMILIES"]) and after["points"] == 2 * before <= after["points_at_most"]
+
+
 def test_a_plan_probes_each_cell_in_as_many_processes_at_once_as_the_study_runs_points(tmp_path):
     """Two one-thread points at once run slower than one alone (they share the cores' caches and memory): the
     plan's probe of a cell runs a copy in each of the study's two slots at once, forked as the points are."""

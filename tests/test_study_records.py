@@ -272,6 +272,20 @@ def test_a_documented_study_command_is_the_committed_study_s_own(tmp_path, page,
     assert _placeless(portable_settings(study.settings)) == _placeless(recorded["settings"])
 
 
+def test_a_plan_counts_the_cells_a_study_holds_first_seed_records_of_at_each_budget(studies):
+    from reservoir.studies.frontier.plan import recorded_cells
+
+    args = ["STUDY=micro", "FAMILIES=transformer++,linear_reservoir", "SIZES=xs", "LEARNING_RATES=4e-3",
+            "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "LEAD_BUDGET=1.2e10", "REFERENCES=True", "CONTROLS=True",
+            "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=2", "DATASET=synthetic"]
+    study = _study_from(args, studies)[2]()
+    expected = {(f, b): 1 for f in ("transformer++", "linear_reservoir") for b in (3e9, 6e9)}
+    assert recorded_cells(study) == expected  # the envelope's extra seeds and the lead budget are not the grid's
+    PointRecords(studies / "micro").pack()
+    records_only(studies / "micro")
+    assert recorded_cells(_study_from(args, studies)[2]()) == expected  # a clone: points.jsonl alone
+
+
 def test_a_continued_study_keeps_its_recorded_stages_and_refuses_to_turn_one_off(tmp_path):
     from reservoir.studies.frontier.grid import FrontierError
 

@@ -186,11 +186,37 @@ def _probe_pool(copies: int):
                                initargs=(context.Barrier(copies),))
 
 
-def estimate(study, measure, seconds_per_step, hosts: int = 1) -> dict:
+def recorded_cells(study) -> dict:
+    """{(family, budget): how many of its cells the study holds a first-seed record of at that grid budget}: what
+    its own successive halving kept, for ``estimate`` to plan a continued or grown study by."""
+    seed, counts = study.config["SEED"], {}
+    for cell in study.cells():
+        for budget in study.budgets:
+            if any(r.get("seed") == seed for r in study.store.summary(study.folder(cell, budget)) or []):
+                counts[cell.family, budget] = counts.get((cell.family, budget), 0) + 1
+    return counts
+
+
+def _kept(by_family: dict, budget: float, keep: int, recorded: dict) -> list:
+    """The cells halving is expected to keep at a budget after the first: KEEP a family, or as many as the study's
+    records hold there, or the share of its cells that the recorded families kept, whichever is more (WITHIN keeps
+    every cell close to the best, often several times KEEP; a grown grid's new cells have no records yet)."""
+    held = {f: recorded[f, budget] for f in by_family if recorded.get((f, budget))}
+    share = sum(held.values()) / sum(len(by_family[f]) for f in held) if held else 0.0
+    kept = []
+    for family, cells in by_family.items():
+        expected = max(held.get(family, 0), round(share * len(cells)))  # a grown family has cells not run yet
+        kept += cells[:max(keep, expected)]
+    return kept
+
+
+def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | None = None) -> dict:
     """Per stage (each grid budget, then the envelope's extra seeds): points, FLOPs and device-seconds, both as
     successive halving is expected to keep them and at most (every runnable cell); ``measure(cell)`` as
     ``FrontierStudy.plan`` takes it, ``seconds_per_step(cell)`` from ``probe_cells`` (its
-    ``besides_training(cell)``: what a point spends besides training; POINT_OVERHEAD_S without it)."""
+    ``besides_training(cell)``: what a point spends besides training; POINT_OVERHEAD_S without it).
+    ``recorded`` (``recorded_cells``): what the study's own halving kept, where it holds records; without it
+    (the plan before a study runs, which its report sets the spent FLOPs against) KEEP cells a family."""
     besides = getattr(seconds_per_step, "besides_training", lambda cell: POINT_OVERHEAD_S)
     plan = study.plan(measure)
     cooldown, keep = study.config["COOLDOWN_FRACTION"], study.grid["KEEP"]
@@ -200,7 +226,7 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1) -> dict:
         by_family: dict = {}
         for cell in runnable:
             by_family.setdefault(cell.family, []).append(cell)
-        kept = [c for cells in by_family.values() for c in (cells if k == 0 else cells[:keep])]
+        kept = runnable if k == 0 else _kept(by_family, budget, keep, recorded or {})
 
         def cost(cells, budget=budget, previous=previous):
             flops = seconds = 0.0
@@ -264,7 +290,8 @@ def format_plan(plan: dict, study) -> str:
               f"Per point {POINT_OVERHEAD_S:g} s besides training, evaluating and sampling; seconds per step "
               f"probed here ({PROBE_STEPS} steps per family, size and batch, on the CPU as many copies at once as "
               f"points run), and each evaluation and sample with the family's model. After the first budget the "
-              f"points are KEEP={study.grid['KEEP']} cells a family; halving also keeps every cell within "
-              f"WITHIN={study.grid['WITHIN']:g} of its family's best, which the points do not count: a study whose "
-              f"cells score close together costs more, up to the 'at most' columns."]
+              f"points are KEEP={study.grid['KEEP']} cells a family, or as many as the study's records hold there, or "
+              f"the share of its cells the recorded families kept, whichever is more; halving also keeps every "
+              f"cell within WITHIN={study.grid['WITHIN']:g} of its family's best, which a study without records "
+              f"cannot foresee: it may cost more, up to the 'at most' columns."]
     return "\n".join(lines)
