@@ -189,10 +189,10 @@ def _probe_pool(copies: int):
 def recorded_cells(study) -> dict:
     """{(family, budget): how many of its cells the study holds a first-seed record of at that grid budget}: what
     its own successive halving kept, for ``estimate`` to plan a continued or grown study by."""
-    seed, counts = study.config["SEED"], {}
+    counts = {}
     for cell in study.cells():
         for budget in study.budgets:
-            if any(r.get("seed") == seed for r in study.store.summary(study.folder(cell, budget)) or []):
+            if study.first_seed_record(cell, budget) is not None:
                 counts[cell.family, budget] = counts.get((cell.family, budget), 0) + 1
     return counts
 

@@ -570,6 +570,9 @@ def _edges(report: dict, h: str) -> list[str]:
     # one seed's step against one seed's point: a gain within the seeds' spread of the point says little
     seed_sd = {(f, p["budget"]): p.get("bpc_sd") for f, points in (report.get("envelope") or {}).items()
                for p in points}
+
+    def spread(w: dict) -> float | None:
+        return seed_sd.get((w["family"], w["budget"]))
     for w in sorted(walks, key=lambda w: (w["budget"], order.get(w["family"], 99), w["axis"], w["direction"])):
         name, key = _AXIS_NAMES[w["axis"]]
         steps = []
@@ -579,9 +582,8 @@ def _edges(report: dict, h: str) -> list[str]:
             steps.append(f"{_edge_value(w['axis'], step['value'])}: {score}{over}")
         if w["moved"] < 0:
             ended = {"worse": "then a worse step", "not run yet": f"next: {w['next']}"}.get(w["end"], w["end"])
-            sd = seed_sd.get((w["family"], w["budget"]))
-            spread = f"seeds' sd {sd:.3f}; " if sd else ""
-            verdict = f"**{w['moved']:+.3f}** ({spread}grow {key}; {ended})"
+            sd = f"seeds' sd {spread(w):.3f}; " if spread(w) else ""
+            verdict = f"**{w['moved']:+.3f}** ({sd}grow {key}; {ended})"
         elif w["end"] == "worse" and w["steps"] and w["steps"][0]["val_bpc"] is not None:
             verdict = f"no: the step is worse ({w['steps'][0]['val_bpc'] - w['val_bpc']:+.3f})"
         elif w["end"] == "worse":
@@ -598,14 +600,16 @@ def _edges(report: dict, h: str) -> list[str]:
     pending = [w for w in walks if w["end"] == "not run yet"]
     if moved:
         most = min(moved, key=lambda w: w["moved"])
-        beyond = [w for w in moved if (seed_sd.get((w["family"], w["budget"])) or 0) < -w["moved"]]
+        beyond = [w for w in moved if (spread(w) or 0) < -w["moved"]]
+        if beyond:
+            where = ", ".join(f"{w['family']} at {w['budget']:.3g}" for w in beyond)
+            grow = (f"{len(beyond)} of them by more than the envelope point's seeds' sd ({where}): the grid should "
+                    "grow there (a grid list may grow).")
+        else:
+            grow = ("None by more than the envelope point's seeds' sd: within it one seed cannot tell the step from "
+                    "the point, and growing the grid there may move no envelope.")
         lines += ["", f"{len(moved)} of {len(walks)} edges held the point back on its first seed; the most, "
-                  f"{most['family']} at {most['budget']:.3g} FLOPs, by {most['moved']:+.3f} bits/char. "
-                  + (f"{len(beyond)} of them by more than the envelope point's seeds' sd ("
-                     + ", ".join(f"{w['family']} at {w['budget']:.3g}" for w in beyond)
-                     + "): the grid should grow there (a grid list may grow)." if beyond else
-                     "None by more than the envelope point's seeds' sd: within it one seed cannot tell the step from "
-                     "the point, and growing the grid there may move no envelope.")]
+                  f"{most['family']} at {most['budget']:.3g} FLOPs, by {most['moved']:+.3f} bits/char. {grow}"]
     elif len(pending) < len(walks):
         lines += ["", f"At none of the {len(walks) - len(pending)} edges walked did the step beyond beat the point."]
     if pending:

@@ -196,6 +196,10 @@ class FrontierStudy:
     def folder(self, cell: Cell, budget: float, seeds: bool = False) -> Path:
         return self.path / cell.name / (point_name(budget) + ("-seeds" if seeds else ""))
 
+    def first_seed_record(self, cell: Cell, budget: float) -> dict | None:
+        """The cell's record at a grid budget on the study's first seed (the one halving ranks), None if not yet."""
+        return _first(self.store.summary(self.folder(cell, budget)) or [], self.config["SEED"])
+
     def point_args(self, cell: Cell, budget: float, previous: float | None) -> list[str]:
         folder = self.folder(cell, budget)
         where = [f"RESULTS_DIR={folder.parent}", f"FLOP_BUDGET={budget!r}"]
@@ -574,7 +578,7 @@ class FrontierStudy:
             candidates = []
             for c in self.cells():
                 if c.family == family and c.name in pruned and plan[c.name][budget] is None and c.name in last_run:
-                    record = _first(self.store.summary(self.folder(c, last_run[c.name])) or [], self.config["SEED"])
+                    record = self.first_seed_record(c, last_run[c.name])
                     score = record.get("val_bpc") if record else None
                     if score is not None:
                         candidates.append((-last_run[c.name], score, c.name, c))
@@ -586,7 +590,7 @@ class FrontierStudy:
         within WITHIN of its best (diverged points stop too)."""
         scores = {}
         for c in live:
-            record = _first(self.store.summary(self.folder(c, budget)) or [], self.config["SEED"])
+            record = self.first_seed_record(c, budget)
             scores[c] = record.get("val_bpc") if record else None
         stop = {c.name for c, score in scores.items() if score is None}
         for family in self.grid["FAMILIES"]:
