@@ -207,7 +207,7 @@ def test_a_plan_says_what_a_study_costs_and_writes_nothing(tmp_path):
     assert int(first[2]) >= 1 and float(first[3]) > 0  # points, FLOPs
     assert "x 2 host(s): about" in proc.stdout and " s besides training" in proc.stdout
     # the estimate keeps KEEP cells a family; halving keeps those within WITHIN too, which it cannot foresee
-    assert "points are KEEP=" in proc.stdout and "within WITHIN=" in proc.stdout and "'at most' columns" in proc.stdout
+    assert "else KEEP=" in proc.stdout and "within WITHIN=" in proc.stdout and "'at most' columns" in proc.stdout
     assert not (tmp_path / "results").exists()
 
 
@@ -264,6 +264,35 @@ def test_a_plan_keeps_as_many_cells_after_the_first_budget_as_the_study_s_own_ha
     recorded = {(family, study.budgets[1]): 2 for family in study.grid["FAMILIES"]}
     after = estimate(study, measure, no_training, recorded=recorded)["stages"][1]
     assert before == len(study.grid["FAMILIES"]) and after["points"] == 2 * before <= after["points_at_most"]
+
+
+def test_a_plan_counts_the_cells_halving_keeps_at_each_budget_the_study_s_records_decide(tmp_path):
+    """Where every cell of a budget holds its first-seed record, halving's choice at the next budget is decided:
+    the plan counted KEEP cells a family there (or the share recorded at that budget, none yet), where WITHIN kept
+    them all (the grown TinyStories grid's 1.25e12 stage: 141 planned, 206 live). It now replays the study's own
+    halving over its records (``FrontierStudy.halving``, which the study runs by)."""
+    from reservoir.studies.frontier.plan import decided_cells, estimate, recorded_cells
+
+    def no_training(cell):
+        return 0.0
+
+    for within, kept_per_family in (("0.5", None), ("0", 1)):
+        study, measure = micro_study(tmp_path, f"WITHIN={within}")
+        plan = study.plan(measure)
+        first, second = study.budgets
+        runnable = [c for c in study.cells() if plan[c.name][first] is None]
+        study.store.absorb({study.store.key(study.folder(c, first)): {
+            "config": {}, "summary": [{"seed": study.config["SEED"], "val_bpc": 2.0 + 0.01 * k}]}
+            for k, c in enumerate(runnable)})
+        live = decided_cells(study, plan)[second]
+        both = [c for c in runnable if plan[c.name][second] is None]
+        joining = [c for c in study.cells() if plan[c.name][second] is None and c not in runnable]  # too big before
+        families = {c.family for c in both}
+        survivors = len(both) if kept_per_family is None else kept_per_family * len(families)
+        assert len(families) == 2 and len(both) > len(families) and joining
+        assert len(live) == survivors + len(joining)
+        stage = estimate(study, measure, no_training, recorded=recorded_cells(study))["stages"][1]
+        assert stage["points"] == survivors + len(joining)
 
 
 def test_a_plan_probes_each_cell_in_as_many_processes_at_once_as_the_study_runs_points(tmp_path):

@@ -197,6 +197,17 @@ def recorded_cells(study) -> dict:
     return counts
 
 
+def decided_cells(study, plan: dict) -> dict:
+    """{budget: the cells successive halving trains there}, for each budget the study's records decide: the first,
+    and each after one whose live cells all hold first-seed records (replayed as the study runs it)."""
+    decided = {}
+    for budget, live, _, _ in study.halving(plan):
+        decided[budget] = live
+        if any(study.first_seed_record(cell, budget) is None for cell in live):
+            break
+    return decided
+
+
 def _kept(by_family: dict, budget: float, keep: int, recorded: dict) -> list:
     """The cells halving is expected to keep at a budget after the first: KEEP a family, or as many as the study's
     records hold there, or the share of its cells that the recorded families kept, whichever is more (WITHIN keeps
@@ -215,18 +226,20 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
     successive halving is expected to keep them and at most (every runnable cell); ``measure(cell)`` as
     ``FrontierStudy.plan`` takes it, ``seconds_per_step(cell)`` from ``probe_cells`` (its
     ``besides_training(cell)``: what a point spends besides training; POINT_OVERHEAD_S without it).
-    ``recorded`` (``recorded_cells``): what the study's own halving kept, where it holds records; without it
-    (the plan before a study runs, which its report sets the spent FLOPs against) KEEP cells a family."""
+    ``recorded`` (``recorded_cells``): what the study's own halving kept, where it holds records, and the cells
+    it trains at each budget its records decide (``decided_cells``); without it (the plan before a study runs,
+    which its report sets the spent FLOPs against) KEEP cells a family."""
     besides = getattr(seconds_per_step, "besides_training", lambda cell: POINT_OVERHEAD_S)
     plan = study.plan(measure)
     cooldown, keep = study.config["COOLDOWN_FRACTION"], study.grid["KEEP"]
+    decided = {} if recorded is None else decided_cells(study, plan)
     stages, previous = [], None
     for k, budget in enumerate(study.budgets):
         runnable = [c for c in study.cells() if plan[c.name][budget] is None]
         by_family: dict = {}
         for cell in runnable:
             by_family.setdefault(cell.family, []).append(cell)
-        kept = runnable if k == 0 else _kept(by_family, budget, keep, recorded or {})
+        kept = runnable if k == 0 else decided.get(budget) or _kept(by_family, budget, keep, recorded or {})
 
         def cost(cells, budget=budget, previous=previous):
             flops = seconds = 0.0
@@ -290,8 +303,10 @@ def format_plan(plan: dict, study) -> str:
               f"Per point {POINT_OVERHEAD_S:g} s besides training, evaluating and sampling; seconds per step "
               f"probed here ({PROBE_STEPS} steps per family, size and batch, on the CPU as many copies at once as "
               f"points run), and each evaluation and sample with the family's model. After the first budget the "
-              f"points are KEEP={study.grid['KEEP']} cells a family, or as many as the study's records hold there, or "
-              f"the share of its cells the recorded families kept, whichever is more; halving also keeps every "
+              f"points are the cells halving keeps where the study's records decide them (every cell of the "
+              f"budget before holds a first-seed record), else KEEP={study.grid['KEEP']} cells a family, or as many "
+              f"as the study's records hold there, or the share of its cells the recorded families kept, whichever "
+              f"is more; halving also keeps every "
               f"cell within WITHIN={study.grid['WITHIN']:g} of its family's best, which a study without records "
               f"cannot foresee: it may cost more, up to the 'at most' columns."]
     return "\n".join(lines)

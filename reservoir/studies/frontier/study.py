@@ -352,25 +352,16 @@ class FrontierStudy:
         skipped = sum(reason is not None for row in plan.values() for reason in row.values())
         say(f"frontier {self.name}: {len(plan)} cells x {len(self.budgets)} budgets, {skipped} cell-budgets skipped "
             f"(listed in {self.path / STUDY_FILE})")
-        pruned: set[str] = set()
-        last_run: dict[str, float] = {}  # cell -> the budget of its latest point
         seed = self.config["SEED"]
-        for budget in self.budgets:
-            live = [c for c in self.cells() if c.name not in pruned and plan[c.name][budget] is None]
-            revived = self._refill(live, pruned, plan, budget, last_run)
+        for budget, live, revived, last_run in self.halving(plan):
             if revived:
                 say(f"frontier {self.name}: {budget:.3g} FLOPs: {', '.join(c.name for c in revived)} back, for "
                     "families whose kept cells no longer fit this budget (too many tokens per parameter)")
-                live += revived
-                pruned -= {c.name for c in revived}
             todo = [c for c in live if not self.finished(self.folder(c, budget), [seed])]
             say(f"frontier {self.name}: {budget:.3g} FLOPs: {len(live)} cells, {len(live) - len(todo)} already "
                 f"finished, {len(todo)} to train")
             self._run_all([(self.folder(c, budget), self.point_args(c, budget, last_run.get(c.name))) for c in todo],
                           run_points, budget)
-            for c in live:
-                last_run[c.name] = budget
-            pruned |= self._prune(live, budget)
         winners = envelope_cells(self.records(), self.budgets)
         todo = [(c, b) for c in self.cells() for b in self.budgets
                 if (c.family, b) in winners and winners[(c.family, b)] == c.name and self.extra_seeds()
@@ -565,6 +556,22 @@ class FrontierStudy:
             raise FrontierExit(code, f"{len(failed)} point(s) {where} stopped (exit code {code}; each point's own "
                                      "message is above)"
                                      f"{waiting}; every finished point is kept and the same command continues")
+
+    def halving(self, plan: dict):
+        """Successive halving over the grid budgets: yields each budget, its live cells, those of them brought back
+        for it (``_refill``) and {cell: the budget of its latest point} before it; resumed once the budget's
+        first-seed points are recorded, it stops the cells that lose there (``_prune``)."""
+        pruned: set[str] = set()
+        last_run: dict[str, float] = {}
+        for budget in self.budgets:
+            live = [c for c in self.cells() if c.name not in pruned and plan[c.name][budget] is None]
+            revived = self._refill(live, pruned, plan, budget, last_run)
+            live += revived
+            pruned -= {c.name for c in revived}
+            yield budget, live, revived, dict(last_run)
+            for c in live:
+                last_run[c.name] = budget
+            pruned |= self._prune(live, budget)
 
     def _refill(self, live: list[Cell], pruned: set[str], plan: dict, budget: float, last_run: dict) -> list[Cell]:
         """Cells back for a family with fewer than KEEP live cells at ``budget`` (its kept cells are too small for
