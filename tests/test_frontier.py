@@ -295,6 +295,47 @@ def test_a_plan_counts_the_cells_halving_keeps_at_each_budget_the_study_s_record
         assert stage["points"] == survivors + len(joining)
 
 
+def test_a_plan_of_a_study_with_records_says_what_is_left_to_train_and_prices_the_lead_budget(tmp_path):
+    """A continued or grown study's plan priced the whole study, the points its records hold too, and left out
+    the lead budget (the committed TinyStories study: 9 points at 4e13, each costlier than any grid point): it
+    now says what is left to train, stage by stage, and prices the leaders on every seed; the FLOPs a study
+    records as planned before it runs stay the grid's and seeds' alone."""
+    from reservoir.studies.frontier.plan import estimate, format_plan, planned_flops, recorded_cells
+
+    def one_second(cell):
+        return 1.0
+
+    one_second.besides_training = lambda cell: 0.0
+    study, measure = micro_study(tmp_path, "LEAD_BUDGET=1.2e10", "LEADERS=transformer++,lstm")
+    before = estimate(study, measure, one_second, recorded={})
+    lead = before["stages"][-1]
+    assert lead["stage"].startswith("lead budget 1.2e+10 FLOPs (2 leaders x 2 seeds)") and lead["after_grid"]
+    assert lead["points"] == 2 and lead["seconds"] > max(s["seconds"] for s in before["stages"][:-2]) / 2
+    assert planned_flops(study, measure)["flops"] == sum(s["flops"] for s in before["stages"][:-1])
+    assert before["device_seconds_left"] == before["device_seconds"]  # nothing recorded: all of it is left
+
+    plan = study.plan(measure)
+    first = study.budgets[0]
+    runnable = [c for c in study.cells() if plan[c.name][first] is None]
+    seed = study.config["SEED"]
+    records = {study.store.key(study.folder(c, first)): {"config": {}, "summary": [{"seed": seed, "val_bpc": 2.0 + k}]}
+               for k, c in enumerate(runnable)}
+    winners = {c.family: c for c in reversed(runnable)}  # each family's lowest bits/char: its first cell
+    best = winners["lstm"]
+    records[study.store.key(study.folder(best, first, seeds=True))] = {
+        "config": {}, "summary": [{"seed": s, "val_bpc": 2.0} for s in study.extra_seeds()]}
+    study.store.absorb(records)
+    after = estimate(study, measure, one_second, recorded=recorded_cells(study))
+    grid, seeds = after["stages"][0], after["stages"][-2]
+    assert grid["points"] == len(runnable) and grid["points_left"] == grid["seconds_left"] == 0
+    assert seeds["points_left"] == seeds["points"] - 1  # lstm's envelope at the first budget has its seeds
+    assert after["stages"][1]["points_left"] == after["stages"][1]["points"] > 0
+    assert after["device_seconds_left"] == sum(s["seconds_left"] for s in after["stages"]) < after["device_seconds"]
+    text = format_plan(after, study)
+    assert "left: points | device time |" in text and "left to train:" in text and "Not planned: the references" in text
+    assert "left to train" not in format_plan(estimate(study, measure, one_second), study)  # before a study runs
+
+
 def test_a_plan_probes_each_cell_in_as_many_processes_at_once_as_the_study_runs_points(tmp_path):
     """Two one-thread points at once run slower than one alone (they share the cores' caches and memory): the
     plan's probe of a cell runs a copy in each of the study's two slots at once, forked as the points are."""

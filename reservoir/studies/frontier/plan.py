@@ -3,13 +3,15 @@ and wall time they take on this host's devices, from a short measured probe of e
 run as the points will run (on the CPU, as many copies at once as the study runs points, each in its own
 process: one-thread points side by side each run slower than one alone where they share caches and memory).
 
-    probe = probe_cells(study)            # seconds per training step of each cell's model, measured here
-    plan = estimate(study, measure, probe, hosts)     # per stage: points, FLOPs, device-seconds
-    print(format_plan(plan, study, hosts))
+    probe = probe_cells(study, data)      # seconds per training step of each cell's model, measured here
+    plan = estimate(study, measure, probe, hosts, recorded_cells(study))  # per stage: points, FLOPs, seconds
+    print(format_plan(plan, study))
 
 Stages after the first budget are estimated with successive halving keeping KEEP cells of each family (the
-bound is every runnable cell: both are shown); a point that branches off the budget before pays its
-extension and its cooldown; the envelope's extra seeds train from step 0. Each point also pays what is not
+bound is every runnable cell: both are shown), or, for a study with records, the cells its halving keeps
+where its records decide them; a point that branches off the budget before pays its extension and its
+cooldown; the envelope's extra seeds train from step 0, and so do the lead budget's (its first seed branches
+off the top grid budget). A study with records is also told what is left to train. Each point also pays what is not
 training: its evaluations and samples, probed with the cell's own model (``scoring_seconds``), and
 POINT_OVERHEAD_S for the rest (its start, its data, its FLOP count).
 """
@@ -20,6 +22,8 @@ import math
 import time
 from contextlib import contextmanager
 from types import SimpleNamespace
+
+from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, RESERVOIR_FAMILIES
 
 # seconds a point spends besides training, evaluating and sampling (its start, data, FLOP count): about 1 s forked
 # on the CPU (measured: a point's time besides training was its probed scoring, within 1-3 s); a new Python (a GPU's
@@ -233,57 +237,118 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
     plan = study.plan(measure)
     cooldown, keep = study.config["COOLDOWN_FRACTION"], study.grid["KEEP"]
     decided = {} if recorded is None else decided_cells(study, plan)
+
+    def trained(cell, budget) -> bool:
+        return recorded is not None and study.first_seed_record(cell, budget) is not None
+
+    def cost(cells, budget, previous, seeds=1, branched=True):
+        """Training FLOPs and device-seconds of ``cells``' points at ``budget`` on ``seeds`` seeds: a branched
+        point pays its extension off ``previous`` and its cooldown, a new seed trains from step 0."""
+        flops = seconds = 0.0
+        for cell in cells:
+            per_step = measure(cell)[0]
+            steps = math.ceil(budget / per_step)
+            paid = steps - (math.floor((1 - cooldown) * math.ceil(previous / per_step))
+                            if previous and branched else 0)
+            flops += seeds * paid * per_step
+            seconds += seeds * (paid * seconds_per_step(cell) + besides(cell))
+        return flops, seconds
+
+    def stage(name, kept, most, budget, previous, left, seeds=1, branched=True) -> dict:
+        (flops, seconds), (most_flops, most_seconds) = (cost(cells, budget, previous, seeds, branched)
+                                                         for cells in (kept, most))
+        return {"stage": name, "points": len(kept), "flops": flops, "seconds": seconds, "points_at_most": len(most),
+                "seconds_at_most": most_seconds, "flops_at_most": most_flops, "points_left": len(left),
+                "seconds_left": cost(left, budget, previous, seeds, branched)[1]}
+
+    def costliest(family, budget, carried_to=None):
+        """An envelope or lead cell that is not known yet: the family's costliest (of those that may be carried
+        on to ``carried_to`` within MAX_TOKENS_PER_PARAM, as the leaders are)."""
+        cells = [c for c in study.cells() if c.family == family and plan[c.name][budget] is None and (
+            carried_to is None or math.ceil(carried_to / measure(c)[0]) * measure(c)[2] / measure(c)[1]
+            <= study.grid["MAX_TOKENS_PER_PARAM"])]
+        return max(cells, key=lambda c: math.ceil(budget / measure(c)[0]) * seconds_per_step(c)) if cells else None
+
     stages, previous = [], None
     for k, budget in enumerate(study.budgets):
         runnable = [c for c in study.cells() if plan[c.name][budget] is None]
         by_family: dict = {}
-        for cell in runnable:
+        for cell in sorted(runnable, key=lambda c: not trained(c, budget)):  # the recorded first: kept, most likely
             by_family.setdefault(cell.family, []).append(cell)
         kept = runnable if k == 0 else decided.get(budget) or _kept(by_family, budget, keep, recorded or {})
-
-        def cost(cells, budget=budget, previous=previous):
-            flops = seconds = 0.0
-            for cell in cells:
-                per_step = measure(cell)[0]
-                steps = math.ceil(budget / per_step)
-                paid = steps - (math.floor((1 - cooldown) * math.ceil(previous / per_step)) if previous else 0)
-                flops += paid * per_step
-                seconds += paid * seconds_per_step(cell) + besides(cell)
-            return flops, seconds
-
-        (flops, seconds), (most_flops, most_seconds) = cost(kept), cost(runnable)
-        stages.append({"stage": f"{budget:.3g} FLOPs", "points": len(kept), "flops": flops, "seconds": seconds,
-                       "points_at_most": len(runnable), "seconds_at_most": most_seconds, "flops_at_most": most_flops})
+        stages.append(stage(f"{budget:.3g} FLOPs", kept, runnable, budget, previous,
+                            [c for c in kept if not trained(c, budget)]))
         previous = budget
     extra = study.grid["ENVELOPE_SEEDS"] - 1
     if extra > 0:
-        flops = seconds = 0.0
-        points = 0
+        done = _envelope_seeded(study, decided) if recorded is not None else set()
+        flops = seconds = seconds_left = 0.0
+        points = left = 0
         for budget in study.budgets:
-            for family in study.grid["FAMILIES"]:  # the envelope cell is not known yet: the family's costliest
-                cells = [c for c in study.cells() if c.family == family and plan[c.name][budget] is None]
-                if not cells:
+            for family in study.grid["FAMILIES"]:
+                cell = costliest(family, budget)
+                if cell is None:
                     continue
-                cell = max(cells, key=lambda c: math.ceil(budget / measure(c)[0]) * seconds_per_step(c))
-                steps = math.ceil(budget / measure(cell)[0])
-                flops += extra * steps * measure(cell)[0]
-                seconds += extra * (steps * seconds_per_step(cell) + besides(cell))
-                points += 1
+                flops_here, seconds_here = cost([cell], budget, None, seeds=extra)
+                flops, seconds, points = flops + flops_here, seconds + seconds_here, points + 1
+                if (family, budget) not in done:
+                    seconds_left, left = seconds_left + seconds_here, left + 1
         stages.append({"stage": f"envelope seeds (+{extra})", "points": points, "flops": flops, "seconds": seconds,
-                       "points_at_most": points, "seconds_at_most": seconds, "flops_at_most": flops})
+                       "points_at_most": points, "seconds_at_most": seconds, "flops_at_most": flops,
+                       "points_left": left, "seconds_left": seconds_left})
+    lead, top = study.stages.get("lead_budget"), study.budgets[-1]
+    if lead:  # the leaders carried on from the top grid budget, every seed; a grid's top is known only after it
+        families = study.stages["leaders"]
+        if families == "auto":  # the transformer and the best reservoir family: priced as the costliest of each
+            families = []
+            for kind in (REFERENCE_FAMILIES, RESERVOIR_FAMILIES):
+                present = [f for f in study.grid["FAMILIES"] if f in kind and costliest(f, top, lead) is not None]
+                families += [max(present, key=lambda f: cost([costliest(f, top, lead)], lead, top)[1])
+                             ] if present else []
+        cells = [c for c in (costliest(f, top, lead) for f in families) if c is not None]
+        finished = set()
+        if recorded is not None and top in decided and all(trained(c, top) for c in decided[top]):
+            seeds = [study.config["SEED"], *study.extra_seeds()]
+            finished = {c.family for c in study.leaders() if study.finished(study.folder(c, lead), seeds[:1])
+                        and study.finished(study.folder(c, lead, seeds=True), seeds[1:])}
+        first = stage(f"lead budget {lead:.3g} FLOPs", cells, cells, lead, top,
+                      [c for c in cells if c.family not in finished])
+        more = stage("", cells, cells, lead, top, [c for c in cells if c.family not in finished], extra, False)
+        stages.append({**{key: first[key] + more[key] for key in first if key != "stage"},
+                       "stage": f"lead budget {lead:.3g} FLOPs ({len(cells)} leaders x {extra + 1} seeds)",
+                       "points": len(cells), "points_at_most": len(cells),
+                       "points_left": first["points_left"], "after_grid": True})
     slots = len(study.slots())
     total = sum(s["seconds"] for s in stages)
     most = sum(s["seconds_at_most"] for s in stages)
+    left = sum(s["seconds_left"] for s in stages)
     return {"stages": stages, "device_seconds": total, "device_seconds_at_most": most, "slots": slots,
-            "hosts": hosts, "wall_seconds": total / (slots * hosts), "wall_seconds_at_most": most / (slots * hosts)}
+            "hosts": hosts, "wall_seconds": total / (slots * hosts), "wall_seconds_at_most": most / (slots * hosts),
+            "device_seconds_left": left, "wall_seconds_left": left / (slots * hosts), "recorded": recorded is not None}
+
+
+def _envelope_seeded(study, decided: dict) -> set:
+    """{(family, budget)} whose envelope cell (its best first-seed record there) has its extra seeds recorded, at
+    budgets where every cell halving keeps holds its first-seed record (until then the envelope may change)."""
+    done = set()
+    for budget, live in decided.items():
+        if any(study.first_seed_record(c, budget) is None for c in live):
+            continue
+        best: dict = {}
+        for c in study.cells():
+            score = (study.first_seed_record(c, budget) or {}).get("val_bpc")
+            if score is not None and (c.family not in best or score < best[c.family][0]):
+                best[c.family] = (score, c)
+        done |= {(family, budget) for family, (_, c) in best.items()
+                 if study.finished(study.folder(c, budget, seeds=True), study.extra_seeds())}
+    return done
 
 
 def planned_flops(study, measure) -> dict:
     """The training FLOPs the study's grid and seeds are planned to take (no probe: what its report sets the
-    FLOPs it spent against)."""
-    plan = estimate(study, measure, lambda cell: 0.0)
-    return {"flops": sum(s["flops"] for s in plan["stages"]),
-            "flops_at_most": sum(s["flops_at_most"] for s in plan["stages"])}
+    FLOPs it spent against; the stages after the grid come on top)."""
+    stages = [s for s in estimate(study, measure, lambda cell: 0.0)["stages"] if not s.get("after_grid")]
+    return {"flops": sum(s["flops"] for s in stages), "flops_at_most": sum(s["flops_at_most"] for s in stages)}
 
 
 def _hours(seconds: float) -> str:
@@ -291,15 +356,21 @@ def _hours(seconds: float) -> str:
 
 
 def format_plan(plan: dict, study) -> str:
+    left = plan.get("recorded")  # a study with records: what its command still has to train
     lines = [f"plan for frontier {study.name}: nothing trained, nothing written", "",
-             "| stage | points | FLOPs | device time | at most: points | device time |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| stage | points | FLOPs | device time | at most: points | device time |"
+             + (" left: points | device time |" if left else ""),
+             "| --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if left else "")]
     for s in plan["stages"]:
         lines.append(f"| {s['stage']} | {s['points']} | {s['flops']:.3g} | {_hours(s['seconds'])} | "
-                     f"{s['points_at_most']} | {_hours(s['seconds_at_most'])} |")
+                     f"{s['points_at_most']} | {_hours(s['seconds_at_most'])} |"
+                     + (f" {s['points_left']} | {_hours(s['seconds_left'])} |" if left else ""))
     lines += ["", f"device time {_hours(plan['device_seconds'])} (at most {_hours(plan['device_seconds_at_most'])}); "
               f"on {plan['slots']} point(s) at once x {plan['hosts']} host(s): about "
-              f"{_hours(plan['wall_seconds'])} of wall time (at most {_hours(plan['wall_seconds_at_most'])}). "
+              f"{_hours(plan['wall_seconds'])} of wall time (at most {_hours(plan['wall_seconds_at_most'])})"
+              + (f"; left to train: {_hours(plan['device_seconds_left'])} of device time, about "
+                 f"{_hours(plan['wall_seconds_left'])} of wall time (the points its records do not hold yet)"
+                 if left else "") + ". "
               f"Per point {POINT_OVERHEAD_S:g} s besides training, evaluating and sampling; seconds per step "
               f"probed here ({PROBE_STEPS} steps per family, size and batch, on the CPU as many copies at once as "
               f"points run), and each evaluation and sample with the family's model. After the first budget the "
@@ -308,5 +379,8 @@ def format_plan(plan: dict, study) -> str:
               f"as the study's records hold there, or the share of its cells the recorded families kept, whichever "
               f"is more; halving also keeps every "
               f"cell within WITHIN={study.grid['WITHIN']:g} of its family's best, which a study without records "
-              f"cannot foresee: it may cost more, up to the 'at most' columns."]
+              f"cannot foresee: it may cost more, up to the 'at most' columns. An envelope or lead point not known "
+              f"yet is priced as its family's costliest cell. Not planned: the references, controls, contexts and "
+              f"edge walks a study's stages add (the committed studies' records spent 33-44% of their one-thread "
+              f"training hours on them)."]
     return "\n".join(lines)
