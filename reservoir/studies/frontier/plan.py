@@ -241,25 +241,24 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
     def trained(cell, budget) -> bool:
         return recorded is not None and study.first_seed_record(cell, budget) is not None
 
-    def cost(cells, budget, previous, seeds=1, branched=True):
-        """Training FLOPs and device-seconds of ``cells``' points at ``budget`` on ``seeds`` seeds: a branched
-        point pays its extension off ``previous`` and its cooldown, a new seed trains from step 0."""
+    def cost(cells, budget, previous, seeds=1):
+        """Training FLOPs and device-seconds of ``cells``' points at ``budget`` on ``seeds`` seeds: a point that
+        branches off the ``previous`` budget pays its extension and its cooldown, one without trains from step 0."""
         flops = seconds = 0.0
         for cell in cells:
             per_step = measure(cell)[0]
             steps = math.ceil(budget / per_step)
             paid = steps - (math.floor((1 - cooldown) * math.ceil(previous / per_step))
-                            if previous and branched else 0)
+                            if previous else 0)
             flops += seeds * paid * per_step
             seconds += seeds * (paid * seconds_per_step(cell) + besides(cell))
         return flops, seconds
 
-    def stage(name, kept, most, budget, previous, left, seeds=1, branched=True) -> dict:
-        (flops, seconds), (most_flops, most_seconds) = (cost(cells, budget, previous, seeds, branched)
-                                                         for cells in (kept, most))
+    def stage(name, kept, most, left, budget, previous, seeds=1) -> dict:
+        (flops, seconds), (most_flops, most_seconds) = (cost(cells, budget, previous, seeds) for cells in (kept, most))
         return {"stage": name, "points": len(kept), "flops": flops, "seconds": seconds, "points_at_most": len(most),
                 "seconds_at_most": most_seconds, "flops_at_most": most_flops, "points_left": len(left),
-                "seconds_left": cost(left, budget, previous, seeds, branched)[1]}
+                "seconds_left": cost(left, budget, previous, seeds)[1]}
 
     def costliest(family, budget, carried_to=None):
         """An envelope or lead cell that is not known yet: the family's costliest (of those that may be carried
@@ -276,8 +275,8 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
         for cell in sorted(runnable, key=lambda c: not trained(c, budget)):  # the recorded first: kept, most likely
             by_family.setdefault(cell.family, []).append(cell)
         kept = runnable if k == 0 else decided.get(budget) or _kept(by_family, budget, keep, recorded or {})
-        stages.append(stage(f"{budget:.3g} FLOPs", kept, runnable, budget, previous,
-                            [c for c in kept if not trained(c, budget)]))
+        stages.append(stage(f"{budget:.3g} FLOPs", kept, runnable, [c for c in kept if not trained(c, budget)],
+                            budget, previous))
         previous = budget
     extra = study.grid["ENVELOPE_SEEDS"] - 1
     if extra > 0:
@@ -311,9 +310,8 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
             seeds = [study.config["SEED"], *study.extra_seeds()]
             finished = {c.family for c in study.leaders() if study.finished(study.folder(c, lead), seeds[:1])
                         and study.finished(study.folder(c, lead, seeds=True), seeds[1:])}
-        first = stage(f"lead budget {lead:.3g} FLOPs", cells, cells, lead, top,
-                      [c for c in cells if c.family not in finished])
-        more = stage("", cells, cells, lead, top, [c for c in cells if c.family not in finished], extra, False)
+        to_train = [c for c in cells if c.family not in finished]
+        first, more = stage("", cells, cells, to_train, lead, top), stage("", cells, cells, to_train, lead, None, extra)
         stages.append({**{key: first[key] + more[key] for key in first if key != "stage"},
                        "stage": f"lead budget {lead:.3g} FLOPs ({len(cells)} leaders x {extra + 1} seeds)",
                        "points": len(cells), "points_at_most": len(cells),
