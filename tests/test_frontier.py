@@ -295,6 +295,46 @@ def test_a_plan_counts_the_cells_halving_keeps_at_each_budget_the_study_s_record
         assert stage["points"] == survivors + len(joining)
 
 
+def test_a_plan_expects_the_budget_after_one_in_progress_to_keep_the_share_of_cells_halving_keeps_of_those_recorded(
+        tmp_path):
+    """While a budget's points are still training, the plan priced the next one at KEEP cells a family (a fresh
+    study) or the records' share there (none yet): on the committed studies, with half a budget recorded, that
+    said 21 cells where halving kept 85 and 41. It now ranks the recorded cells as halving does (WITHIN of the
+    best recorded) and keeps that share of each family's cells, with the cells that join at the next budget."""
+    from reservoir.studies.frontier.plan import decided_cells, estimate, next_cells, recorded_cells
+
+    study, measure = micro_study(tmp_path, "WITHIN=0.5")
+    plan = study.plan(measure)
+    first, second = study.budgets
+    runnable = [c for c in study.cells() if plan[c.name][first] is None]
+    both = [c for c in runnable if plan[c.name][second] is None]
+    joining = [c for c in study.cells() if plan[c.name][second] is None and c not in runnable]
+    assert {c.family for c in both} == {"transformer++", "lstm"} and len(both) == 4 and joining
+
+    def record(scores):  # the first of each family's cells recorded at the first budget
+        firsts = {}
+        for c in both:
+            firsts.setdefault(c.family, c)
+        study.store.absorb({study.store.key(study.folder(c, first)): {
+            "config": {}, "summary": [{"seed": study.config["SEED"], "val_bpc": scores[c.family]}]}
+            for c in firsts.values()})
+
+    record({"transformer++": 2.0, "lstm": 2.1})
+    decided = decided_cells(study, plan)
+    assert list(decided) == [first]  # in progress: its other cells have no record yet
+    after, cells = next_cells(study, plan, decided)
+    assert after == second and sorted(c.name for c in cells) == sorted(c.name for c in both + joining)
+    stage = estimate(study, measure, lambda cell: 0.0, recorded=recorded_cells(study))["stages"][1]
+    assert stage["points"] == len(both) + len(joining)
+
+    study, measure = micro_study(tmp_path, "WITHIN=0.5")
+    record({"transformer++": 2.0, "lstm": None})  # lstm's recorded cell diverged: it stops, the other goes on
+    after, cells = next_cells(study, plan, decided_cells(study, plan))
+    kept_lstm = [c for c in cells if c.family == "lstm" and c not in joining]
+    assert len(cells) == len(both) - 1 + len(joining) and len(kept_lstm) == 1
+    assert study.first_seed_record(kept_lstm[0], first) is None
+
+
 def test_a_plan_of_a_study_with_records_says_what_is_left_to_train_and_prices_the_lead_budget(tmp_path):
     """A continued or grown study's plan priced the whole study, the points its records hold too, and left out
     the lead budget (the committed TinyStories study: 9 points at 4e13, each costlier than any grid point): it

@@ -9,7 +9,8 @@ process: one-thread points side by side each run slower than one alone where the
 
 Stages after the first budget are estimated with successive halving keeping KEEP cells of each family (the
 bound is every runnable cell: both are shown), or, for a study with records, the cells its halving keeps
-where its records decide them; a point that branches off the budget before pays its extension and its
+where its records decide them and, after a budget still training, the share its recorded points' ranking
+keeps; a point that branches off the budget before pays its extension and its
 cooldown; the envelope's extra seeds train from step 0, and so do the lead budget's (its first seed branches
 off the top grid budget). A study with records is also told what is left to train. Each point also pays what is not
 training: its evaluations and samples, probed with the cell's own model (``scoring_seconds``), and
@@ -212,6 +213,42 @@ def decided_cells(study, plan: dict) -> dict:
     return decided
 
 
+def next_cells(study, plan: dict, decided: dict) -> tuple[float, list] | None:
+    """(the budget after the last that ``decided_cells`` holds, the cells halving is expected to train there) while
+    that last budget's points are still being trained: its recorded cells ranked as halving ranks them (the
+    share of a family's recorded cells that halving would keep, applied to all its cells there), and the cells
+    that join at the next budget (too large for the budgets before). None where no budget is part-recorded."""
+    budgets = study.budgets
+    last = max(decided, default=None)
+    if last is None or last == budgets[-1]:
+        return None
+    live = decided[last]
+    recorded = [c for c in live if study.first_seed_record(c, last) is not None]
+    if not recorded or len(recorded) == len(live):  # nothing to rank by yet, or decided
+        return None
+    after = budgets[budgets.index(last) + 1]
+    scores = {c.name: study.first_seed_record(c, last).get("val_bpc") for c in recorded}
+    families = list(dict.fromkeys(c.family for c in live))
+    stopped, share = set(), {}
+    for family in families:  # the WITHIN rule on what is recorded: the KEEP best of a few cells would be all
+        ran = [c for c in recorded if c.family == family]
+        best = min((scores[c.name] for c in ran if scores[c.name] is not None), default=math.inf)
+        out = {c.name for c in ran if scores[c.name] is None or scores[c.name] > best * (1 + study.grid["WITHIN"])}
+        stopped |= out
+        if ran:
+            share[family] = 1 - len(out) / len(ran)
+    pooled = sum(share.values()) / len(share) if share else 1.0  # a family none of whose points is recorded yet
+    kept = []
+    for family in families:
+        mine = [c for c in live if c.family == family and plan[c.name][after] is None]
+        ordered = [c for c in mine if c in recorded and c.name not in stopped] + [c for c in mine
+                                                                                 if c not in recorded]
+        kept += ordered[:max(min(study.grid["KEEP"], len(mine)), round(share.get(family, pooled) * len(mine)))]
+    seen = {c.name for cells in decided.values() for c in cells}
+    joining = [c for c in study.cells() if plan[c.name][after] is None and c.name not in seen]
+    return after, kept + joining
+
+
 def _kept(by_family: dict, budget: float, keep: int, recorded: dict) -> list:
     """The cells halving is expected to keep at a budget after the first: KEEP a family, or as many as the study's
     records hold there, or the share of its cells that the recorded families kept, whichever is more (WITHIN keeps
@@ -237,6 +274,7 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
     plan = study.plan(measure)
     cooldown, keep = study.config["COOLDOWN_FRACTION"], study.grid["KEEP"]
     decided = {} if recorded is None else decided_cells(study, plan)
+    expected = dict([next_cells(study, plan, decided) or (None, None)]) if recorded is not None else {}
 
     def trained(cell, budget) -> bool:
         return recorded is not None and study.first_seed_record(cell, budget) is not None
@@ -274,7 +312,8 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
         by_family: dict = {}
         for cell in sorted(runnable, key=lambda c: not trained(c, budget)):  # the recorded first: kept, most likely
             by_family.setdefault(cell.family, []).append(cell)
-        kept = runnable if k == 0 else decided.get(budget) or _kept(by_family, budget, keep, recorded or {})
+        kept = runnable if k == 0 else decided.get(budget) or expected.get(budget) or _kept(
+            by_family, budget, keep, recorded or {})
         stages.append(stage(f"{budget:.3g} FLOPs", kept, runnable, [c for c in kept if not trained(c, budget)],
                             budget, previous))
         previous = budget
@@ -373,7 +412,9 @@ def format_plan(plan: dict, study) -> str:
               f"probed here ({PROBE_STEPS} steps per family, size and batch, on the CPU as many copies at once as "
               f"points run), and each evaluation and sample with the family's model. After the first budget the "
               f"points are the cells halving keeps where the study's records decide them (every cell of the "
-              f"budget before holds a first-seed record), else KEEP={study.grid['KEEP']} cells a family, or as many "
+              f"budget before holds a first-seed record), at the budget after one still training the share of "
+              f"each family's cells that its recorded cells' ranking keeps, else KEEP={study.grid['KEEP']} cells a "
+              f"family, or as many "
               f"as the study's records hold there, or the share of its cells the recorded families kept, whichever "
               f"is more; halving also keeps every "
               f"cell within WITHIN={study.grid['WITHIN']:g} of its family's best, which a study without records "
