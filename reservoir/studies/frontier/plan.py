@@ -232,8 +232,7 @@ def next_cells(study, plan: dict, decided: dict) -> tuple[float, list] | None:
     stopped, share = set(), {}
     for family in families:  # the WITHIN rule on what is recorded: the KEEP best of a few cells would be all
         ran = [c for c in recorded if c.family == family]
-        best = min((scores[c.name] for c in ran if scores[c.name] is not None), default=math.inf)
-        out = {c.name for c in ran if scores[c.name] is None or scores[c.name] > best * (1 + study.grid["WITHIN"])}
+        out = study.beyond_within({c.name: scores[c.name] for c in ran})
         stopped |= out
         if ran:
             share[family] = 1 - len(out) / len(ran)

@@ -595,17 +595,19 @@ class FrontierStudy:
     def _prune(self, live: list[Cell], budget: float) -> set[str]:
         """The cells of ``live`` that stop at ``budget``: neither among their family's KEEP best there nor
         within WITHIN of its best (diverged points stop too)."""
-        scores = {}
-        for c in live:
-            record = self.first_seed_record(c, budget)
-            scores[c] = record.get("val_bpc") if record else None
-        stop = {c.name for c, score in scores.items() if score is None}
+        stop = set()
         for family in self.grid["FAMILIES"]:
-            ranked = sorted((score, c.name) for c, score in scores.items() if score is not None and c.family == family)
-            for rank, (score, name) in enumerate(ranked):
-                if rank >= self.grid["KEEP"] and score > ranked[0][0] * (1 + self.grid["WITHIN"]):
-                    stop.add(name)
+            scores = {c.name: (self.first_seed_record(c, budget) or {}).get("val_bpc") for c in live
+                      if c.family == family}
+            ranked = sorted((score, name) for name, score in scores.items() if score is not None)
+            stop |= self.beyond_within(scores) - {name for _, name in ranked[:self.grid["KEEP"]]}
         return stop
+
+    def beyond_within(self, scores: dict[str, float | None]) -> set[str]:
+        """The cells of one family ({name: first-seed bits/char, None if diverged}) that halving's WITHIN rule
+        stops: diverged, or more than WITHIN above the best of them (halving keeps its KEEP best besides)."""
+        best = min((score for score in scores.values() if score is not None), default=math.inf)
+        return {name for name, score in scores.items() if score is None or score > best * (1 + self.grid["WITHIN"])}
 
     # --- points needed here: checkpoints stay on the machine that trained them
     def replay_folder(self, folder: Path) -> Path:
