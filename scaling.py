@@ -37,6 +37,7 @@ from pathlib import Path
 
 from configs import split_arguments, wants_help
 from reservoir.platform.device import runs_on_cpu
+from reservoir.platform.machine import MachineLoad
 from reservoir.platform.messages import TAG, OneLineError, say
 from reservoir.run.records import read_json
 from reservoir.studies.budgets import StudyError, positive_numbers
@@ -86,7 +87,9 @@ def frontier(own: dict, settings: list[str]) -> int:
         measure = measure_cells(study)
         probe = probe_cells(study, measure.data)
         try:
-            print(format_plan(estimate(study, measure, probe, hosts, recorded_cells(study)), study), flush=True)
+            with MachineLoad() as load:  # the probe's times are this host's at this load
+                plan = estimate(study, measure, probe, hosts, recorded_cells(study) or None)  # None: a new study
+            print(format_plan(plan, study, load.report()), flush=True)
         finally:
             probe.close()
         return 0

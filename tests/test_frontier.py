@@ -207,6 +207,7 @@ def test_a_plan_says_what_a_study_costs_and_writes_nothing(tmp_path):
     assert int(first[2]) >= 1 and float(first[3]) > 0  # points, FLOPs
     assert "x 2 host(s): about" in proc.stdout and " s besides training" in proc.stdout
     # the estimate keeps KEEP cells a family; halving keeps those within WITHIN too, which it cannot foresee
+    assert "left to train" not in proc.stdout  # a new study: all of it is left
     assert "else KEEP=" in proc.stdout and "within WITHIN=" in proc.stdout and "'at most' columns" in proc.stdout
     assert not (tmp_path / "results").exists()
 
@@ -374,6 +375,27 @@ def test_a_plan_of_a_study_with_records_says_what_is_left_to_train_and_prices_th
     text = format_plan(after, study)
     assert "left: points | device time |" in text and "left to train:" in text and "Not planned: the references" in text
     assert "left to train" not in format_plan(estimate(study, measure, one_second), study)  # before a study runs
+
+
+def test_a_plan_whose_probe_ran_beside_other_work_says_its_times_are_too_high(tmp_path):
+    """The same study's plan, probed beside two one-thread studies and then beside a test suite too, said 5.78 h
+    and 7.59 h for one unchanged stage, and nothing told the reader which to trust: a probe that ran on an
+    oversubscribed host (MachineLoad, as a run's records judge it) says so."""
+    from reservoir.platform.machine import MachineLoad, is_oversubscribed
+    from reservoir.studies.frontier.plan import estimate, format_plan
+
+    study, measure = micro_study(tmp_path)
+    plan = estimate(study, measure, lambda cell: 1.0)
+    with MachineLoad() as load:
+        pass
+    measured = load.report()
+    busy = {**measured, "runnable_mean": measured["cores"] + 2.0, "cpu_share": 0.5,
+            "oversubscribed": is_oversubscribed(measured["cores"] + 2.0, measured["cores"], 0.5)}
+    assert "The probe ran beside other work" in format_plan(plan, study, busy)
+    assert f"{measured['cores'] + 2.0:g} threads wanted the host's {measured['cores']} cores" in \
+        format_plan(plan, study, busy)
+    idle = {**measured, "oversubscribed": False}
+    assert "beside other work" not in format_plan(plan, study, idle) + format_plan(plan, study)
 
 
 def test_a_plan_probes_each_cell_in_as_many_processes_at_once_as_the_study_runs_points(tmp_path):

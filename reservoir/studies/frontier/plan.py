@@ -391,7 +391,9 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 360 else f"{seconds:.0f} s"
 
 
-def format_plan(plan: dict, study) -> str:
+def format_plan(plan: dict, study, load: dict | None = None) -> str:
+    """The plan as a table and its sentences; ``load`` (``MachineLoad.report()`` over the probe): a probe that
+    ran beside other work times every step slow, and the plan says so."""
     left = plan.get("recorded")  # a study with records: what its command still has to train
     lines = [f"plan for frontier {study.name}: nothing trained, nothing written", "",
              "| stage | points | FLOPs | device time | at most: points | device time |"
@@ -421,4 +423,8 @@ def format_plan(plan: dict, study) -> str:
               f"yet is priced as its family's costliest cell. Not planned: the references, controls, contexts and "
               f"edge walks a study's stages add (the committed studies' records spent 33-44% of their one-thread "
               f"training hours on them)."]
+    if load and load.get("oversubscribed"):
+        lines += ["", f"The probe ran beside other work ({load['runnable_mean']:g} threads wanted the host's "
+                  f"{load['cores']} cores on average): its times, and the device time above, are too high; plan "
+                  "again with the host otherwise idle."]
     return "\n".join(lines)
