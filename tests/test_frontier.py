@@ -323,14 +323,14 @@ def test_a_plan_expects_the_budget_after_one_in_progress_to_keep_the_share_of_ce
     record({"transformer++": 2.0, "lstm": 2.1})
     decided = decided_cells(study, plan)
     assert list(decided) == [first]  # in progress: its other cells have no record yet
-    after, cells = next_cells(study, plan, decided)
+    ((after, cells),) = next_cells(study, plan, decided).items()
     assert after == second and sorted(c.name for c in cells) == sorted(c.name for c in both + joining)
     stage = estimate(study, measure, lambda cell: 0.0, recorded=recorded_cells(study))["stages"][1]
     assert stage["points"] == len(both) + len(joining)
 
     study, measure = micro_study(tmp_path, "WITHIN=0.5")
     record({"transformer++": 2.0, "lstm": None})  # lstm's recorded cell diverged: it stops, the other goes on
-    after, cells = next_cells(study, plan, decided_cells(study, plan))
+    ((after, cells),) = next_cells(study, plan, decided_cells(study, plan)).items()
     kept_lstm = [c for c in cells if c.family == "lstm" and c not in joining]
     assert len(cells) == len(both) - 1 + len(joining) and len(kept_lstm) == 1
     assert study.first_seed_record(kept_lstm[0], first) is None

@@ -213,19 +213,19 @@ def decided_cells(study, plan: dict) -> dict:
     return decided
 
 
-def next_cells(study, plan: dict, decided: dict) -> tuple[float, list] | None:
-    """(the budget after the last that ``decided_cells`` holds, the cells halving is expected to train there) while
+def next_cells(study, plan: dict, decided: dict) -> dict:
+    """{the budget after the last that ``decided_cells`` holds: the cells halving is expected to train there} while
     that last budget's points are still being trained: its recorded cells ranked as halving ranks them (the
     share of a family's recorded cells that halving would keep, applied to all its cells there), and the cells
-    that join at the next budget (too large for the budgets before). None where no budget is part-recorded."""
+    that join at the next budget (too large for the budgets before). Empty where no budget is part-recorded."""
     budgets = study.budgets
     last = max(decided, default=None)
     if last is None or last == budgets[-1]:
-        return None
+        return {}
     live = decided[last]
     recorded = [c for c in live if study.first_seed_record(c, last) is not None]
     if not recorded or len(recorded) == len(live):  # nothing to rank by yet, or decided
-        return None
+        return {}
     after = budgets[budgets.index(last) + 1]
     scores = {c.name: study.first_seed_record(c, last).get("val_bpc") for c in recorded}
     families = list(dict.fromkeys(c.family for c in live))
@@ -245,7 +245,7 @@ def next_cells(study, plan: dict, decided: dict) -> tuple[float, list] | None:
         kept += ordered[:max(min(study.grid["KEEP"], len(mine)), round(share.get(family, pooled) * len(mine)))]
     seen = {c.name for cells in decided.values() for c in cells}
     joining = [c for c in study.cells() if plan[c.name][after] is None and c.name not in seen]
-    return after, kept + joining
+    return {after: kept + joining}
 
 
 def _kept(by_family: dict, budget: float, keep: int, recorded: dict) -> list:
@@ -273,7 +273,7 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
     plan = study.plan(measure)
     cooldown, keep = study.config["COOLDOWN_FRACTION"], study.grid["KEEP"]
     decided = {} if recorded is None else decided_cells(study, plan)
-    expected = dict([next_cells(study, plan, decided) or (None, None)]) if recorded is not None else {}
+    expected = {} if recorded is None else next_cells(study, plan, decided)
 
     def trained(cell, budget) -> bool:
         return recorded is not None and study.first_seed_record(cell, budget) is not None
@@ -301,8 +301,7 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
         """An envelope or lead cell that is not known yet: the family's costliest (of those that may be carried
         on to ``carried_to`` within MAX_TOKENS_PER_PARAM, as the leaders are)."""
         cells = [c for c in study.cells() if c.family == family and plan[c.name][budget] is None and (
-            carried_to is None or math.ceil(carried_to / measure(c)[0]) * measure(c)[2] / measure(c)[1]
-            <= study.grid["MAX_TOKENS_PER_PARAM"])]
+            carried_to is None or study.skip_reason(c, carried_to, measure) is None)]
         return max(cells, key=lambda c: math.ceil(budget / measure(c)[0]) * seconds_per_step(c)) if cells else None
 
     stages, previous = [], None
