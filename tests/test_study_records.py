@@ -1,6 +1,7 @@
 """A study's records in one file (points.jsonl): what a study commits, what REPORT and a continued study read."""
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -270,6 +271,31 @@ def test_a_documented_study_command_is_the_committed_study_s_own(tmp_path, page,
     assert {k: v for k, v in study.grid.items() if k not in FREE} == \
         {k: v for k, v in recorded["grid"].items() if k not in FREE}
     assert _placeless(portable_settings(study.settings)) == _placeless(recorded["settings"])
+
+
+
+TEXTS = {"frontier-tinystories": (Path(os.environ.get("RESERVOIR_TINYSTORIES", "/nonexistent")), "tinystories"),
+         "frontier-shakespeare": (Path(os.environ.get("RESERVOIR_SHAKESPEARE", "/nonexistent")).parent, "shakespeare")}
+
+
+@pytest.mark.parametrize("page, name", [("README.md", "frontier-tinystories"),
+                                        ("docs/configuration.md", "frontier-shakespeare")])
+def test_a_documented_study_command_on_the_committed_study_changes_none_of_its_files(tmp_path, page, name):
+    """On a fresh clone the README's command, run on the committed TinyStories study (nothing left to train),
+    rewrote its study file (WORKERS 2 as 'auto', a host's own setting) and dropped the measured generation cost
+    from frontier.json and frontier.md: git status was no longer clean."""
+    text, folder = TEXTS[name]
+    if not any(text.glob("*.txt")):
+        pytest.skip("the study's text not given (RESERVOIR_TINYSTORIES, RESERVOIR_SHAKESPEARE)")
+    committed = ROOT / "results" / name
+    shutil.copytree(committed, tmp_path / "results" / name)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / folder).symlink_to(text)
+    proc = run_in_process("scaling.py", _documented_study_command(page, name), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    changed = sorted(p.name for p in committed.iterdir() if p.is_file()
+                     and (tmp_path / "results" / name / p.name).read_bytes() != p.read_bytes())
+    assert changed == []
 
 
 def test_a_plan_counts_the_cells_a_study_holds_first_seed_records_of_at_each_budget(studies):

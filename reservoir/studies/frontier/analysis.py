@@ -214,15 +214,18 @@ def report_from_records(folder: Path) -> dict:
     records = PointRecords(folder)
     check_records_file(study, records)
     try:
-        rows = collect_records(records, study["cells"], study_budgets(study))
-        references = collect_references(records)
-        controls = collect_controls(records, study["cells"], study["budgets"])
-        edges = edges_report(study, rows, records)
+        return study_report(folder, study, collect_records(records, study["cells"], study_budgets(study)), records)
     except ResultsError:
         raise
     except (KeyError, TypeError) as e:
         raise FrontierError(f"{folder / STUDY_FILE} is damaged ({e}); re-run the study's command") from None
-    report = build_frontier(rows, study, references, collect_comparisons(folder), controls,
-                            context_table(folder, records), edges)
+
+
+def study_report(folder: Path, study: dict, rows: list[dict], records: PointRecords) -> dict:
+    """The report of the study whose file is ``study``, from its point rows and records: what REPORT rebuilds
+    and what a study writes when it ends are one report, generation cost (measured apart) and all."""
+    report = build_frontier(rows, study, collect_references(records), collect_comparisons(folder),
+                            collect_controls(records, study["cells"], study["budgets"]),
+                            context_table(folder, records), edges_report(study, rows, records))
     generation = read_generation(folder)
     return {**report, "generation": generation} if generation else report

@@ -45,10 +45,9 @@ from reservoir.run.checkpoint import CheckpointError, checkpoint_file
 from reservoir.run.evaluation import CONTEXTS
 from reservoir.run.records import read_json, write_json_atomic, write_signed_json
 from reservoir.studies.budgets import parse_budgets, point_name, positive_numbers, step_cost, study_name
-from reservoir.studies.frontier.analysis import build_frontier, envelope_cells
+from reservoir.studies.frontier.analysis import envelope_cells, study_report
 from reservoir.studies.frontier.contexts import (
     LONG_CONTEXT_FACTOR,
-    context_table,
     long_context_folder,
     long_context_settings,
     read_context_scores,
@@ -60,7 +59,6 @@ from reservoir.studies.frontier.edges import (
     edge_budgets,
     edge_folder,
     edge_walks,
-    edges_report,
     parse_cell,
     read_edge_file,
     write_edge_file,
@@ -70,6 +68,7 @@ from reservoir.studies.frontier.grid import (
     DEFAULT_BUDGETS,
     EVERY_SEED_CONTROLS,
     FAMILIES,
+    FREE,
     ONE_PASS,
     OWN_SETTINGS,
     PRESETS,
@@ -96,8 +95,6 @@ from reservoir.studies.frontier.records import (
     STUDY_FILE_REMEDY,
     _first,
     check_records_file,
-    collect_comparisons,
-    collect_controls,
     collect_records,
     collect_references,
     note_records,
@@ -314,6 +311,8 @@ class FrontierStudy:
                                     "LEARNING_RATES, BATCH_SIZES), or name a new STUDY")
             if "records" in recorded:
                 content["records"] = recorded["records"]
+            # how this host runs it (WORKERS and the like) is its own: the study's file keeps what it recorded
+            content["grid"] = {**content["grid"], **{k: v for k, v in recorded["grid"].items() if k in FREE}}
         write_signed_json(path, content)
 
     def _pack_records(self) -> None:
@@ -730,10 +729,7 @@ class FrontierStudy:
         return collect_records(self.store, [c.record() for c in self.cells()], self.all_budgets())
 
     def report(self) -> dict:
-        study, rows = read_study_file(self.path), self.records()
-        return build_frontier(rows, study, collect_references(self.store), collect_comparisons(self.path),
-                              collect_controls(self.store, study["cells"], self.budgets),
-                              context_table(self.path, self.store), edges_report(study, rows, self.store))
+        return study_report(self.path, read_study_file(self.path), self.records(), self.store)
 
 
 def own_text(value) -> str:
