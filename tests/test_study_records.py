@@ -224,6 +224,20 @@ def test_the_committed_records_name_no_machine():
             assert found is None, f"{path}: {path.read_text(encoding='utf-8')[found.start():found.start() + 80]}"
 
 
+
+def test_the_committed_records_stay_small():
+    """Records travel in the repository: every file under results/ at most 2 MB, all of them at most 10 MB (a
+    growing study's uncompressed copy of its records was 2.8 MB)."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode != 0 or not listed.stdout.strip():
+        pytest.skip("not a git checkout")
+    sizes = {name: (ROOT / name).stat().st_size for name in listed.stdout.splitlines() if (ROOT / name).is_file()}
+    assert [name for name, size in sizes.items() if size > 2_000_000] == []
+    assert sum(sizes.values()) <= 10_000_000
+
+
 def test_an_edited_point_says_what_deleting_its_folder_does(tmp_path):
     study = tmp_path / "micro"
     shutil.copytree(FIXTURE / "micro", study)
