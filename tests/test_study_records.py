@@ -340,6 +340,30 @@ def test_a_continued_study_keeps_its_recorded_stages_and_refuses_to_turn_one_off
     assert "CONTEXTS=True EDGES=True" in str(refused.value)
 
 
+def test_a_continued_study_may_add_leaders_but_not_drop_one(tmp_path):
+    """A family that joins a study through a grown FAMILIES list could not join its leaders: any LEADERS other than
+    the recorded list was refused, though more leaders drop nothing the study found (the new family's lead-budget
+    points, every seed, are added beside the recorded ones)."""
+    from reservoir.studies.frontier.grid import FrontierError
+
+    shutil.copytree(ROOT / "results" / "frontier-tinystories", tmp_path / "frontier-tinystories")
+    recorded = json.loads((tmp_path / "frontier-tinystories" / "frontier-study.json").read_text())
+    command = _documented_study_command()
+    families = f"FAMILIES={','.join(recorded['grid']['FAMILIES'])},frozen_retention+write"
+    leaders = [*recorded["stages"]["leaders"], "frozen_retention+write"]
+    grown = [a for a in command if not a.startswith(("FAMILIES=", "LEADERS="))]
+    study = _study_from([*grown, families, f"LEADERS={','.join(leaders)}"], tmp_path)[2]()
+    assert study.stages["leaders"] == leaders
+    assert {k: v for k, v in study.stages.items() if k != "leaders"} == \
+        {k: v for k, v in recorded["stages"].items() if k != "leaders"}
+    fewer = [f for f in leaders if f != "lstm"]
+    _, _, build = _study_from([*grown, families, f"LEADERS={','.join(fewer)}"], tmp_path)
+    dropped = "records LEADERS=transformer\\+\\+,frozen_retention,lstm; continuing"
+    with pytest.raises(FrontierError, match=dropped) as refused:
+        build()
+    assert "python scaling.py FRONTIER=True STUDY=frontier-tinystories" in str(refused.value)
+
+
 
 def test_a_host_that_joins_a_shared_study_late_is_given_its_study_file_and_records(studies, tmp_path):
     """A new host (an empty RESULTS_DIR) running the other hosts' command after points were recorded was refused

@@ -167,8 +167,8 @@ class FrontierStudy:
     def keep_recorded_stages(self, given: set[str]) -> None:
         """A continued study keeps the stages its study file records (they are part of what it found): a stage the
         command leaves out is the recorded one, so no report loses a section. A command that turns a recorded
-        stage off, or names other leaders or another lead budget, is refused in one line that gives the study's
-        recorded command; one that adds a stage adds it."""
+        stage off, drops a recorded leader or names another lead budget, is refused in one line that gives the
+        study's recorded command; one that adds a stage or a leader (a family its grid grew by) adds it."""
         if not (self.path / STUDY_FILE).is_file():
             return
         recorded_file = read_study_file(self.path)
@@ -178,6 +178,9 @@ class FrontierStudy:
                 continue
             if key.upper() not in given:
                 self.stages[key] = value
+            elif key == "leaders" and isinstance(value, list) and isinstance(self.stages[key], list) \
+                    and set(value) <= set(self.stages[key]):
+                continue  # more leaders: the recorded ones' points stand, the new ones' are added
             elif value not in (False, None, "auto"):
                 raise FrontierError(f"STUDY={self.name} records {key.upper()}={own_text(value)}; continuing it with "
                                     f"{key.upper()}={own_text(self.stages[key])} would drop what that stage found. Its "
