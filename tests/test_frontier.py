@@ -296,6 +296,40 @@ def test_a_plan_counts_the_cells_halving_keeps_at_each_budget_the_study_s_record
         assert stage["points"] == survivors + len(joining)
 
 
+def test_a_plan_prices_a_cell_that_joins_at_a_later_budget_from_step_0(tmp_path):
+    """A cell too large for the budget before has no stable phase to branch off, so its point trains from step 0
+    (the study's point_args); the plan priced it as a branch, paying only the extension: on the growing Tiny
+    Shakespeare study's 3.12e12 stage the write-gated family's joining cells spent 1.9x what the plan said."""
+    import math
+
+    from reservoir.studies.frontier.plan import estimate, recorded_cells
+
+    study, measure = micro_study(tmp_path, "WITHIN=0.5")
+    plan = study.plan(measure)
+    first, second = study.budgets
+    runnable = [c for c in study.cells() if plan[c.name][first] is None]
+    study.store.absorb({study.store.key(study.folder(c, first)): {
+        "config": {}, "summary": [{"seed": study.config["SEED"], "val_bpc": 2.0 + 0.01 * k}]}
+        for k, c in enumerate(runnable)})
+
+    def one_second(cell):
+        return 1.0
+
+    one_second.besides_training = lambda cell: 0.0
+    stage = estimate(study, measure, one_second, recorded=recorded_cells(study))["stages"][1]
+    cooldown = study.config["COOLDOWN_FRACTION"]
+    paid = {}
+    for c in study.cells():
+        if plan[c.name][second] is not None:
+            continue
+        steps = math.ceil(second / measure(c)[0])
+        branched = plan[c.name][first] is None
+        paid[c.name] = steps - (math.floor((1 - cooldown) * math.ceil(first / measure(c)[0])) if branched else 0)
+    joining = [name for name in paid if plan[name][first] is not None]
+    assert joining and len(joining) < len(paid)
+    assert stage["points"] == len(paid) and stage["seconds"] == sum(paid.values())
+
+
 def test_a_plan_expects_the_budget_after_one_in_progress_to_keep_the_share_of_cells_halving_keeps_of_those_recorded(
         tmp_path):
     """While a budget's points are still training, the plan priced the next one at KEEP cells a family (a fresh

@@ -280,13 +280,14 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
 
     def cost(cells, budget, previous, seeds=1):
         """Training FLOPs and device-seconds of ``cells``' points at ``budget`` on ``seeds`` seeds: a point that
-        branches off the ``previous`` budget pays its extension and its cooldown, one without trains from step 0."""
+        branches off the ``previous`` budget pays its extension and its cooldown, one without trains from step 0
+        (as does a cell that joins at ``budget``: too large for the one before, it has no stable phase there)."""
         flops = seconds = 0.0
         for cell in cells:
             per_step = measure(cell)[0]
             steps = math.ceil(budget / per_step)
-            paid = steps - (math.floor((1 - cooldown) * math.ceil(previous / per_step))
-                            if previous else 0)
+            branches = previous and plan[cell.name].get(previous, "not a grid budget") is None
+            paid = steps - (math.floor((1 - cooldown) * math.ceil(previous / per_step)) if branches else 0)
             flops += seeds * paid * per_step
             seconds += seeds * (paid * seconds_per_step(cell) + besides(cell))
         return flops, seconds

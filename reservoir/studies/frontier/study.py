@@ -316,6 +316,8 @@ class FrontierStudy:
                 content["records"] = recorded["records"]
             # how this host runs it (WORKERS and the like) is its own: the study's file keeps what it recorded
             content["grid"] = {**content["grid"], **{k: v for k, v in recorded["grid"].items() if k in FREE}}
+            if "planned" in recorded and recorded["grid"] == content["grid"] and recorded["budgets"] == self.budgets:
+                content["planned"] = recorded["planned"]  # what was planned before it ran, until its grid grows
         write_signed_json(path, content)
 
     def _pack_records(self) -> None:
