@@ -267,6 +267,19 @@ def test_a_plan_keeps_as_many_cells_after_the_first_budget_as_the_study_s_own_ha
     assert before == len(study.grid["FAMILIES"]) and after["points"] == 2 * before <= after["points_at_most"]
 
 
+def micro_study_with_its_first_budget_recorded(tmp_path, *args):
+    """``micro_study``, its grid's plan and the cells runnable at its first budget, each holding a first-seed record
+    there (the cells' scores ascending in grid order)."""
+    study, measure = micro_study(tmp_path, *args)
+    plan = study.plan(measure)
+    first = study.budgets[0]
+    runnable = [c for c in study.cells() if plan[c.name][first] is None]
+    study.store.absorb({study.store.key(study.folder(c, first)): {
+        "config": {}, "summary": [{"seed": study.config["SEED"], "val_bpc": 2.0 + 0.01 * k}]}
+        for k, c in enumerate(runnable)})
+    return study, measure, plan, runnable
+
+
 def test_a_plan_counts_the_cells_halving_keeps_at_each_budget_the_study_s_records_decide(tmp_path):
     """Where every cell of a budget holds its first-seed record, halving's choice at the next budget is decided:
     the plan counted KEEP cells a family there (or the share recorded at that budget, none yet), where WITHIN kept
@@ -278,13 +291,8 @@ def test_a_plan_counts_the_cells_halving_keeps_at_each_budget_the_study_s_record
         return 0.0
 
     for within, kept_per_family in (("0.5", None), ("0", 1)):
-        study, measure = micro_study(tmp_path, f"WITHIN={within}")
-        plan = study.plan(measure)
+        study, measure, plan, runnable = micro_study_with_its_first_budget_recorded(tmp_path, f"WITHIN={within}")
         first, second = study.budgets
-        runnable = [c for c in study.cells() if plan[c.name][first] is None]
-        study.store.absorb({study.store.key(study.folder(c, first)): {
-            "config": {}, "summary": [{"seed": study.config["SEED"], "val_bpc": 2.0 + 0.01 * k}]}
-            for k, c in enumerate(runnable)})
         live = decided_cells(study, plan)[second]
         both = [c for c in runnable if plan[c.name][second] is None]
         joining = [c for c in study.cells() if plan[c.name][second] is None and c not in runnable]  # too big before
@@ -304,13 +312,8 @@ def test_a_plan_prices_a_cell_that_joins_at_a_later_budget_from_step_0(tmp_path)
 
     from reservoir.studies.frontier.plan import estimate, recorded_cells
 
-    study, measure = micro_study(tmp_path, "WITHIN=0.5")
-    plan = study.plan(measure)
+    study, measure, plan, _ = micro_study_with_its_first_budget_recorded(tmp_path, "WITHIN=0.5")
     first, second = study.budgets
-    runnable = [c for c in study.cells() if plan[c.name][first] is None]
-    study.store.absorb({study.store.key(study.folder(c, first)): {
-        "config": {}, "summary": [{"seed": study.config["SEED"], "val_bpc": 2.0 + 0.01 * k}]}
-        for k, c in enumerate(runnable)})
 
     def one_second(cell):
         return 1.0
