@@ -414,3 +414,24 @@ def test_points_jsonl_and_its_study_file_name_each_other_so_an_older_or_missing_
     with pytest.raises(ResultsError, match=f"is missing, but frontier-study.json records {noted['points']} points in "
                                            "it: restore it"):
         report_from_records(study)
+
+
+def test_the_plan_benchmark_plans_exactly_the_stage_points_it_took_out_of_a_copy_of_the_records(studies, capsys):
+    """bench/bench_plan.py sets a stage's plan against what its points spent: the plan must price the very points
+    taken out of the copy (every first-seed grid point there), and the study itself stays as it was."""
+    import importlib.util
+
+    PointRecords(studies / "micro").pack()
+    before = {p: p.read_bytes() for p in (studies / "micro").rglob("*") if p.is_file()}
+    spec = importlib.util.spec_from_file_location("bench_plan", ROOT / "bench" / "bench_plan.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main([str(studies / "micro"), "6e9", "--since", "2000-01-01"]) == 0
+    said = capsys.readouterr().out
+    found = re.search(r"at 6e\+09 FLOPs: planned (\d+) points, (\d+) device-s; its (\d+) points spent (\d+) s", said)
+    assert found, said
+    planned, points = int(found[1]), int(found[3])
+    recorded = [r for r in PointRecords(studies / "micro").packed()["points"]
+                if r.endswith("/flops-6.00e09") and r.count("/") == 1]  # the grid's, not a control's
+    assert planned == points == len(recorded) > 0 and int(found[2]) > 0 and int(found[4]) > 0
+    assert {p: p.read_bytes() for p in (studies / "micro").rglob("*") if p.is_file()} == before
