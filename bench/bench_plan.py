@@ -90,16 +90,35 @@ def main(argv: list[str]) -> int:
         probe = probe_cells(study, measure.data)
         try:
             with MachineLoad() as load:
-                plan = estimate(study, measure, probe, 1, recorded_cells(study))
+                stage = planned_stage(study, measure, probe, args.budget)
+                families = sorted({s["point"].rpartition("/")[0].rsplit("-", 3)[0] for s in spent})
+                by_family = {f: planned_stage(study, measure, only(probe, f), args.budget) for f in families}
         finally:
             probe.close()
-    stage = next(s for s in plan["stages"] if s["stage"] == f"{args.budget:.3g} FLOPs")
     wall = sum(s.get("wall_seconds") or 0.0 for s in spent)
     print(f"{recorded['study']} at {args.budget:.3g} FLOPs: planned {stage['points_left']} points, "
           f"{stage['seconds_left']:.0f} device-s; its {len(spent)} points spent {wall:.0f} s "
           f"(plan / spent {stage['seconds_left'] / wall:.2f})" if wall else "no points spent at that budget")
+    for family, planned in by_family.items():
+        mine = sum(s.get("wall_seconds") or 0.0 for s in spent if s["point"].startswith(family + "-"))
+        print(f"  {family}: planned {planned['seconds_left']:.0f} s, spent {mine:.0f} s"
+              + (f" ({planned['seconds_left'] / mine:.2f})" if mine else ""))
     print(f"probe load: {json.dumps(load.report())}")
     return 0
+
+
+def planned_stage(study, measure, seconds_per_step, budget: float) -> dict:
+    plan = estimate(study, measure, seconds_per_step, 1, recorded_cells(study))
+    return next(s for s in plan["stages"] if s["stage"] == f"{budget:.3g} FLOPs")
+
+
+def only(probe, family: str):
+    """``probe`` for ``family``'s cells, nothing for the others': the plan's share of one family (probed once)."""
+    def seconds_per_step(cell) -> float:
+        return probe(cell) if cell.family == family else 0.0
+
+    seconds_per_step.besides_training = lambda cell: probe.besides_training(cell) if cell.family == family else 0.0
+    return seconds_per_step
 
 
 if __name__ == "__main__":

@@ -434,4 +434,8 @@ def test_the_plan_benchmark_plans_exactly_the_stage_points_it_took_out_of_a_copy
     recorded = [r for r in PointRecords(studies / "micro").packed()["points"]
                 if r.endswith("/flops-6.00e09") and r.count("/") == 1]  # the grid's, not a control's
     assert planned == points == len(recorded) > 0 and int(found[2]) > 0 and int(found[4]) > 0
+    shares = re.findall(r"^  ([\w+]+): planned (\d+) s, spent (\d+) s", said, re.MULTILINE)
+    assert sorted(f for f, _, _ in shares) == ["linear_reservoir", "transformer++"]
+    assert abs(sum(int(p) for _, p, _ in shares) - int(found[2])) <= len(shares)  # each family's share, rounded
+    assert abs(sum(int(w) for _, _, w in shares) - int(found[4])) <= len(shares)
     assert {p: p.read_bytes() for p in (studies / "micro").rglob("*") if p.is_file()} == before
