@@ -2,7 +2,7 @@
 
     python bench/bench_plan.py results/growing/frontier-shakespeare 3.125e12 --since 2026-11-28T20:20
 
-A copy of the study's records (points.jsonl or points.jsonl.gz, beside its study file) loses the grid points this
+A copy of the study's records (points.jsonl, gzipped or not, beside its study file) loses the grid points this
 host trained at that budget and above (those whose record started at or after --since), so the stage stands as it
 did before they ran; the study's own recorded command (WORKERS=1 unless --workers) then plans it, probing here as
 PLAN=True does, and the plan's "left to train" at that budget is set against the wall seconds the removed
@@ -13,9 +13,9 @@ this host now. The study itself is not touched.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -35,15 +35,6 @@ from reservoir.studies.store import PointRecords  # noqa: E402
 STAGE_FOLDERS = ("edges/", "controls/", "contexts/", "references/")  # not the grid's: the plan does not price them
 
 
-def read_text(folder: Path, name: str) -> str:
-    plain, packed = folder / name, folder / (name + ".gz")
-    if plain.is_file():
-        return plain.read_text(encoding="utf-8")
-    if packed.is_file():
-        return gzip.decompress(packed.read_bytes()).decode("utf-8")
-    sys.exit(f"{folder} holds neither {name} nor {name}.gz: give a study's folder")
-
-
 def budget_of(point: str) -> float | None:
     name = point.rpartition("/")[2]
     if not name.startswith("flops-"):
@@ -55,8 +46,10 @@ def stage_copy(source: Path, copy: Path, budget: float, since: str) -> list[dict
     """``copy`` holds ``source``'s study without the grid points trained since ``since`` at ``budget`` and above;
     returns the removed first-seed summaries at ``budget`` (what the stage spent)."""
     copy.mkdir(parents=True)
-    (copy / "frontier-study.json").write_text(read_text(source, "frontier-study.json"), encoding="utf-8")
-    header, *lines = read_text(source, "points.jsonl").splitlines()
+    if not PointRecords(source).file.is_file():
+        sys.exit(f"{source} holds no points.jsonl[.gz]: give a study's folder")
+    shutil.copyfile(source / "frontier-study.json", copy / "frontier-study.json")
+    header, *lines = PointRecords(source).text().splitlines()
     kept, spent = [header], []
     for line in lines:
         record = json.loads(line)
@@ -73,13 +66,15 @@ def stage_copy(source: Path, copy: Path, budget: float, since: str) -> list[dict
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("study", type=Path, help="a study's folder (points.jsonl[.gz], frontier-study.json[.gz])")
+    parser.add_argument("study", type=Path, help="a study's folder (points.jsonl[.gz], frontier-study.json)")
     parser.add_argument("budget", type=float, help="the grid budget whose stage is planned, e.g. 3.125e12")
     parser.add_argument("--since", required=True, help="the first start (ISO time) of the points this host trained")
     parser.add_argument("--workers", type=int, default=1, help="points at once, as the study ran them")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        recorded = json.loads(read_text(args.study, "frontier-study.json"))
+        if not (args.study / "frontier-study.json").is_file():
+            sys.exit(f"{args.study} holds no frontier-study.json: give a study's folder")
+        recorded = json.loads((args.study / "frontier-study.json").read_text(encoding="utf-8"))
         spent = stage_copy(args.study, Path(tmp) / recorded["study"], args.budget, args.since)
         command = shlex.split(study_command(recorded))[2:]  # past "python scaling.py"
         own, settings = split_arguments([*command, f"WORKERS={args.workers}", f"RESULTS_DIR={tmp}"],

@@ -437,3 +437,47 @@ def test_the_plan_benchmark_plans_exactly_the_stage_points_it_took_out_of_a_copy
     assert abs(sum(int(p) for _, p, _ in shares) - int(found[2])) <= len(shares)  # each family's share, rounded
     assert abs(sum(int(w) for _, _, w in shares) - int(found[4])) <= len(shares)
     assert {p: p.read_bytes() for p in (studies / "micro").rglob("*") if p.is_file()} == before
+
+
+
+def test_records_past_a_megabyte_are_kept_gzipped_and_read_noted_and_reported_as_the_plain_ones(studies, monkeypatch):
+    """A finished study of a thousand points holds 3-4 MB of records; a file in git stays within 2 MB, so past
+    GZIP_OVER the study keeps them gzipped: read, noted and reported as the same lines plain. Records that do not
+    change keep their form (a committed study's command changes none of its files)."""
+    import gzip
+    import hashlib
+
+    from reservoir.studies import store
+
+    study, gzipped = studies / "micro", studies / "micro" / store.GZIPPED_POINTS_FILE
+    run_script("scaling.py", f"REPORT={studies}")
+    plain = (study / POINTS_FILE).read_text()
+    before = {name: (studies / name).read_bytes() for name in OUTPUTS}
+    monkeypatch.setattr(store, "GZIP_OVER", 1000)
+    run_script("scaling.py", f"REPORT={studies}")
+    assert (study / POINTS_FILE).read_text() == plain and not gzipped.exists()
+
+    (study / POINTS_FILE).unlink()  # written anew from the point folders: past GZIP_OVER, gzipped
+    run_script("scaling.py", f"REPORT={studies}")
+    assert not (study / POINTS_FILE).exists() and gzip.decompress(gzipped.read_bytes()).decode() == plain
+    noted = json.loads((study / "frontier-study.json").read_text())["records"]
+    assert noted["file"] == store.GZIPPED_POINTS_FILE and noted["sha256"] == hashlib.sha256(plain.encode()).hexdigest()
+    first = gzipped.read_bytes()
+    records_only(study)
+    run_script("scaling.py", f"REPORT={studies}")
+    assert {name: (studies / name).read_bytes() for name in OUTPUTS} == before and gzipped.read_bytes() == first
+
+    (study / POINTS_FILE).write_text(plain)  # both forms, the same lines (a write stopped before the plain went)
+    assert PointRecords(study).pack() == gzipped and not (study / POINTS_FILE).exists()
+    (study / POINTS_FILE).write_text("".join(plain.splitlines(keepends=True)[:-1]))
+    with pytest.raises(ResultsError, match="holds both points.jsonl and points.jsonl.gz, with different records: "
+                                           "keep one"):
+        PointRecords(study).packed()
+    (study / POINTS_FILE).unlink()
+    gzipped.write_bytes(first[: len(first) // 2])
+    with pytest.raises(ResultsError, match="points.jsonl.gz is not gzipped text .*damaged; restore it"):
+        PointRecords(study).packed()
+    gzipped.unlink()
+    proc = run_script("scaling.py", f"REPORT={studies}", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert f"git checkout -- {gzipped}" in proc.stderr  # the name the study wrote its records under

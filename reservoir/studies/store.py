@@ -4,6 +4,8 @@
                                    shares, and the tokenizers the points used; then one line a point: its folder
                                    (relative to the study), its own settings (config.json less the shared part)
                                    and its summary.json records (each less the shared fields)
+    results/<study>/points.jsonl.gz  the same lines gzipped, once they pass GZIP_OVER bytes (a study of a thousand
+                                   points holds 3-4 MB of records, 8x less gzipped; a file in git stays small)
 
 A point's own folder (logs, samples, metrics, checkpoints) stays on the machine that ran it and is never
 committed; its config.json and summary.json travel in points.jsonl with their integrity hashes, checked on
@@ -15,10 +17,11 @@ committed, and most of its bytes would be the same settings twice).
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
-from reservoir.platform.files import atomic_write_text
+from reservoir.platform.files import atomic_write, atomic_write_text
 from reservoir.run.records import (
     RecordedConfig,
     ResultsError,
@@ -31,6 +34,8 @@ from reservoir.run.records import (
 )
 
 POINTS_FILE = "points.jsonl"
+GZIPPED_POINTS_FILE = POINTS_FILE + ".gz"
+GZIP_OVER = 1_000_000  # bytes of records past which a study keeps them gzipped (each file in git within 2 MB)
 SKIPPED = ("logs", "comparisons", "replays")  # folders of a study that hold no points (replays: copies of points)
 AS_REQUESTED = "as requested_config"  # a packed config's effective_config where it equals its requested_config
 
@@ -92,8 +97,31 @@ class PointRecords:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.file = self.path / POINTS_FILE
         self._packed: dict | None = None
+
+    @property
+    def file(self) -> Path:
+        """The records file: points.jsonl.gz where the study keeps them gzipped, else points.jsonl."""
+        gzipped = self.path / GZIPPED_POINTS_FILE
+        return gzipped if gzipped.exists() else self.path / POINTS_FILE
+
+    def text(self) -> str:
+        """The records file's lines, gunzipped where it is gzipped; '' where there is none. Both forms at once
+        are one study's records only where they hold the same lines (a write stopped before the plain copy was
+        removed)."""
+        plain, gzipped = self.path / POINTS_FILE, self.path / GZIPPED_POINTS_FILE
+        if not gzipped.exists():
+            return plain.read_text(encoding="utf-8") if plain.exists() else ""
+        try:
+            text = gzip.decompress(gzipped.read_bytes()).decode("utf-8")
+        except (OSError, EOFError, UnicodeDecodeError) as e:
+            raise ResultsError(f"{gzipped} is not gzipped text ({e}): the file is damaged; restore it (git checkout "
+                               f"-- {gzipped})") from None
+        if plain.exists() and plain.read_text(encoding="utf-8") != text:
+            raise ResultsError(f"{self.path} holds both {POINTS_FILE} and {GZIPPED_POINTS_FILE}, with different "
+                               f"records: keep one (the study writes {GZIPPED_POINTS_FILE} once its records pass "
+                               f"{GZIP_OVER:,} bytes and removes {POINTS_FILE}; git status says which is committed)")
+        return text
 
     # --- reading
     def key(self, folder: Path) -> str:
@@ -112,7 +140,7 @@ class PointRecords:
         damaged = (f"restore it (git checkout -- {self.file}), or delete it if the study's point folders are all "
                    "on this machine (the next run of the study's command writes it again)")
         rows = []
-        for n, line in enumerate(self.file.read_text(encoding="utf-8").splitlines(), start=1):
+        for n, line in enumerate(self.text().splitlines(), start=1):
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
@@ -181,7 +209,7 @@ class PointRecords:
 
     def has_records(self) -> bool:
         """Whether any point of the study is recorded, here or in points.jsonl."""
-        return (self.path / POINTS_FILE).exists() or bool(self.local_points())
+        return self.file.exists() or bool(self.local_points())
 
     # --- writing
     def local_points(self) -> list[Path]:
@@ -219,7 +247,14 @@ class PointRecords:
                   for key in sorted(points)]
         text = "".join(json.dumps(finite_or_none(line), ensure_ascii=False, allow_nan=False, sort_keys=True) + "\n"
                        for line in lines)  # keys sorted: the same records pack to the same bytes, however read
-        if not self.file.exists() or self.file.read_text(encoding="utf-8") != text:
-            atomic_write_text(self.file, text)
+        plain, gzipped = self.path / POINTS_FILE, self.path / GZIPPED_POINTS_FILE
+        if self.file.exists() and self.text() == text:
+            pass  # unchanged records keep their file as it is, whichever form
+        elif gzipped.exists() or len(text.encode("utf-8")) > GZIP_OVER:  # mtime 0: the same records, the same bytes
+            atomic_write(gzipped, lambda tmp: Path(tmp).write_bytes(gzip.compress(text.encode("utf-8"), mtime=0)))
+        else:
+            atomic_write_text(plain, text)
+        if gzipped.exists():
+            plain.unlink(missing_ok=True)  # only after the gzipped copy is whole
         self._packed = {"points": points, "tokenizers": tokenizers}
         return self.file

@@ -12,7 +12,7 @@ from reservoir.platform.messages import warn
 from reservoir.run.records import ResultsError, point_scores, read_json, read_signed_json, write_signed_json
 from reservoir.studies.budgets import point_name
 from reservoir.studies.frontier.grid import CONTROLS, REFERENCE_RUNS, FrontierError
-from reservoir.studies.store import PointRecords
+from reservoir.studies.store import POINTS_FILE, PointRecords
 
 CONTROL_FOLDER = "controls"  # CONTROLS=True: <study>/controls/<cell>+<control>/flops-<top budget>
 REPLAYS = "replays"  # REPLAY=True: <study>/replays/<point>, a point recorded elsewhere trained again for its checkpoint
@@ -31,13 +31,15 @@ def read_study_file(folder: Path) -> dict:
 
 
 def records_note(records: PointRecords) -> dict | None:
-    """What a study file says of the points.jsonl beside it: its points, their seeds and the file's SHA-256, so
-    the two files name each other; None where there is no points.jsonl."""
+    """What a study file says of the points.jsonl beside it: its points, their seeds and the SHA-256 of its lines
+    (gunzipped: the same records however gzip compressed them), so the two files name each other, and the file's
+    name where it is gzipped; None where there is no points.jsonl."""
     if not records.file.exists():
         return None
     points = records.packed()["points"]
-    return {"points": len(points), "seeds": sum(len(p["summary"]) for p in points.values()),
-            "sha256": hashlib.sha256(records.file.read_bytes()).hexdigest()}
+    note = {"points": len(points), "seeds": sum(len(p["summary"]) for p in points.values()),
+            "sha256": hashlib.sha256(records.text().encode("utf-8")).hexdigest()}
+    return note if records.file.name == POINTS_FILE else {**note, "file": records.file.name}
 
 
 def check_records_file(study: dict, records: PointRecords, training: bool = False) -> None:
@@ -51,9 +53,10 @@ def check_records_file(study: dict, records: PointRecords, training: bool = Fals
     if not isinstance(noted, dict):
         return
     here = records_note(records)
-    restore = f"git checkout -- {records.file}"
+    written = records.path / noted.get("file", POINTS_FILE)  # the name the study wrote them under
+    restore = f"git checkout -- {written}"
     if here is None and not (training and records.local_points()):
-        raise ResultsError(f"{records.file} is missing, but {STUDY_FILE} records {noted['points']} points in it: "
+        raise ResultsError(f"{written} is missing, but {STUDY_FILE} records {noted['points']} points in it: "
                            f"restore it ({restore}); the study's command would train every point again")
     count = here or {"points": len(records.packed()["points"]), "seeds": 0, "sha256": None}
     if count["sha256"] == noted["sha256"] or (count["points"] >= noted["points"] and count["seeds"] >= noted["seeds"]):
