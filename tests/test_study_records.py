@@ -213,6 +213,23 @@ def test_the_committed_studies_rebuild_their_report_byte_for_byte_from_points_js
     assert changed == []
 
 
+
+def test_a_report_names_the_same_folders_whatever_folder_it_is_run_from(studies, tmp_path, monkeypatch):
+    """REPORT=<an absolute path>, or a run from another folder, wrote that machine's paths into every grid point of
+    frontier.json and into REPORT.md's first line: the committed report changed with where it was made."""
+    from reservoir.platform import files
+
+    monkeypatch.setattr(files, "REPOSITORY", studies.parent)  # the checkout whose results/ these studies are
+    assert run_in_process("scaling.py", ["REPORT=results"], cwd=studies.parent).returncode == 0
+    before = {name: (studies / name).read_bytes() for name in OUTPUTS}
+    assert b'"folder": "results/micro/' in before["micro/frontier.json"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for given in (str(studies), os.path.relpath(studies, elsewhere)):
+        proc = run_in_process("scaling.py", [f"REPORT={given}"], cwd=elsewhere)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert [name for name in OUTPUTS if (studies / name).read_bytes() != before[name]] == [], given
+
 def test_the_committed_records_name_no_machine():
     """What a reader clones names data by a path relative to the repository, never one machine's layout."""
     import re

@@ -103,6 +103,13 @@ def portable_path(text: str) -> str:
     return os.path.relpath(text, REPOSITORY)
 
 
+def repository_path(path: str | Path) -> str:
+    """``path`` as a report names it: relative to the checkout where it lies inside it, whatever the working folder
+    and however it was given (a committed report is the same wherever it was made); elsewhere as given."""
+    inside = os.path.relpath(os.path.abspath(path), REPOSITORY)
+    return Path(inside).as_posix() if inside != ".." and not inside.startswith("../") else str(path)
+
+
 def make_folder(path: str | Path) -> Path:
     """``path`` and its parents, created if missing; a place that cannot take them is one line."""
     path = Path(path)

@@ -18,7 +18,7 @@ import math
 import re
 from pathlib import Path
 
-from reservoir.platform.files import atomic_write_text, portable_path
+from reservoir.platform.files import atomic_write_text, portable_path, repository_path
 from reservoir.platform.messages import OneLineError, warn
 
 # what every record of summary.json holds (a model's fit adds its own facts beside these)
@@ -34,8 +34,8 @@ SCORE_FIELDS = {"seed": "seed", "status": "status", "val_bpc": "val_bpc", "val_b
 
 def point_scores(record: dict, folder: Path) -> dict:
     """The fields every row of a study's report takes from a run's record (grid points, references,
-    controls), and the folder the record belongs to."""
-    return {**{row: record.get(field) for row, field in SCORE_FIELDS.items()}, "folder": str(folder)}
+    controls), and the folder the record belongs to (relative to the checkout where it lies in it)."""
+    return {**{row: record.get(field) for row, field in SCORE_FIELDS.items()}, "folder": repository_path(folder)}
 
 
 class ResultsError(OneLineError, ValueError):
