@@ -37,6 +37,7 @@ from pathlib import Path
 
 from configs import split_arguments, wants_help
 from reservoir.platform.device import runs_on_cpu
+from reservoir.platform.files import repository_path
 from reservoir.platform.machine import MachineLoad
 from reservoir.platform.messages import TAG, OneLineError, say
 from reservoir.run.records import read_json
@@ -69,7 +70,7 @@ def generation_cost(folder: str) -> int:
         raise StudyError(f"{path} is not a frontier study's folder (it holds no {STUDY_FILE}): "
                          "GENERATION=results/<study>")
     report = report_from_records(path)  # built once: measured from, then written with the measurement in it
-    measured = measure_study(path, report, f"python scaling.py GENERATION={path.as_posix()}")
+    measured = measure_study(path, report, f"python scaling.py GENERATION={repository_path(path)}")
     say(f"wrote {write_generation(path, measured)}")
     for written in write_study({**report, "generation": read_generation(path)}, path):
         say(f"wrote {written}")

@@ -454,14 +454,18 @@ def test_a_point_to_train_again_that_the_study_does_not_hold_is_one_line(studies
         assert refused.returncode != 0 and said in refused.stderr and "Traceback" not in refused.stderr
 
 
-def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported(studies):
+def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported(studies, monkeypatch):
     """GENERATION=<study>: the reservoir's carried state costs the same at any context; the transformer's cache
-    grows by 4 x layers x width FLOPs and 2 x layers x width numbers a character of context, capped at its window."""
+    grows by 4 x layers x width FLOPs and 2 x layers x width numbers a character of context, capped at its window.
+    The command it records names the study inside the checkout as the checkout does, however it was given."""
     import scaling  # its main, in this process
+    from reservoir.platform import files
 
     micro = studies / "micro"
-    assert scaling.main([f"GENERATION={micro}"]) == 0
+    monkeypatch.setattr(files, "REPOSITORY", studies.parent)  # the checkout whose results/ these studies are
+    assert scaling.main([f"GENERATION={micro}"]) == 0  # an absolute path
     content = json.loads((micro / "generation-cost.json").read_text())
+    assert content["command"] == "python scaling.py GENERATION=results/micro"
     rows = {r["family"]: r for r in content["rows"]}
     assert set(rows) == {"linear_reservoir", "transformer++"} and content["contexts"] == [128, 1024, 8192]
     reservoir, transformer = rows["linear_reservoir"], rows["transformer++"]
@@ -480,7 +484,7 @@ def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported
     assert content["machine"]["cores"] >= 1 and content["machine"]["load_average"] >= 0  # what the timings shared
     assert scaling.main([f"REPORT={studies}"]) == 0
     text = (studies / "REPORT.md").read_text()
-    assert "What generating costs" in text and f"python scaling.py GENERATION={micro.as_posix()}" in text
+    assert "What generating costs" in text and "    python scaling.py GENERATION=results/micro\n" in text
     assert (micro / "generation-cost.png").stat().st_size > 10_000
     assert "Measured before the envelope moved" not in text
     report = json.loads((micro / "frontier.json").read_text())

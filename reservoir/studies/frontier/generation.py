@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from reservoir.models import build_model, with_added_options
+from reservoir.platform.files import repository_path
 from reservoir.platform.machine import processor, usable_cores
 from reservoir.run.evaluation import carries_state
 from reservoir.run.flops import step_flops
@@ -54,7 +55,7 @@ def read_generation(study_path: Path) -> dict | None:
         return None
     return read_signed_json(file, "the study's generation costs",
                             f"restore it (git checkout), or measure it again: python scaling.py "
-                            f"GENERATION={Path(study_path).as_posix()}")
+                            f"GENERATION={repository_path(study_path)}")
 
 
 def top_grid_budget(study: dict) -> float:
