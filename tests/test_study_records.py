@@ -230,6 +230,32 @@ def test_a_report_names_the_same_folders_whatever_folder_it_is_run_from(studies,
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert [name for name in OUTPUTS if (studies / name).read_bytes() != before[name]] == [], given
 
+
+def test_a_report_s_figures_stay_the_same_files_under_another_matplotlib(studies, monkeypatch):
+    """Matplotlib versions render their own pixels (3.9.4 and 3.11.2 differ in 7-13% of a committed figure's) and
+    wrote their version into every PNG: the committed figures changed with the matplotlib a reader installed. A
+    figure names the data and code it was drawn from, and is kept where they are the same."""
+    import matplotlib
+
+    figures = [name for name in OUTPUTS if name.endswith(".png")]
+    run_script("scaling.py", f"REPORT={studies}")
+    before = {name: (studies / name).read_bytes() for name in OUTPUTS}
+    assert all(b"Matplotlib version" not in before[name] for name in figures)
+    monkeypatch.setitem(matplotlib.rcParams, "axes.facecolor", "0.85")  # another matplotlib, other pixels
+    run_script("scaling.py", f"REPORT={studies}")
+    assert [name for name in OUTPUTS if (studies / name).read_bytes() != before[name]] == []
+    from reservoir.studies.curves import drawn_from
+    from reservoir.studies.frontier.report import plot_frontier
+
+    png = studies / "micro" / "frontier.png"
+    png.unlink()  # drawn again here: the pixels differ, what it was drawn from does not
+    run_script("scaling.py", f"REPORT={studies}")
+    assert png.read_bytes() != before["micro/frontier.png"] and drawn_from(png) is not None
+    report = json.loads((studies / "micro" / "frontier.json").read_text())
+    drawn = drawn_from(png)
+    plot_frontier({**report, "study": "micro-renamed"}, png)  # other data: drawn again
+    assert drawn_from(png) not in (None, drawn)
+
 def test_the_committed_records_name_no_machine():
     """What a reader clones names data by a path relative to the repository, never one machine's layout."""
     import re

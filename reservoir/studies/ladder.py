@@ -30,7 +30,7 @@ from reservoir.config import parse_overrides
 from reservoir.platform.messages import say, warn
 from reservoir.run.records import ResultsError, point_scores, read_json, read_summary, run_seeds, write_json_atomic
 from reservoir.studies.budgets import StudyError, parse_budgets, point_name, step_cost, study_name
-from reservoir.studies.curves import crossovers, curve, fit_curve, log_axes, save_figure
+from reservoir.studies.curves import crossovers, curve, figure, fit_curve, log_axes
 from reservoir.studies.runner import exit_status, hold_study
 
 STUDY_KEYS = ("BUDGETS", "STUDY")
@@ -255,7 +255,8 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_scaling(report: dict, path: Path) -> Path:
+@figure(dpi=120)
+def plot_scaling(report: dict):
     """Bits/char against training FLOPs (points ± sd, fitted curves, data-bound models as lines), and
     each model's gap to the transformer in percent."""
     import matplotlib
@@ -292,4 +293,4 @@ def plot_scaling(report: dict, path: Path) -> Path:
         log_axes(ax, "training FLOPs (reservoir/run/flops.py)", label, legend_size=7)
     loss_ax.set_title(f"study {report.get('study', '')}: bits/char against compute")
     gap_ax.set_title(f"each model's gap to the {report['reference_model']} at the same budget")
-    return save_figure(fig, path, dpi=120)
+    return fig

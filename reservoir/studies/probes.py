@@ -33,6 +33,7 @@ from reservoir.platform.messages import OneLineError
 from reservoir.run.evaluation import carries_state
 from reservoir.run.records import ResultsError, signed
 from reservoir.studies.budgets import positive_numbers
+from reservoir.studies.curves import figure
 
 # family -> (model, the options of every size, the options that set each of the three sizes, smallest first)
 PROBE_FAMILIES = {
@@ -407,7 +408,8 @@ def format_probes(records: dict[str, dict], level: int = 1, image: str = "probes
     return "\n".join(lines)
 
 
-def plot_probes(records: dict[str, dict], path: Path) -> Path:
+@figure(dpi=110)
+def plot_probes(records: dict[str, dict]):
     """Accuracy against state size, one panel per task, one line per family."""
     import matplotlib
 
@@ -428,10 +430,7 @@ def plot_probes(records: dict[str, dict], path: Path) -> Path:
                ylim=(0, 1.02))
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def write_probe_report(records: dict[str, dict], folder: Path) -> list[Path]:

@@ -37,6 +37,7 @@ from reservoir.run.flops import step_flops
 from reservoir.run.records import ResultsError, read_signed_json, write_signed_json
 from reservoir.run.trained import load_run_plugins
 from reservoir.studies.budgets import point_name
+from reservoir.studies.curves import figure
 from reservoir.studies.frontier.records import read_study_file, study_budgets
 from reservoir.studies.probes import state_size
 from reservoir.studies.store import PointRecords
@@ -281,14 +282,15 @@ def format_generation(content: dict, report: dict, h: str, image: str) -> list[s
     return lines
 
 
-def plot_generation(content: dict, path: Path) -> Path:
+@figure(dpi=110)
+def plot_generation(content: dict):
     """Bits/char against FLOPs per generated character, at every context (a carried state: one point)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from reservoir.studies.curves import log_axes, save_figure
+    from reservoir.studies.curves import log_axes
 
     fig, ax = plt.subplots(figsize=(7, 5))
     contexts = [str(c) for c in content["contexts"]]
@@ -303,4 +305,4 @@ def plot_generation(content: dict, path: Path) -> Path:
     log_axes(ax, "FLOPs per generated character (full cache, at contexts 128, 1,024, 8,192)", "validation bits/char",
              legend_size=7)
     ax.set_title(f"generation cost at {content['budget']:.3g} training FLOPs", fontsize=10)
-    return save_figure(fig, path, dpi=110)
+    return fig

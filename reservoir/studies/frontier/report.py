@@ -22,7 +22,7 @@ import numpy as np
 
 from reservoir.platform.files import atomic_write_text, repository_path
 from reservoir.run.records import write_json_atomic
-from reservoir.studies.curves import curve, log_axes, save_figure
+from reservoir.studies.curves import curve, figure, log_axes
 from reservoir.studies.frontier.analysis import BOUNDS, best_reservoirs, report_from_records
 from reservoir.studies.frontier.generation import GENERATION_PLOT, format_generation, plot_generation
 from reservoir.studies.frontier.grid import (
@@ -346,7 +346,8 @@ def format_report(studies: list[tuple[Path, dict]], root: Path, probes: dict | N
 # --------------------------------------------------------------------- plot
 
 
-def plot_frontier(report: dict, path: Path) -> Path:
+@figure(dpi=110)
+def plot_frontier(report: dict):
     """Envelopes (every grid point faint behind them, reference runs dashed), the IsoFLOP profiles and the
     learning-rate sensitivity."""
     import matplotlib
@@ -402,7 +403,7 @@ def plot_frontier(report: dict, path: Path) -> Path:
         log_axes(ax, xlabel, "validation bits/char", legend_size=6)
         ax.set_title(title, fontsize=10)
     fig.suptitle(f"frontier study {report['study']} ({report['corpus']})", fontsize=10)
-    return save_figure(fig, path, dpi=110)
+    return fig
 
 
 __all__ = ["write_from_records", "write_study", "format_study", "format_report", "headline", "goal_rows",
