@@ -329,3 +329,19 @@ def test_a_gaps_slope_against_compute_has_an_interval_over_seeds_and_one_over_bu
     assert growth["ci95_seeds"][0] > 0 > growth["ci95_residuals"][0]
     assert gap_slope(growing[:2]) is None  # a line through two budgets has no interval
     assert gap_slope(growing) == gap_slope(list(growing))  # fixed draws: the same numbers every time
+
+
+def test_a_gap_s_bootstrap_draws_nothing_from_numpy_s_generator(monkeypatch):
+    """numpy keeps a Generator's methods the same only within one build (its compatibility policy): another numpy
+    may draw other indices, and move a committed interval. The draws come from Python's random(), whose stream
+    Python keeps across versions."""
+    budgets = [1e11 * 10 ** (k / 2) for k in range(4)]
+    points = [(c, [1.6 + 0.01 * k, 1.61, 1.59], [1.5, 1.501, 1.499]) for k, c in enumerate(budgets)]
+    expected = gap_slope(points)
+
+    def another_numpy(*args, **kwargs):
+        raise AssertionError("the bootstrap drew from numpy's Generator")
+
+    monkeypatch.setattr(np.random, "default_rng", another_numpy)
+    monkeypatch.setattr(np.random, "Generator", another_numpy)
+    assert gap_slope(points) == expected and expected["ci95_seeds"][0] < expected["ci95_seeds"][1]

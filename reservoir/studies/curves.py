@@ -17,6 +17,7 @@ import hashlib
 import inspect
 import json
 import math
+import random
 from decimal import Context, Decimal, localcontext
 from pathlib import Path
 
@@ -126,7 +127,8 @@ def _kept(value) -> float | None:
 
 
 GAP_RESAMPLES = 4000  # bootstrap resamples of a gap's slope
-GAP_SEED = 0  # numpy's PCG64 draws the same indices on every machine
+GAP_SEED = 0  # Python's random() stream, which Python keeps the same across versions (numpy keeps its
+# Generator's methods the same only within one build: its integers() may draw other indices elsewhere)
 T_975 = {1: "12.706", 2: "4.303", 3: "3.182", 4: "2.776", 5: "2.571", 6: "2.447", 7: "2.365", 8: "2.306",
          9: "2.262", 10: "2.228"}  # Student's t, two-sided 95%, by degrees of freedom (more: 2.2, a bound)
 
@@ -159,9 +161,12 @@ def gap_slope(points: list[tuple[float, list[float], list[float]]]) -> dict | No
         residuals = [g - mean_gap - slope * (x - mean_x) for g, x in zip(gaps, xs, strict=True)]
         dof = len(points) - 2
         spread = Decimal(T_975.get(dof, "2.2")) * (sum(r * r for r in residuals) / dof / sxx).sqrt()
-        rng = np.random.default_rng(GAP_SEED)
-        picks = [(rng.integers(0, len(a), (GAP_RESAMPLES, len(a))), rng.integers(0, len(b), (GAP_RESAMPLES, len(b))))
-                 for _, a, b in points]
+        draw = random.Random(GAP_SEED).random
+
+        def resamples(values: list) -> list[list[int]]:
+            return [[int(draw() * len(values)) for _ in values] for _ in range(GAP_RESAMPLES)]
+
+        picks = [(resamples(a), resamples(b)) for _, a, b in points]
         draws = sorted(sum(w * (ln_mean(a[k] for k in pa[n]) - ln_mean(b[k] for k in pb[n]))
                            for w, (_, a, b), (pa, pb) in zip(weights, points, picks, strict=True))
                        for n in range(GAP_RESAMPLES))
