@@ -255,6 +255,14 @@ def test_a_report_s_figures_stay_the_same_files_under_another_matplotlib(studies
     drawn = drawn_from(png)
     plot_frontier({**report, "study": "micro-renamed"}, png)  # other data: drawn again
     assert drawn_from(png) not in (None, drawn)
+    import inspect
+
+    def no_sources(_):
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(inspect, "getsource", no_sources)  # installed as bytecode alone: drawn all the same
+    plot_frontier(report, png)
+    assert drawn_from(png) not in (None, drawn)
 
 def test_the_committed_records_name_no_machine():
     """What a reader clones names data by a path relative to the repository, never one machine's layout."""

@@ -216,7 +216,11 @@ FIGURE_SOURCE = "Source"  # the PNG text entry that names what a figure was draw
 
 def figure_digest(data, draw) -> str:
     """What a figure is drawn from: the data it plots and the code that draws it."""
-    text = json.dumps(data, sort_keys=True, default=repr) + inspect.getsource(draw)
+    try:
+        code = inspect.getsource(draw)
+    except (OSError, TypeError):  # installed without its sources: its bytecode, the same for one Python
+        code = draw.__code__.co_code.hex()
+    text = json.dumps(data, sort_keys=True, default=repr) + code
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
