@@ -250,7 +250,7 @@ def save_figure(fig, path: Path, dpi: int, digest: str | None = None) -> Path:
 
 def figure(dpi: int):
     """``draw(data) -> Figure`` made into ``plot(data, path) -> path``, a figure a report commits. Matplotlib
-    versions render their own pixels (3.9 and 3.11 differ in 7-11% of a report's), so a PNG names what it was
+    versions render their own pixels (3.9 and 3.11 differ in 7-13% of a report's), so a PNG names what it was
     drawn from and one drawn from the same data by the same code is kept as it is: the same records give the same
     files with any matplotlib. New data, or a change to ``draw``, draws it again (a change to a helper it calls
     does not: delete the PNG)."""
