@@ -220,11 +220,11 @@ def test_a_stopped_study_counts_the_points_it_never_started_apart(tmp_path):
                                     ["DATASET=synthetic", f"RESULTS_DIR={tmp_path}"])
     jobs = [(tmp_path / str(k), []) for k in range(3)]
     with pytest.raises(FrontierExit) as stopped:
-        study._run_all(jobs, lambda jobs, workers, finished: [143, None, None], 3e9)
+        study._run_all(jobs, lambda jobs, workers, finished, **_: [143, None, None], 3e9)
     assert stopped.value.code == 143
     assert ("1 point(s) at 3e+09 FLOPs stopped (exit code 143; each point's own message is above), 2 not started"
             in str(stopped.value))
-    study._run_all(jobs, lambda jobs, workers, finished: [0, 0, 0], 3e9)  # all finished: nothing raised
+    study._run_all(jobs, lambda jobs, workers, finished, **_: [0, 0, 0], 3e9)  # all finished: nothing raised
 
 
 def test_the_readme_quotes_the_committed_study_as_the_report_generates_it():

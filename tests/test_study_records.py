@@ -75,7 +75,7 @@ def test_a_study_of_records_alone_rebuilds_its_report_byte_for_byte_and_skips_ev
     settings = json.loads((studies / "micro" / "frontier-study.json").read_text())["settings"]
     study = FrontierStudy.from_args(own, [*settings, f"RESULTS_DIR={studies}"])
     asked = []
-    study.run(lambda jobs, workers, finished: asked.extend(jobs) or [0] * len(jobs), measure_cells(study))
+    study.run(lambda jobs, workers, finished, **_: asked.extend(jobs) or [0] * len(jobs), measure_cells(study))
     assert asked == []
     assert [p.name for p in (studies / "micro").iterdir() if p.is_dir()] == ["comparisons"]
 
@@ -532,3 +532,44 @@ def test_records_past_a_megabyte_are_kept_gzipped_and_read_noted_and_reported_as
     proc = run_script("scaling.py", f"REPORT={studies}", check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert f"git checkout -- {gzipped}" in proc.stderr  # the name the study wrote its records under
+
+
+def test_a_point_is_in_points_jsonl_as_soon_as_it_finishes_not_when_its_stage_ends(studies, tmp_path, capsys):
+    """A stage runs for hours (31 points at TinyStories' 1.95e13): points.jsonl was written only when it ended, so
+    records committed while it ran, or left by a machine that died, lacked every point finished since."""
+    from reservoir.studies.frontier.study import FrontierStudy
+
+    run_script("scaling.py", f"REPORT={studies}")  # points.jsonl holds every point of the micro study
+    study_path = studies / "micro"
+    settings = json.loads((study_path / "frontier-study.json").read_text())["settings"]
+    own = {"STUDY": "micro", "FAMILIES": "transformer++,linear_reservoir", "SIZES": "xs", "LEARNING_RATES": "4e-3",
+           "BATCH_SIZES": "8", "BUDGETS": "3e9,6e9", "LEAD_BUDGET": "1.2e10", "REFERENCES": "True",
+           "CONTROLS": "True", "MIN_STEPS": "20", "MAX_TOKENS_PER_PARAM": "1000", "ENVELOPE_SEEDS": "2"}
+    study = FrontierStudy.from_args(own, [*settings, f"RESULTS_DIR={studies}"])
+    points = ["transformer++-xs-lr0.004-b8/flops-6.00e09", "linear_reservoir-xs-lr0.004-b8/flops-6.00e09"]
+    for point in points:  # not trained yet: no folder here, no line in points.jsonl
+        shutil.move(study_path / point, tmp_path / point.replace("/", "_"))
+    records = study_path / POINTS_FILE
+    records.write_text("".join(line for line in records.read_text().splitlines(keepends=True)
+                               if not any(f'"point": "{point}"' in line for point in points)))
+    seen = []
+
+    def run_points(jobs, workers, finished, ended=None, **_):
+        for k, (folder, _args) in enumerate(jobs):  # each point trains, then ends, then the next starts
+            shutil.move(tmp_path / study.store.key(folder).replace("/", "_"), folder)
+            if ended:
+                ended(k, 0)
+            seen.append(set(PointRecords(study_path).packed()["points"]))  # the file as a commit would take it
+        return [0] * len(jobs)
+
+    study._run_all([(study_path / point, []) for point in points], run_points, 6e9)
+    assert points[0] in seen[0] and points[1] not in seen[0] and set(points) <= seen[1]
+
+    for point in points:  # again, the first point's summary edited: said as it ends, the next point still runs
+        shutil.move(study_path / point, tmp_path / point.replace("/", "_"))
+    summary = tmp_path / points[0].replace("/", "_") / "summary.json"
+    summary.write_text(summary.read_text().replace('"val_bpc": ', '"val_bpc": 0.5, "was": ', 1))
+    seen.clear()
+    with pytest.raises(ResultsError, match="summary.json"):  # refused when the stage ends
+        study._run_all([(study_path / point, []) for point in points], run_points, 6e9)
+    assert len(seen) == 2 and "points.jsonl not brought up to date" in capsys.readouterr().err

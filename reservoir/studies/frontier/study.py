@@ -40,10 +40,10 @@ from reservoir.models.registry import MODELS, PLUGINS
 from reservoir.models.settings import model_settings
 from reservoir.platform.device import study_slots
 from reservoir.platform.machine import processor
-from reservoir.platform.messages import say
+from reservoir.platform.messages import say, warn
 from reservoir.run.checkpoint import CheckpointError, checkpoint_file
 from reservoir.run.evaluation import CONTEXTS
-from reservoir.run.records import read_json, write_json_atomic, write_signed_json
+from reservoir.run.records import ResultsError, read_json, write_json_atomic, write_signed_json
 from reservoir.studies.budgets import parse_budgets, point_name, positive_numbers, step_cost, study_name
 from reservoir.studies.frontier.analysis import envelope_cells, study_report
 from reservoir.studies.frontier.contexts import (
@@ -320,6 +320,16 @@ class FrontierStudy:
                 content["planned"] = recorded["planned"]  # what was planned before it ran, until its grid grows
         write_signed_json(path, content)
 
+    def _point_ended(self, code: int | None) -> None:
+        """A point that finished goes into points.jsonl at once: a stage runs for hours, and what is committed
+        while it runs, or left by a machine that dies, holds every point finished so far. A records file that
+        cannot be written now is said here and refused when the stage ends (the other points go on)."""
+        if code == 0:
+            try:
+                self._pack_records()
+            except ResultsError as e:
+                warn(f"points.jsonl not brought up to date: {e}")
+
     def _pack_records(self) -> None:
         """points.jsonl from the points here and the records it held, and the study file's note of it."""
         if self.store.pack() is not None and (self.path / STUDY_FILE).exists():
@@ -544,12 +554,14 @@ class FrontierStudy:
         if self.shared is not None:  # claimed through STUDY_STORAGE, trained here or on another host
             try:
                 self.shared.run(jobs, self.store, lambda more, ended: run_points(
-                    [], self.slots(), self._point_finished, more=more, ended=ended), self._point_finished)
+                    [], self.slots(), self._point_finished, more=more,
+                    ended=lambda k, code: ended(k, code) or self._point_ended(code)), self._point_finished)
             finally:
                 self._pack_records()
             return
         try:
-            codes = run_points(jobs, self.slots(), self._point_finished)  # None: never started
+            codes = run_points(jobs, self.slots(), self._point_finished,
+                               ended=lambda k, code: self._point_ended(code))  # None: never started
         finally:
             self._pack_records()  # what finished is in points.jsonl, ready to commit, even if the study stops here
         failed = [code for code in codes if code not in (0, None)]
