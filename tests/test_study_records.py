@@ -15,6 +15,10 @@ from tests.conftest import ROOT, run_in_process, run_script
 
 FIXTURE = ROOT / "tests" / "fixtures" / "studies"  # a micro study's point folders (tests/fixtures/make_studies.sh)
 OUTPUTS = ("REPORT.md", "micro/frontier.json", "micro/frontier.md", "micro/frontier.png")
+MICRO_GRID = {"STUDY": "micro", "FAMILIES": "transformer++,linear_reservoir", "SIZES": "xs", "LEARNING_RATES": "4e-3",
+              "BATCH_SIZES": "8", "BUDGETS": "3e9,6e9", "LEAD_BUDGET": "1.2e10", "REFERENCES": "True",
+              "CONTROLS": "True", "MIN_STEPS": "20", "MAX_TOKENS_PER_PARAM": "1000",
+              "ENVELOPE_SEEDS": "2"}  # the micro study's own command (tests/fixtures/make_studies.sh)
 
 
 @pytest.fixture
@@ -69,11 +73,8 @@ def test_a_study_of_records_alone_rebuilds_its_report_byte_for_byte_and_skips_ev
     run_script("scaling.py", f"REPORT={studies}")
     assert {name: (studies / name).read_bytes() for name in OUTPUTS} == before
     # the study's own command goes on from the records: every point of every stage is finished
-    own = {"STUDY": "micro", "FAMILIES": "transformer++,linear_reservoir", "SIZES": "xs", "LEARNING_RATES": "4e-3",
-           "BATCH_SIZES": "8", "BUDGETS": "3e9,6e9", "LEAD_BUDGET": "1.2e10", "REFERENCES": "True",
-           "CONTROLS": "True", "MIN_STEPS": "20", "MAX_TOKENS_PER_PARAM": "1000", "ENVELOPE_SEEDS": "2"}
     settings = json.loads((studies / "micro" / "frontier-study.json").read_text())["settings"]
-    study = FrontierStudy.from_args(own, [*settings, f"RESULTS_DIR={studies}"])
+    study = FrontierStudy.from_args(dict(MICRO_GRID), [*settings, f"RESULTS_DIR={studies}"])
     asked = []
     study.run(lambda jobs, workers, finished, **_: asked.extend(jobs) or [0] * len(jobs), measure_cells(study))
     assert asked == []
@@ -542,10 +543,7 @@ def test_a_point_is_in_points_jsonl_as_soon_as_it_finishes_not_when_its_stage_en
     run_script("scaling.py", f"REPORT={studies}")  # points.jsonl holds every point of the micro study
     study_path = studies / "micro"
     settings = json.loads((study_path / "frontier-study.json").read_text())["settings"]
-    own = {"STUDY": "micro", "FAMILIES": "transformer++,linear_reservoir", "SIZES": "xs", "LEARNING_RATES": "4e-3",
-           "BATCH_SIZES": "8", "BUDGETS": "3e9,6e9", "LEAD_BUDGET": "1.2e10", "REFERENCES": "True",
-           "CONTROLS": "True", "MIN_STEPS": "20", "MAX_TOKENS_PER_PARAM": "1000", "ENVELOPE_SEEDS": "2"}
-    study = FrontierStudy.from_args(own, [*settings, f"RESULTS_DIR={studies}"])
+    study = FrontierStudy.from_args(dict(MICRO_GRID), [*settings, f"RESULTS_DIR={studies}"])
     points = ["transformer++-xs-lr0.004-b8/flops-6.00e09", "linear_reservoir-xs-lr0.004-b8/flops-6.00e09"]
     for point in points:  # not trained yet: no folder here, no line in points.jsonl
         shutil.move(study_path / point, tmp_path / point.replace("/", "_"))
@@ -573,3 +571,22 @@ def test_a_point_is_in_points_jsonl_as_soon_as_it_finishes_not_when_its_stage_en
     with pytest.raises(ResultsError, match="summary.json"):  # refused when the stage ends
         study._run_all([(study_path / point, []) for point in points], run_points, 6e9)
     assert len(seen) == 2 and "points.jsonl not brought up to date" in capsys.readouterr().err
+
+
+def test_a_study_file_is_the_same_wherever_the_study_is_run_from(studies, tmp_path):
+    """A study's folder is wherever it lies: RESULTS_DIR went into the study file's settings, so the same study
+    continued from another folder (another machine, or a grown copy moved into results/) rewrote its study file."""
+    from reservoir.studies.frontier.study import FrontierStudy, measure_cells
+
+    run_script("scaling.py", f"REPORT={studies}")
+    records_only(studies / "micro")
+    settings = json.loads((studies / "micro" / "frontier-study.json").read_text())["settings"]
+    elsewhere, written = tmp_path / "elsewhere", None
+    for results in (studies, elsewhere):  # nothing left to train: the study file is written as it was
+        if results == elsewhere:
+            shutil.copytree(studies / "micro", elsewhere / "micro")
+        study = FrontierStudy.from_args(dict(MICRO_GRID), [*settings, f"RESULTS_DIR={results}",
+                                                           f"CACHE_DIR={results / 'cache'}"])
+        study.run(lambda jobs, workers, finished, **_: [0] * len(jobs), measure_cells(study))
+        written = written or (studies / "micro" / "frontier-study.json").read_bytes()
+        assert (results / "micro" / "frontier-study.json").read_bytes() == written, results

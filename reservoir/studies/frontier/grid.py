@@ -250,13 +250,20 @@ def _placeless(settings: list[str]) -> list[str]:
     return [a for a in settings if a.partition("=")[0].strip().upper() not in LOCATIONS]
 
 
+def _output_place(arg: str) -> bool:
+    return arg.partition("=")[0].strip().upper() in OUTPUT_PLACES
+
+
 def portable_settings(settings: list[str]) -> list[str]:
     """A study's settings as its committed study file and report print them: absolute places relative to
-    the repository (DATASET=../shared/data/tinystories), so the command names no machine."""
+    the repository (DATASET=../shared/data/tinystories), so the command names no machine, and none of the
+    places a machine wrote to (where a study runs is not what it is: continued from another folder, it is the
+    same study, and its file the same)."""
     out = []
     for arg in settings:
         key, equals, value = arg.partition("=")
-        out.append(f"{key}={portable_path(value)}" if equals and key.strip().upper() in LOCATIONS else arg)
+        if not _output_place(arg):
+            out.append(f"{key}={portable_path(value)}" if equals and key.strip().upper() in LOCATIONS else arg)
     return out
 
 
@@ -307,6 +314,5 @@ def study_command(report: dict) -> str:
         parts.append("CONTEXTS=True")
     if stages.get("edges"):
         parts.append("EDGES=True")
-    parts += [a for a in report["settings"] if a not in defaults
-              and a.partition("=")[0].strip().upper() not in OUTPUT_PLACES]
+    parts += [a for a in report["settings"] if a not in defaults and not _output_place(a)]
     return " ".join(parts)
