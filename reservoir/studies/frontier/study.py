@@ -552,10 +552,14 @@ class FrontierStudy:
         if not jobs:
             return
         if self.shared is not None:  # claimed through STUDY_STORAGE, trained here or on another host
+            def run_here(more, ended):
+                def ended_and_packed(k: int, code: int | None) -> None:
+                    ended(k, code)
+                    self._point_ended(code)
+                return run_points([], self.slots(), self._point_finished, more=more, ended=ended_and_packed)
+
             try:
-                self.shared.run(jobs, self.store, lambda more, ended: run_points(
-                    [], self.slots(), self._point_finished, more=more,
-                    ended=lambda k, code: ended(k, code) or self._point_ended(code)), self._point_finished)
+                self.shared.run(jobs, self.store, run_here, self._point_finished)
             finally:
                 self._pack_records()
             return
