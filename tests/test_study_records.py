@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from reservoir.run.records import ResultsError
+from reservoir.studies.frontier.report import write_from_records
 from reservoir.studies.store import AS_REQUESTED, POINTS_FILE, PointRecords, merged, own_part, shared_part
 from tests.conftest import ROOT, run_in_process, run_script
 
@@ -221,14 +222,15 @@ def test_a_report_names_the_same_folders_whatever_folder_it_is_run_from(studies,
     from reservoir.platform import files
 
     monkeypatch.setattr(files, "REPOSITORY", studies.parent)  # the checkout whose results/ these studies are
-    assert run_in_process("scaling.py", ["REPORT=results"], cwd=studies.parent).returncode == 0
+    monkeypatch.chdir(studies.parent)
+    write_from_records(Path("results"))
     before = {name: (studies / name).read_bytes() for name in OUTPUTS}
     assert b'"folder": "results/micro/' in before["micro/frontier.json"]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
     for given in (str(studies), os.path.relpath(studies, elsewhere)):
-        proc = run_in_process("scaling.py", [f"REPORT={given}"], cwd=elsewhere)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        write_from_records(Path(given))
         assert [name for name in OUTPUTS if (studies / name).read_bytes() != before[name]] == [], given
 
 
@@ -239,18 +241,18 @@ def test_a_report_s_figures_stay_the_same_files_under_another_matplotlib(studies
     import matplotlib
 
     figures = [name for name in OUTPUTS if name.endswith(".png")]
-    run_script("scaling.py", f"REPORT={studies}")
+    write_from_records(studies)
     before = {name: (studies / name).read_bytes() for name in OUTPUTS}
     assert all(b"Matplotlib version" not in before[name] for name in figures)
     monkeypatch.setitem(matplotlib.rcParams, "axes.facecolor", "0.85")  # another matplotlib, other pixels
-    run_script("scaling.py", f"REPORT={studies}")
+    write_from_records(studies)
     assert [name for name in OUTPUTS if (studies / name).read_bytes() != before[name]] == []
     from reservoir.studies.curves import drawn_from
     from reservoir.studies.frontier.report import plot_frontier
 
     png = studies / "micro" / "frontier.png"
     png.unlink()  # drawn again here: the pixels differ, what it was drawn from does not
-    run_script("scaling.py", f"REPORT={studies}")
+    write_from_records(studies)
     assert png.read_bytes() != before["micro/frontier.png"] and drawn_from(png) is not None
     report = json.loads((studies / "micro" / "frontier.json").read_text())
     drawn = drawn_from(png)
@@ -502,21 +504,21 @@ def test_records_past_a_megabyte_are_kept_gzipped_and_read_noted_and_reported_as
     from reservoir.studies import store
 
     study, gzipped = studies / "micro", studies / "micro" / store.GZIPPED_POINTS_FILE
-    run_script("scaling.py", f"REPORT={studies}")
+    write_from_records(studies)
     plain = (study / POINTS_FILE).read_text()
     before = {name: (studies / name).read_bytes() for name in OUTPUTS}
     monkeypatch.setattr(store, "GZIP_OVER", 1000)
-    run_script("scaling.py", f"REPORT={studies}")
+    write_from_records(studies)
     assert (study / POINTS_FILE).read_text() == plain and not gzipped.exists()
 
     (study / POINTS_FILE).unlink()  # written anew from the point folders: past GZIP_OVER, gzipped
-    run_script("scaling.py", f"REPORT={studies}")
+    write_from_records(studies)
     assert not (study / POINTS_FILE).exists() and gzip.decompress(gzipped.read_bytes()).decode() == plain
     noted = json.loads((study / "frontier-study.json").read_text())["records"]
     assert noted["file"] == store.GZIPPED_POINTS_FILE and noted["sha256"] == hashlib.sha256(plain.encode()).hexdigest()
     first = gzipped.read_bytes()
     records_only(study)
-    run_script("scaling.py", f"REPORT={studies}")
+    write_from_records(studies)
     assert {name: (studies / name).read_bytes() for name in OUTPUTS} == before and gzipped.read_bytes() == first
 
     (study / POINTS_FILE).write_text(plain)  # both forms, the same lines (a write stopped before the plain went)
@@ -530,9 +532,8 @@ def test_records_past_a_megabyte_are_kept_gzipped_and_read_noted_and_reported_as
     with pytest.raises(ResultsError, match="points.jsonl.gz is not gzipped text .*damaged; restore it"):
         PointRecords(study).packed()
     gzipped.unlink()
-    proc = run_script("scaling.py", f"REPORT={studies}", check=False)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert f"git checkout -- {gzipped}" in proc.stderr  # the name the study wrote its records under
+    with pytest.raises(ResultsError, match=re.escape(f"git checkout -- {gzipped}")):  # the name it was written as
+        write_from_records(studies)
 
 
 def test_a_point_is_in_points_jsonl_as_soon_as_it_finishes_not_when_its_stage_ends(studies, tmp_path, capsys):
@@ -540,7 +541,7 @@ def test_a_point_is_in_points_jsonl_as_soon_as_it_finishes_not_when_its_stage_en
     records committed while it ran, or left by a machine that died, lacked every point finished since."""
     from reservoir.studies.frontier.study import FrontierStudy
 
-    run_script("scaling.py", f"REPORT={studies}")  # points.jsonl holds every point of the micro study
+    write_from_records(studies)  # points.jsonl holds every point of the micro study
     study_path = studies / "micro"
     settings = json.loads((study_path / "frontier-study.json").read_text())["settings"]
     study = FrontierStudy.from_args(dict(MICRO_GRID), [*settings, f"RESULTS_DIR={studies}"])
@@ -578,7 +579,7 @@ def test_a_study_file_is_the_same_wherever_the_study_is_run_from(studies, tmp_pa
     continued from another folder (another machine, or a grown copy moved into results/) rewrote its study file."""
     from reservoir.studies.frontier.study import FrontierStudy, measure_cells
 
-    run_script("scaling.py", f"REPORT={studies}")
+    write_from_records(studies)
     records_only(studies / "micro")
     settings = json.loads((studies / "micro" / "frontier-study.json").read_text())["settings"]
     elsewhere, written = tmp_path / "elsewhere", None
