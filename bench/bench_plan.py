@@ -46,10 +46,11 @@ def stage_copy(source: Path, copy: Path, budget: float, since: str) -> list[dict
     """``copy`` holds ``source``'s study without the grid points trained since ``since`` at ``budget`` and above;
     returns the removed first-seed summaries at ``budget`` (what the stage spent)."""
     copy.mkdir(parents=True)
-    if not PointRecords(source).file.is_file():
+    records = PointRecords(source)
+    if not records.file.is_file():
         sys.exit(f"{source} holds no points.jsonl[.gz]: give a study's folder")
     shutil.copyfile(source / "frontier-study.json", copy / "frontier-study.json")
-    header, *lines = PointRecords(source).text().splitlines()
+    header, *lines = records.text().splitlines()
     kept, spent = [header], []
     for line in lines:
         record = json.loads(line)

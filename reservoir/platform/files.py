@@ -106,7 +106,7 @@ def portable_path(text: str) -> str:
 def repository_path(path: str | Path) -> str:
     """``path`` as a report names it: relative to the checkout where it lies inside it, whatever the working folder
     and however it was given (a committed report is the same wherever it was made); elsewhere as given."""
-    inside = os.path.relpath(os.path.abspath(path), REPOSITORY)
+    inside = portable_path(os.path.abspath(path))
     return Path(inside).as_posix() if inside != ".." and not inside.startswith("../") else str(path)
 
 

@@ -245,13 +245,13 @@ OUTPUT_PLACES = ("RESULTS_DIR", "CACHE_DIR")  # where one machine wrote: a reade
 LOCATIONS = ("RESULTS_DIR", "CACHE_DIR", "DATA_DIR", "DATASET", "TRAIN_PATH", "VAL_PATH")  # may differ per machine
 
 
+def _key(arg: str) -> str:
+    return arg.partition("=")[0].strip().upper()
+
+
 def _placeless(settings: list[str]) -> list[str]:
     """A study's settings less where its data and folders are: the same study continues on another machine."""
-    return [a for a in settings if a.partition("=")[0].strip().upper() not in LOCATIONS]
-
-
-def _output_place(arg: str) -> bool:
-    return arg.partition("=")[0].strip().upper() in OUTPUT_PLACES
+    return [a for a in settings if _key(a) not in LOCATIONS]
 
 
 def portable_settings(settings: list[str]) -> list[str]:
@@ -262,8 +262,8 @@ def portable_settings(settings: list[str]) -> list[str]:
     out = []
     for arg in settings:
         key, equals, value = arg.partition("=")
-        if not _output_place(arg):
-            out.append(f"{key}={portable_path(value)}" if equals and key.strip().upper() in LOCATIONS else arg)
+        if _key(arg) not in OUTPUT_PLACES:
+            out.append(f"{key}={portable_path(value)}" if equals and _key(arg) in LOCATIONS else arg)
     return out
 
 
@@ -314,5 +314,5 @@ def study_command(report: dict) -> str:
         parts.append("CONTEXTS=True")
     if stages.get("edges"):
         parts.append("EDGES=True")
-    parts += [a for a in report["settings"] if a not in defaults and not _output_place(a)]
+    parts += [a for a in portable_settings(report["settings"]) if a not in defaults]  # older files named RESULTS_DIR
     return " ".join(parts)
