@@ -474,6 +474,9 @@ def test_a_studys_command_leaves_out_where_the_machine_that_ran_it_wrote():
 
 
 def test_where_the_gap_comes_from_gives_each_gates_share_of_the_frozen_familys_gap():
+    """The unfrozen control runs on the first seed alone; set against the means over seeds, Tiny Shakespeare's
+    read +162% of frozen retention's gap closed where, on its own seed, it closed 67%: its share is of its seed's
+    gap."""
     report = json.loads((ROOT / "results" / "frontier-tinystories" / "frontier.json").read_text())
     assert "Where the gap comes from" not in format_study(report, "frontier.png")  # no gated family yet
     frozen, reference = report["envelope"]["frozen_retention"], report["envelope"]["transformer++"]
@@ -487,10 +490,17 @@ def test_where_the_gap_comes_from_gives_each_gates_share_of_the_frozen_familys_g
     assert "Where the gap comes from" in text and "| budget | transformer++ | reservoir_attention |" not in text
     top = 19531250000000.0
     row = next(line for line in text.splitlines() if line.startswith(f"| {top:.3g} | ") and "(+25%)" in line)
-    unfrozen = next(c["val_bpc"] for c in report["controls"]
-                    if c["family"] == "frozen_retention" and c["control"] == "unfrozen")
+    control = next(c for c in report["controls"] if c["family"] == "frozen_retention" and c["control"] == "unfrozen")
+    assert "(+100%)" in row
+    # the reference's run on the control's seed set where the control closes half its seed's gap
+    at_top = next(p for p in reference if p["budget"] == top)
+    at_top["bpc_per_seed"][at_top["seeds"].index(control["seed"])] = (
+        control["envelope_bpc"] - 2 * (control["envelope_bpc"] - control["val_bpc"]))
+    row = next(line for line in format_study(report, "frontier.png").splitlines()
+               if line.startswith(f"| {top:.3g} | ") and "(+25%)" in line)
+    assert f"{control['val_bpc']:.3f} (+50%)" in row
     own = next(p["bpc_mean"] for p in frozen if p["budget"] == top)
-    assert f"{unfrozen:.3f} ({(own - unfrozen) / gaps[top]:+.0%})" in row and "(+100%)" in row
+    assert f"({(own - control['val_bpc']) / gaps[top]:+.0%})" != "(+50%)"  # the means would say otherwise
     low = next(line for line in text.splitlines() if line.startswith("| 1.25e+12 | ") and "(+25%)" in line)
     assert low.count("–") == 2  # no forget gate and no control at that budget
 

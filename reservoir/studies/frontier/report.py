@@ -450,8 +450,8 @@ def _gap_split(report: dict, h: str) -> list[str]:
     by, reference = _by_budget(report), report["reference"]
     unfrozen = {}  # the unfrozen control runs on the first seed alone
     for c in report.get("controls") or []:
-        if c["control"] == "unfrozen":
-            unfrozen.setdefault((c["family"], c["budget"]), c["val_bpc"])
+        if c["control"] == "unfrozen" and c["val_bpc"] is not None:
+            unfrozen.setdefault((c["family"], c["budget"]), c)
     lines = []
     for base in ("frozen_retention", "reservoir_attention"):
         gated = [(f"{base}+{gate}", label) for gate, label in GATES.items() if by.get(f"{base}+{gate}")]
@@ -463,25 +463,40 @@ def _gap_split(report: dict, h: str) -> list[str]:
                      "Each frozen family beside its gated variants, its unfrozen control (CONTROLS=True, the grid's "
                      "top budget) and the LSTM, as bits/char (mean over seeds), and in brackets the share of the "
                      f"family's gap to {reference} each closes ((family − it) / (family − {reference}); 100%: level "
-                     f"with {reference}). A write gate learns what enters the frozen state, whose transition stays "
-                     "frozen; a forget gate makes the decays depend on the content, which trains the transition."]
+                     f"with {reference}). The unfrozen control ran on one seed: its share is of the gap on that "
+                     f"seed, against the family's and {reference}'s runs with the same seed (a mean over seeds "
+                     "beside one seed's run would count the seeds' spread as gap closed). A write gate learns what "
+                     "enters the frozen state, whose transition stays frozen; a forget gate makes the decays "
+                     "depend on the content, which trains the transition."]
         lines += ["", f"| budget | {reference} | {base} | " + " | ".join(label for _, label in columns) + " |",
                   "| --- |" + " --- |" * (2 + len(columns))]
         for budget in report["budgets"]:
             ref, own = by[reference].get(budget), by[base].get(budget)
             if ref is None or own is None:
                 continue
-            gap = own["bpc_mean"] - ref["bpc_mean"]
             cells = []
             for name, _ in columns:
-                value = unfrozen.get((base, budget)) if name == "unfrozen" else (
-                    by.get(name, {}).get(budget) or {}).get("bpc_mean")
-                closes = None if value is None or gap <= 0 else (own["bpc_mean"] - value) / gap
+                if name == "unfrozen":
+                    value, before, after = _one_seed_gap(unfrozen.get((base, budget)), ref)
+                else:
+                    value = (by.get(name, {}).get(budget) or {}).get("bpc_mean")
+                    before, after = own["bpc_mean"], ref["bpc_mean"]
+                gap = None if before is None or after is None else before - after
+                closes = None if value is None or gap is None or gap <= 0 else (before - value) / gap
                 share = "" if closes is None else f" ({closes:+.0%})"
                 cells.append("–" if value is None else f"{value:.3f}{share}")
             lines.append(f"| {budget:.3g} | {ref['bpc_mean']:.3f} | {own['bpc_mean']:.3f} | " + " | ".join(cells)
                          + " |")
     return lines
+
+
+def _one_seed_gap(control: dict | None, reference: dict) -> tuple[float | None, float | None, float | None]:
+    """(the control's bits/char, its own point's on the same seed, the reference envelope's on that seed): the
+    share a one-seed control closes is of the gap on its seed; None where a run of that seed is missing."""
+    if control is None:
+        return None, None, None
+    seeds = dict(zip(reference.get("seeds") or [], reference.get("bpc_per_seed") or [], strict=True))
+    return control["val_bpc"], control.get("envelope_bpc"), seeds.get(control["seed"])
 
 
 def _random_transformer(report: dict, h: str) -> list[str]:
