@@ -14,7 +14,7 @@ the steps that cannot train are listed, with why, in ``<study>/edge-steps.json``
 rebuilds every walk from those records alone; REPORT shows them.
 
 A step and the point it is set against are trained on one kind of processor: across processors one point
-scores up to 0.04 bits/char apart (bench/README.md). Where the point's record names another processor than
+scores up to 0.05 bits/char apart (bench/README.md). Where the point's record names another processor than
 this machine's (or none), the point itself is trained again beside its steps, in ``edges/`` too, and its
 walks read that score.
 """
