@@ -1,6 +1,8 @@
 """compare.py: a paired comparison of two trained models, re-scored from their run folders."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +35,21 @@ def test_rescored_models_match_their_runs_and_the_difference_is_paired(runs, tmp
     assert report["bpc_difference"] == pytest.approx(difference, abs=1e-9)
     assert report["ci95_low"] <= report["bpc_difference"] <= report["ci95_high"]
     assert f"A - B = {report['bpc_difference']:+.4f}" in proc.stdout
+
+
+def test_a_study_s_comparison_names_its_runs_from_the_study_s_folder(runs, monkeypatch, tmp_path):
+    """A study run with RESULTS_DIR=/work/ts-results committed comparisons naming /work/ts-results/... (and one
+    run from ../study, ../study/...): a comparison a study commits names its runs from the study's folder."""
+    from reservoir.studies.comparison import Side
+    from reservoir.studies.comparison import compare as paired
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the runs given relative to another working folder, and absolute
+    sides = Side([Path(os.path.relpath(runs / "rnn"))], "lstm"), Side([runs / "counts"], "ngram")
+    report = paired(*sides, relative_to=runs)
+    assert report["a"]["runs"] == ["rnn", "rnn"] and report["b"]["runs"] == ["counts"]
+    assert paired(*sides)["b"]["runs"] == [str(runs / "counts")]  # compare.py's own: as given
 
 
 def test_a_model_against_itself_is_refused_and_the_default_side_is_the_best(runs):

@@ -16,6 +16,7 @@ reported next to the one its run recorded.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,9 +129,10 @@ def _same_text(trained: list[Trained]) -> None:
 
 
 def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str = "cpu",
-            diagnostics: bool = False) -> dict:
+            diagnostics: bool = False, relative_to: Path | None = None) -> dict:
     """A - B with its paired interval; ``diagnostics`` also splits it by position and recall
-    (reservoir/studies/diagnostics.py)."""
+    (reservoir/studies/diagnostics.py). ``relative_to``: the folder the report's runs are named from (a study's:
+    its committed comparison then names no machine's layout), else as given."""
     trained = {"a": _finished(side_a), "b": _finished(side_b)}
     if _identity(trained["a"]) == _identity(trained["b"]):
         raise ResultsError(f"A and B are the same trained model ({side_a.label()}, the same seeds): their paired "
@@ -163,7 +165,7 @@ def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str =
             rescored.append(float(per_token.sum() / evaluator.chars / np.log(2)))
         nats[name] = np.mean(per_seed, axis=0)
         reports[name] = {
-            "runs": [str(t.run_dir) for t in trained[name]], "model": side.model,
+            "runs": [_named(t.run_dir, relative_to) for t in trained[name]], "model": side.model,
             "seeds": [t.row.get("seed") for t in trained[name]], "bpc_per_seed": rescored,
             "bpc": float(np.mean(rescored)), "recorded_bpc_per_seed": [t.row["val_bpc"] for t in trained[name]],
             "eval_modes": [t.config_json["effective_config"]["EVAL_MODE"] for t in trained[name]]}
@@ -173,6 +175,12 @@ def compare(side_a: Side, side_b: Side, tokens: int | None = None, device: str =
     if diagnostics:
         report["diagnostics"] = diagnose(pairing, nats["a"], nats["b"])
     return report
+
+
+def _named(run_dir: Path, relative_to: Path | None) -> str:
+    if relative_to is None:
+        return str(run_dir)
+    return Path(os.path.relpath(Path(run_dir).resolve(), Path(relative_to).resolve())).as_posix()
 
 
 def describe(report: dict) -> str:

@@ -729,7 +729,7 @@ class FrontierStudy:
         say(f"frontier {self.name}: the paired comparison at {budget:.3g} FLOPs, {family} against {reference}")
         try:
             a, b = side(family), side(reference)
-            result = compare(a, b, diagnostics=True)
+            result = compare(a, b, diagnostics=True, relative_to=self.path)
         except CheckpointError as missing:  # records travel in git, checkpoints do not: the stages go on
             say(f"frontier {self.name}: no paired comparison at {budget:.3g} FLOPs: {missing}. It scores the "
                 "points' checkpoints, which stay in the point folders on the machine that trained them (never "
