@@ -478,7 +478,9 @@ def test_where_the_gap_comes_from_gives_each_gates_share_of_the_frozen_familys_g
     read +162% of frozen retention's gap closed where, on its own seed, it closed 67%: its share is of its seed's
     gap."""
     report = json.loads((ROOT / "results" / "frontier-tinystories" / "frontier.json").read_text())
-    assert "Where the gap comes from" not in format_study(report, "frontier.png")  # no gated family yet
+    for gated in [f for f in report["envelope"] if "+" in f.removeprefix("transformer++")]:
+        del report["envelope"][gated]  # the study's own gated families, if it has them: this test's are made up
+    assert "Where the gap comes from" not in format_study(report, "frontier.png")  # no gated family
     frozen, reference = report["envelope"]["frozen_retention"], report["envelope"]["transformer++"]
     gaps = {p["budget"]: p["bpc_mean"] - next(r["bpc_mean"] for r in reference if r["budget"] == p["budget"])
             for p in frozen}
