@@ -187,6 +187,9 @@ def test_the_leaders_references_and_comparison_run_after_the_grid_and_once(tmp_p
     for comparison in (grid_top, lead):
         assert comparison["family_a"] == "linear_reservoir" and comparison["family_b"] == "transformer++"
         assert comparison["a"]["seeds"] == [1337, 1338] and "diagnostics" in comparison
+        # its runs named from the study's folder (RESULTS_DIR here is absolute): no machine's layout committed
+        runs = [*comparison["a"]["runs"], *comparison["b"]["runs"]]
+        assert all((study / r / "summary.json").is_file() and not r.startswith(("/", "..")) for r in runs), runs
     assert proc.stdout.index("paired comparison at 6e+09") < proc.stdout.index("reference runs finished")
     made = {f.name: f.stat().st_mtime_ns for f in (study / "comparisons").glob("*.json")}
     again = run_script("scaling.py", *args, timeout=900)
