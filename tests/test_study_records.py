@@ -463,8 +463,8 @@ def test_points_jsonl_and_its_study_file_name_each_other_so_an_older_or_missing_
     study = tmp_path / "frontier-tinystories"
     shutil.copytree(ROOT / "results" / "frontier-tinystories", study)
     noted = json.loads((study / "frontier-study.json").read_text())["records"]
-    records = PointRecords(study).file
-    lines = PointRecords(study).text().splitlines(keepends=True)
+    store = PointRecords(study)
+    records, lines = store.file, store.text().splitlines(keepends=True)
     assert noted["points"] == len(lines) - 1  # the committed study file names its committed records
     older = "".join(lines[:-1]).encode("utf-8")  # an older file: one point fewer, in the committed file's form
     records.write_bytes(gzip.compress(older) if records.suffix == ".gz" else older)
