@@ -1,6 +1,6 @@
 """What PLAN=True said a stage of a study would take, against what its points spent.
 
-    python bench/bench_plan.py results/growing/frontier-shakespeare 3.125e12 --since 2026-11-28T20:20
+    python bench/bench_plan.py results/frontier-shakespeare 3.125e12 --since 2026-11-28T20:20
 
 A copy of the study's records (points.jsonl, gzipped or not, beside its study file) loses the grid points this
 host trained at that budget and above (those whose record started at or after --since), so the stage stands as it

@@ -115,16 +115,16 @@ SHARED_CONFIG = {
                          "tau_max": 1000.0, "rotation_base": 10000.0, "dropout": 0.0,
                          "train_recurrence": False, "conv_width": 0,
                          "write_gate": False, "forget_gate": False, "learning_rate": 6e-3,
-                         "batch_size": 8},  # RetNet retention, decays and rotations frozen; write_gate: a trained
+                         "batch_size": 4},  # RetNet retention, decays and rotations frozen; write_gate: a trained
     # gate on what enters the state (still a reservoir); forget_gate: trained content-dependent decays (not one)
     "RESERVOIR_ATTENTION": {"units": 192, "tau_min": 1.0, "tau_max": 1000.0, "max_phase": 3.1416,
                             "input_scaling": 1.0, "width": 64, "layers": 2, "heads": 4, "dropout": 0.0,
                             "reservoir": True, "train_recurrence": False, "write_gate": False, "learning_rate": 6e-3,
-                            "batch_size": 16},  # frozen reservoir states + a trained attention readout
+                            "batch_size": 4},  # frozen reservoir states + a trained attention readout
     "TRANSFORMER": {"n_layer": 2, "n_head": 4, "n_embd": 48, "dropout": 0.0, "recipe": "++", "rotary": None,
                     "swiglu": None, "rmsnorm": None,
                     "qk_norm": False, "trained": "everything", "learning_rate": 3e-3,
-                    "batch_size": 8},  # recipe 'gpt2' | '++' (rotary, SwiGLU, RMSNorm); None parts: the recipe's;
+                    "batch_size": 4},  # recipe 'gpt2' | '++' (rotary, SwiGLU, RMSNorm); None parts: the recipe's;
     # trained 'everything' | 'embeddings' (the random-transformer control: blocks frozen at initialisation)
     "LSTM": {"embed_dim": 48, "hidden": 160, "layers": 1, "dropout": 0.0, "learning_rate": 6e-3,
              "batch_size": 8},  # LSTM baseline
