@@ -400,18 +400,17 @@ def test_a_continued_study_keeps_its_recorded_stages_and_refuses_to_turn_one_off
 
 
 def test_a_continued_study_may_add_leaders_but_not_drop_one(tmp_path):
-    """A family that joins a study through a grown FAMILIES list could not join its leaders: any LEADERS other than
-    the recorded list was refused, though more leaders drop nothing the study found (the new family's lead-budget
+    """A family that joined a study through a grown FAMILIES list could not join its leaders: any LEADERS other than
+    the recorded list was refused, though more leaders drop nothing the study found (the new leader's lead-budget
     points, every seed, are added beside the recorded ones)."""
-    from reservoir.studies.frontier.grid import FAMILIES, FrontierError
+    from reservoir.studies.frontier.grid import FrontierError
 
     shutil.copytree(ROOT / "results" / "frontier-tinystories", tmp_path / "frontier-tinystories")
     recorded = json.loads((tmp_path / "frontier-tinystories" / "frontier-study.json").read_text())
     command = _documented_study_command()
-    joining = next((f for f in FAMILIES if f not in recorded["grid"]["FAMILIES"]), None)  # through a grown list
-    leader = joining or next(f for f in recorded["grid"]["FAMILIES"] if f not in recorded["stages"]["leaders"])
-    families = f"FAMILIES={','.join([*recorded['grid']['FAMILIES'], *([joining] if joining else [])])}"
-    leaders = [*recorded["stages"]["leaders"], leader]
+    families = f"FAMILIES={','.join(recorded['grid']['FAMILIES'])}"
+    leaders = [*recorded["stages"]["leaders"],
+               next(f for f in recorded["grid"]["FAMILIES"] if f not in recorded["stages"]["leaders"])]
     grown = [a for a in command if not a.startswith(("FAMILIES=", "LEADERS="))]
     study = _study_from([*grown, families, f"LEADERS={','.join(leaders)}"], tmp_path)[2]()
     assert study.stages["leaders"] == leaders
