@@ -45,7 +45,14 @@ from reservoir.studies.budgets import StudyError, positive_numbers
 from reservoir.studies.frontier.analysis import report_from_records
 from reservoir.studies.frontier.generation import measure_study, read_generation, write_generation
 from reservoir.studies.frontier.grid import FRONTIER_KEYS
-from reservoir.studies.frontier.plan import estimate, format_plan, probe_cells, recorded_cells
+from reservoir.studies.frontier.plan import (
+    estimate,
+    format_plan,
+    left_to_train,
+    probe_cells,
+    recorded_cells,
+    unprobed,
+)
 from reservoir.studies.frontier.records import STUDY_FILE
 from reservoir.studies.frontier.report import format_study, headline, write_from_records, write_study
 from reservoir.studies.frontier.shared import export_records
@@ -86,10 +93,16 @@ def frontier(own: dict, settings: list[str]) -> int:
     study = FrontierStudy.from_args(own, settings)
     if planning:  # what it costs, before anything trains or is written
         measure = measure_cells(study)
+        recorded = recorded_cells(study) or None  # None: a new study
+        if recorded:  # nothing left to train (its records say so on any machine): no probe, no minutes of it
+            counted = estimate(study, measure, unprobed, hosts, recorded)
+            if left_to_train(counted) == 0:
+                print(format_plan(counted, study, probed=False), flush=True)
+                return 0
         probe = probe_cells(study, measure.data)
         try:
             with MachineLoad() as load:  # the probe's times are this host's at this load
-                plan = estimate(study, measure, probe, hosts, recorded_cells(study) or None)  # None: a new study
+                plan = estimate(study, measure, probe, hosts, recorded)
             print(format_plan(plan, study, load.report()), flush=True)
         finally:
             probe.close()

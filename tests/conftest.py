@@ -334,6 +334,46 @@ def summary_of(run_dir) -> dict:
     return {r["model"]: r for r in json.loads((Path(run_dir) / "summary.json").read_text())}
 
 
+# The most a study point started by a test may spend: the tests' studies train at 1e3-6e10 FLOPs a point (the
+# committed studies' smallest budget is 5e11). A study that would train one of its real points (a rule that
+# reopens a finished study on this machine, a stage that forgets its records) fails its test at once, in
+# seconds, instead of training for an hour.
+TEST_POINT_FLOPS = 1e11
+
+
+def _flop_budget(args: list[str]) -> float | None:
+    """The FLOP_BUDGET a point's TinyStories.py arguments give it (the last one given wins, as there)."""
+    given = [a.partition("=")[2] for a in args if a.partition("=")[0].strip().upper() == "FLOP_BUDGET"]
+    try:
+        return float(given[-1]) if given and given[-1] not in ("None", "") else None
+    except ValueError:
+        return None
+
+
+@pytest.fixture(autouse=True)
+def no_study_point_beyond_the_test_budgets(monkeypatch):
+    """Every test: a study point whose FLOP_BUDGET passes TEST_POINT_FLOPS is refused before it starts, and the
+    test fails saying which point and why (even where the test expected its study to fail)."""
+    from reservoir.studies import runner
+
+    refused, start_point = [], runner.start_point
+
+    def guarded(args, *rest, **options):
+        budget = _flop_budget(args)
+        if budget is not None and budget > TEST_POINT_FLOPS:
+            named = [a for a in args if a.startswith(("RUN_NAME=", "RESUME=", "RESULTS_DIR="))]
+            refused.append(f"FLOP_BUDGET={budget:g} ({' '.join(named)})")
+            raise RuntimeError(f"a test's study started a point at FLOP_BUDGET={budget:g}, beyond the tests' "
+                               f"{TEST_POINT_FLOPS:g}: {' '.join(named)}")
+        return start_point(args, *rest, **options)
+
+    monkeypatch.setattr(runner, "start_point", guarded)
+    yield refused
+    if refused:
+        pytest.fail(f"this test's study would have trained {len(refused)} point(s) beyond the tests' budgets "
+                    f"(TEST_POINT_FLOPS={TEST_POINT_FLOPS:g}): {refused[:3]}", pytrace=False)
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip XLA tests where torch_xla cannot run; in CI's XLA environment, refuse to skip them."""
     if xla_usable():

@@ -349,11 +349,15 @@ TEXTS = {"frontier-tinystories": (Path(os.environ.get("RESERVOIR_TINYSTORIES", "
 
 
 @pytest.mark.parametrize("page, name", [("README.md", "frontier-tinystories"),
+                                        ("docs/studies.md", "frontier-tinystories"),
                                         ("docs/configuration.md", "frontier-shakespeare")])
 def test_a_documented_study_command_on_the_committed_study_changes_none_of_its_files(tmp_path, page, name):
     """On a fresh clone the README's command, run on the committed TinyStories study (nothing left to train),
     rewrote its study file (WORKERS 2 as 'auto', a host's own setting) and dropped the measured generation cost
-    from frontier.json and frontier.md: git status was no longer clean."""
+    from frontier.json and frontier.md: git status was no longer clean. On a host whose processor no record names
+    (an AMD EPYC), the command trained the points beside the ended edge walks again (minutes to hours each), while
+    PLAN=True said 0 left: here on a pretended processor, PLAN says nothing is left (without minutes of probing)
+    and the command trains nothing and writes no file but its (ignored) lock."""
     text, folder = TEXTS[name]
     if not any(text.glob("*.txt")):
         pytest.skip("the study's text not given (RESERVOIR_TINYSTORIES, RESERVOIR_SHAKESPEARE)")
@@ -361,8 +365,20 @@ def test_a_documented_study_command_on_the_committed_study_changes_none_of_its_f
     shutil.copytree(committed, tmp_path / "results" / name)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / folder).symlink_to(text)
-    proc = run_in_process("scaling.py", _documented_study_command(page, name), cwd=tmp_path)
+    elsewhere = {"RESERVOIR_PRETEND_PROCESSOR": "AMD EPYC 7B13 (a processor no record names)"}
+    plan = run_in_process("scaling.py", [*_documented_study_command(page, name), "PLAN=True"], env=elsewhere,
+                          cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert "Nothing left to train" in plan.stdout and "| edge walks (" in plan.stdout
+    assert all(row.split("|")[-3].strip() == "0" for row in plan.stdout.splitlines() if row.startswith("| ")
+               and not row.startswith(("| stage", "| ---"))), plan.stdout  # every stage's points left: 0
+    proc = run_in_process("scaling.py", _documented_study_command(page, name), env=elsewhere, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "to train" in proc.stdout and "started" not in proc.stdout and "steps beyond to train" not in proc.stdout
+    assert re.findall(r": [1-9]\d* (?:runs|points|steps beyond) to train", proc.stdout) == []
+    written = {p.relative_to(tmp_path / "results" / name).as_posix() for p in (tmp_path / "results" / name).rglob("*")
+               if p.is_file()}
+    assert written - {".lock"} == {p.relative_to(committed).as_posix() for p in committed.rglob("*") if p.is_file()}
     changed = sorted(p.name for p in committed.iterdir() if p.is_file() and p.name != ".lock"  # a run's (ignored)
                      and (tmp_path / "results" / name / p.name).read_bytes() != p.read_bytes())
     assert changed == []

@@ -12,6 +12,15 @@ run, on average, than it has cores (with half a core of slack) *and* this proces
 ``FULL_SHARE`` of them: the model then got less than the machine, and its tokens/s and
 time-budgeted score understate it. (Threads of ``nice``d work are counted as runnable but take
 little from a process at normal priority; the CPU share keeps them from raising the flag.)
+
+What this machine is (``processor``, ``instruction_set``, ``usable_cores``) is read here alone, and each may be
+pretended, as a test aid, so that what depends on the machine is tried as another machine would run it:
+
+    RESERVOIR_PRETEND_PROCESSOR="AMD EPYC 7B13"   # the processor name every record of a run names
+    RESERVOIR_PRETEND_ISA=AVX2                    # the float kernels torch dispatches to, as recorded
+    RESERVOIR_PRETEND_CORES=2                     # the cores a study counts (WORKERS=auto, threads)
+
+Only what is reported changes: the kernels that run are this machine's (ATEN_CPU_CAPABILITY chooses them).
 """
 
 from __future__ import annotations
@@ -21,9 +30,29 @@ import threading
 import time
 from pathlib import Path
 
+from reservoir.platform.messages import OneLineError
+
 SLACK = 0.5  # runnable threads above the cores (on average) before a run counts as oversubscribed
 FULL_SHARE = 0.9  # ... and only if this process got less than this share of the cores
 LOADAVG = Path("/proc/loadavg")
+
+
+PRETEND = {"processor": "RESERVOIR_PRETEND_PROCESSOR", "isa": "RESERVOIR_PRETEND_ISA",
+           "cores": "RESERVOIR_PRETEND_CORES"}  # what this machine reports -> the variable that overrides it
+
+
+class MachineError(OneLineError):
+    """A pretended machine that cannot be (an empty name, cores that are not a positive whole number)."""
+
+
+def pretended(fact: str) -> str | None:
+    """The value ``PRETEND[fact]`` overrides ``fact`` with, None where it is not set."""
+    value = os.environ.get(PRETEND[fact])
+    if value is None:
+        return None
+    if not value.strip():
+        raise MachineError(f"{PRETEND[fact]} is set but empty: give the {fact} to report, or unset it")
+    return value.strip()
 
 
 _IMPORTED = time.time()  # where /proc cannot say when the process started: close to it
@@ -53,6 +82,11 @@ def process_seconds() -> float:
 
 
 def usable_cores() -> int:
+    """The cores this process may use (its affinity), or RESERVOIR_PRETEND_CORES."""
+    if (cores := pretended("cores")) is not None:
+        if not cores.isdigit() or int(cores) < 1:
+            raise MachineError(f"RESERVOIR_PRETEND_CORES={cores}: give a whole number of cores, at least 1")
+        return int(cores)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -116,6 +150,8 @@ def processor() -> str:
     amplifies that), and the records then say which ran where."""
     import platform
 
+    if (name := pretended("processor")) is not None:
+        return name
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
             if line.lower().startswith(("model name", "hardware", "cpu model")):
@@ -123,3 +159,16 @@ def processor() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+def instruction_set() -> str:
+    """The widest vector instructions torch's CPU kernels dispatch to here ('AVX512', 'AVX2', 'DEFAULT', ...;
+    ATEN_CPU_CAPABILITY lowers it), or RESERVOIR_PRETEND_ISA: with the processor, what decides a run's floats."""
+    if (isa := pretended("isa")) is not None:
+        return isa
+    import torch
+
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):  # a torch before 2.1
+        return "unknown"

@@ -22,7 +22,7 @@ from reservoir.data.tokenizers import tokenizer_hash
 from reservoir.models.registry import PLUGINS
 from reservoir.platform import device as dev
 from reservoir.platform.files import append_line, atomic_write_text
-from reservoir.platform.machine import processor
+from reservoir.platform.machine import instruction_set, processor
 from reservoir.platform.messages import warn
 from reservoir.run.checkpoint import (
     checkpoint_file,
@@ -109,7 +109,7 @@ class Run:
         if self.writes:
             content = {
                 "requested_config": requested, "effective_config": effective, "versions": versions(),
-                "device": {"kind": info.kind, "name": info.name, "processor": processor(),
+                "device": {"kind": info.kind, "name": info.name, "processor": processor(), "isa": instruction_set(),
                            "precision": info.precision,
                            "world_size": info.world_size, "spmd_devices": info.spmd_devices,
                            "replicas": info.replicas, "per_device_batch": per_device, "global_batch": global_batch,

@@ -14,9 +14,11 @@ the steps that cannot train are listed, with why, in ``<study>/edge-steps.json``
 rebuilds every walk from those records alone; REPORT shows them.
 
 A step and the point it is set against are trained on one kind of processor: across processors one point
-scores up to 0.05 bits/char apart (bench/README.md). Where the point's record names another processor than
-this machine's (or none), the point itself is trained again beside its steps, in ``edges/`` too, and its
-walks read that score.
+scores up to 0.05 bits/char apart (bench/README.md). While a walk is open (its next step not yet recorded),
+where the score it reads names another processor than this machine's (or none), the point itself is trained
+again beside its steps, in ``edges/`` too, and its walks read that score. A walk its records end is finished
+on every machine: nothing of it trains again (each walk and step in frontier.json names the processor its
+score was recorded on).
 """
 
 from __future__ import annotations
@@ -153,6 +155,10 @@ def edge_folder(study_path: Path, cell: Cell, budget: float) -> Path:
     return Path(study_path) / EDGE_FOLDER / cell.name / point_name(budget)
 
 
+def _grid_folder(study_path: Path, cell: Cell, budget: float) -> Path:
+    return Path(study_path) / cell.name / point_name(budget)
+
+
 def collect_edge_steps(records: PointRecords, budgets: list[float]) -> list[dict]:
     """One row per finished step beyond an edge and seed. A folder under edges/ that names no cell is refused."""
     where = records.path / EDGE_FOLDER
@@ -167,11 +173,16 @@ def collect_edge_steps(records: PointRecords, budgets: list[float]) -> list[dict
             summary = records.summary(point, "a grid edge step's summary")
             if summary is None:
                 continue
-            corpus = corpus_of(records, point)
+            corpus, scored_on = corpus_of(records, point), processor_of(records, point)
             for r in summary:
                 rows.append({**point_scores(r, point), "cell": name, **cell.record(), "budget": budget,
-                             "train_tokens": r.get("train_tokens"), "corpus": corpus})
+                             "train_tokens": r.get("train_tokens"), "corpus": corpus, "processor": scored_on})
     return rows
+
+
+def processor_of(records: PointRecords, folder: Path) -> str | None:
+    """The processor a point's record names (None: recorded before records named one)."""
+    return (records.config(folder).get("device") or {}).get("processor")
 
 
 def read_edge_file(study_path: Path) -> dict:
@@ -202,6 +213,8 @@ def edges_report(study: dict, rows: list[dict], records: PointRecords) -> dict |
               if r["seed"] == study["seed"] and r.get("train_tokens") and r.get("params_trained")}
     for w in walks:
         w["next"] = w["next"].name if w["next"] else None
+        point = (edge_folder if w["trained_beside"] else _grid_folder)(records.path, parse_cell(w["cell"]), w["budget"])
+        w["scored_on"] = processor_of(records, point)  # the processor the score its steps are set against names
         for step in w["steps"]:
             step["tokens_per_param"] = tokens.get((step["cell"], w["budget"]))
     return {"budgets": budgets, "walks": walks, "steps": steps,

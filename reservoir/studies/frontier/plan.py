@@ -354,6 +354,9 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
                        "stage": f"lead budget {lead:.3g} FLOPs ({len(cells)} leaders x {extra + 1} seeds)",
                        "points": len(cells), "points_at_most": len(cells),
                        "points_left": first["points_left"], "after_grid": True})
+    if recorded is not None:
+        known = all(s["points_left"] == 0 for s in stages)  # the grid, its seeds, the lead budget: all recorded
+        stages += after_grid_stages(study, measure, seconds_per_step, besides, known)
     slots = len(study.slots())
     total = sum(s["seconds"] for s in stages)
     most = sum(s["seconds_at_most"] for s in stages)
@@ -361,6 +364,55 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
     return {"stages": stages, "device_seconds": total, "device_seconds_at_most": most, "slots": slots,
             "hosts": hosts, "wall_seconds": total / (slots * hosts), "wall_seconds_at_most": most / (slots * hosts),
             "device_seconds_left": left, "wall_seconds_left": left / (slots * hosts), "recorded": recorded is not None}
+
+
+def after_grid_stages(study, measure, seconds_per_step, besides, known: bool) -> list[dict]:
+    """The stages a study adds after its grid, as its command would start them now (the study's own lists of
+    them: ``reference_jobs``, ``control_jobs``, ``context_jobs``, ``edge_jobs``): each point not recorded yet,
+    priced as the cell it trains (a reference: POINT_OVERHEAD_S, one pass). The references are known from the
+    start; the rest only once ``known`` (the grid, its seeds and the lead budget recorded: until then the
+    envelope they start from may change), else a row says they are not planned yet. The edge walks' next
+    steps are the ones known now: a step that beats its point is followed by one more, known only then."""
+    def priced(name, jobs, note=""):
+        flops = seconds = 0.0
+        for job in jobs:
+            if job.cell is None:
+                seconds += POINT_OVERHEAD_S
+                continue
+            per_step = measure(job.cell)[0]
+            steps = math.ceil(job.budget / per_step)
+            flops += job.seeds * steps * per_step
+            seconds += job.seeds * (steps * seconds_per_step(job.cell) + besides(job.cell))
+        return {"stage": name + note, "points": len(jobs), "flops": flops, "seconds": seconds,
+                "points_at_most": len(jobs), "seconds_at_most": seconds, "flops_at_most": flops,
+                "points_left": len(jobs), "seconds_left": seconds, "after_grid": True}
+
+    stages = study.stages
+    rows = [priced("references", study.reference_jobs())] if stages.get("references") else []
+    later = [name for key, name in (("controls", "controls"), ("contexts", "contexts"), ("edges", "edge walks"))
+             if stages.get(key)]
+    if not known:
+        if later:
+            rows.append({**priced(f"{', '.join(later)}: planned once the grid is recorded", []),
+                         "points_left": None})
+        return rows
+    if stages.get("controls"):
+        rows.append(priced("controls", study.control_jobs()))
+    if stages.get("contexts"):
+        rows.append(priced("contexts (the leaders at 4 x SEQ_LEN)", study.context_jobs(study.report())))
+    if stages.get("edges"):
+        walks = study.edge_walks()
+        jobs, _ = study.edge_jobs(walks, measure, {})
+        open_walks = sum(w["next"] is not None for w in walks)
+        rows.append(priced(f"edge walks ({len(walks) - open_walks} of {len(walks)} ended", jobs,
+                           f"; {open_walks} open: their next steps)" if open_walks else ")"))
+    return rows
+
+
+def left_to_train(plan: dict) -> int | None:
+    """How many points the study's command would train now, by the plan; None where a stage is not known yet."""
+    counts = [s["points_left"] for s in plan["stages"]]
+    return None if None in counts else sum(counts)
 
 
 def _envelope_seeded(study, decided: dict) -> set:
@@ -391,18 +443,39 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 360 else f"{seconds:.0f} s"
 
 
-def format_plan(plan: dict, study, load: dict | None = None) -> str:
+def unprobed(cell) -> float:
+    """A plan's seconds a step where nothing is probed (a study with nothing left to train): none."""
+    return 0.0
+
+
+unprobed.besides_training = unprobed
+
+
+def format_plan(plan: dict, study, load: dict | None = None, probed: bool = True) -> str:
     """The plan as a table and its sentences; ``load`` (``MachineLoad.report()`` over the probe): a probe that
-    ran beside other work times every step slow, and the plan says so."""
+    ran beside other work times every step slow, and the plan says so. Not ``probed`` (a study whose records
+    hold every point its command would train): points and FLOPs, no device time."""
     left = plan.get("recorded")  # a study with records: what its command still has to train
+
+    def hours(seconds):
+        return _hours(seconds) if probed else "–"
+
     lines = [f"plan for frontier {study.name}: nothing trained, nothing written", "",
              "| stage | points | FLOPs | device time | at most: points | device time |"
              + (" left: points | device time |" if left else ""),
              "| --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if left else "")]
     for s in plan["stages"]:
-        lines.append(f"| {s['stage']} | {s['points']} | {s['flops']:.3g} | {_hours(s['seconds'])} | "
-                     f"{s['points_at_most']} | {_hours(s['seconds_at_most'])} |"
-                     + (f" {s['points_left']} | {_hours(s['seconds_left'])} |" if left else ""))
+        cells = [s["points"], f"{s['flops']:.3g}", hours(s["seconds"]), s["points_at_most"],
+                 hours(s["seconds_at_most"]), *([s["points_left"], hours(s["seconds_left"])] if left else [])]
+        if s["points_left"] is None:  # a stage the records cannot tell yet
+            cells = ["?"] * len(cells)
+        lines.append(f"| {s['stage']} | " + " | ".join(map(str, cells)) + " |")
+    if not probed:
+        lines += ["", f"Nothing left to train: the study's records hold every point its command would train now "
+                  f"({len(study.store.packed()['points'])} points recorded), every stage after the "
+                  f"grid included, on any machine. Device time not probed (a probe times every family, size and "
+                  f"batch here: minutes); each point's records hold what it took (train_seconds)."]
+        return "\n".join(lines)
     lines += ["", f"device time {_hours(plan['device_seconds'])} (at most {_hours(plan['device_seconds_at_most'])}); "
               f"on {plan['slots']} point(s) at once x {plan['hosts']} host(s): about "
               f"{_hours(plan['wall_seconds'])} of wall time (at most {_hours(plan['wall_seconds_at_most'])})"
@@ -420,9 +493,12 @@ def format_plan(plan: dict, study, load: dict | None = None) -> str:
               f"is more; halving also keeps every "
               f"cell within WITHIN={study.grid['WITHIN']:g} of its family's best, which a study without records "
               f"cannot foresee: it may cost more, up to the 'at most' columns. An envelope or lead point not known "
-              f"yet is priced as its family's costliest cell. Not planned: the references, controls, contexts and "
-              f"edge walks a study's stages add (the committed studies' records spent 33-44% of their one-thread "
-              f"training hours on them)."]
+              f"yet is priced as its family's costliest cell. "
+              + ("The stages after the grid are the points the study's command would start now, from its records "
+                 "(the controls, contexts and edge walks once the grid, its seeds and lead budget are recorded; an "
+                 "edge walk's later steps only as it goes)." if left else
+                 "Not planned: the references, controls, contexts and edge walks a study's stages add (the "
+                 "committed studies' records spent 33-44% of their one-thread training hours on them).")]
     if load and load.get("oversubscribed"):
         lines += ["", f"The probe ran beside other work ({load['runnable_mean']:g} threads wanted the host's "
                   f"{load['cores']} cores on average): its times, and the device time above, are too high; plan "

@@ -34,6 +34,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from reservoir.config import load_plugins, named_plugins, parse_overrides
 from reservoir.models.registry import MODELS, PLUGINS
@@ -60,6 +61,7 @@ from reservoir.studies.frontier.edges import (
     edge_folder,
     edge_walks,
     parse_cell,
+    processor_of,
     read_edge_file,
     write_edge_file,
 )
@@ -102,6 +104,16 @@ from reservoir.studies.frontier.records import (
 )
 from reservoir.studies.runner import hold_study
 from reservoir.studies.store import PointRecords
+
+
+class StageJob(NamedTuple):
+    """A point a stage trains: its folder and TinyStories.py arguments, and for a plan the cell it is priced as
+    (None: a one-pass reference), its FLOP budget and its seeds."""
+    folder: Path
+    args: list[str]
+    cell: Cell | None = None
+    budget: float | None = None
+    seeds: int = 1
 
 
 def compared_families(bpc_at_budget: dict[str, float]) -> list[str]:
@@ -173,11 +185,13 @@ class FrontierStudy:
             return
         recorded_file = read_study_file(self.path)
         recorded = recorded_file.get("stages") or {}
+        kept = []
         for key, value in recorded.items():
             if key not in self.stages or self.stages[key] == value:
                 continue
             if key.upper() not in given:
                 self.stages[key] = value
+                kept.append(f"{key.upper()}={own_text(value)}")
             elif key == "leaders" and isinstance(value, list) and isinstance(self.stages[key], list) \
                     and set(value) <= set(self.stages[key]):
                 continue  # more leaders: the recorded ones' points stand, the new ones' are added
@@ -185,6 +199,10 @@ class FrontierStudy:
                 raise FrontierError(f"STUDY={self.name} records {key.upper()}={own_text(value)}; continuing it with "
                                     f"{key.upper()}={own_text(self.stages[key])} would drop what that stage found. Its "
                                     f"recorded command continues it: {study_command(recorded_file)}")
+        if kept:
+            say(f"frontier {self.name}: the command leaves out stages its study file records; kept as recorded: "
+                f"{' '.join(kept)} (every stage a study recorded goes on, and its walks, controls and comparisons "
+                "stand)")
 
     # --- what runs where
     def cells(self) -> list[Cell]:
@@ -399,23 +417,27 @@ class FrontierStudy:
             self._run_edges(run_points, measure)
         self._pack_records()
 
-    def _run_references(self, run_points) -> None:
+    def reference_jobs(self) -> list[StageJob]:
+        """The reference runs not finished yet (REFERENCES=True)."""
         jobs = []
         for name, options in REFERENCE_RUNS.items():
             folder = self.path / "references" / name
-            if self.finished(folder, [self.config["SEED"]]):
-                continue
-            jobs.append((folder, [*self.settings, *options, *ONE_PASS, *_continue_or_start(folder)]))
+            if not self.finished(folder, [self.config["SEED"]]):
+                jobs.append(StageJob(folder, [*self.settings, *options, *ONE_PASS, *_continue_or_start(folder)]))
+        return jobs
+
+    def _run_references(self, run_points) -> None:
+        jobs = self.reference_jobs()
         say(f"frontier {self.name}: {len(REFERENCE_RUNS) - len(jobs)} reference runs finished, {len(jobs)} to run")
-        self._run_all(jobs, run_points, None)
+        self._run_all([job[:2] for job in jobs], run_points, None)
 
     def control_folder(self, cell: Cell, control: str, budget: float) -> Path:
         return self.path / CONTROL_FOLDER / f"{cell.name}+{control}" / point_name(budget)
 
-    def _run_controls(self, run_points) -> None:
-        """Each family's controls at the grid's top budget, on its envelope configuration there and the study's
-        first seed (every envelope seed for EVERY_SEED_CONTROLS), trained from step 0 (a control has no stable
-        phase to branch off)."""
+    def control_jobs(self) -> list[StageJob]:
+        """Each family's controls at the grid's top budget not finished yet, on its envelope configuration there and
+        the study's first seed (every envelope seed for EVERY_SEED_CONTROLS), trained from step 0 (a control has no
+        stable phase to branch off)."""
         top, first = self.budgets[-1], [self.config["SEED"]]
         winners, cells = envelope_cells(self.records(), self.budgets), {c.name: c for c in self.cells()}
         jobs = []
@@ -428,32 +450,52 @@ class FrontierStudy:
                 seeds = [*first, *self.extra_seeds()] if control in EVERY_SEED_CONTROLS else first
                 if self.finished(folder, seeds):
                     continue
-                jobs.append((folder, [*self.settings, *cell.settings(control), f"FLOP_BUDGET={top!r}",
-                                      *_continue_or_start(folder),
-                                      *([f"SEEDS={','.join(map(str, seeds))}"] if seeds != first else [])]))
-        say(f"frontier {self.name}: the controls at {top:.3g} FLOPs: {len(jobs)} runs to train")
-        self._run_all(jobs, run_points, top)
+                jobs.append(StageJob(folder, [*self.settings, *cell.settings(control), f"FLOP_BUDGET={top!r}",
+                                              *_continue_or_start(folder),
+                                              *([f"SEEDS={','.join(map(str, seeds))}"] if seeds != first else [])],
+                                     cell, top, len(seeds)))
+        return jobs
 
-    def _run_contexts(self, run_points) -> None:
-        """CONTEXTS=True (contexts.py): the top budget's envelope points scored at every evaluation context, and
-        the leaders (LEADERS; auto: "the transformer" and the best reservoir family) trained at 4 x SEQ_LEN, at
-        the same FLOPs and tokens per step, scored the same way."""
-        top, seed, seq = self.budgets[-1], self.config["SEED"], self.config["SEQ_LEN"]
-        report, cells = self.report(), {c.name: c for c in self.cells()}
+    def _run_controls(self, run_points) -> None:
+        jobs = self.control_jobs()
+        say(f"frontier {self.name}: the controls at {self.budgets[-1]:.3g} FLOPs: {len(jobs)} runs to train")
+        self._run_all([job[:2] for job in jobs], run_points, self.budgets[-1])
+
+    def context_leaders(self, report: dict) -> tuple[dict, list[str]]:
+        """The top budget's envelope points ({family: point}) and the families CONTEXTS=True trains at 4 x SEQ_LEN
+        (LEADERS; auto: "the transformer" and the best reservoir family)."""
+        top = self.budgets[-1]
         at_top = {f: p for f, points in report["envelope"].items() for p in points if p["budget"] == top}
         reservoirs = sorted((at_top[f]["bpc_mean"], f) for f in RESERVOIR_FAMILIES if f in at_top)
         leaders = [f for f in ((report["reference"], reservoirs[0][1] if reservoirs else None)
                                if self.stages["leaders"] == "auto" else self.stages["leaders"]) if f in at_top]
+        return at_top, leaders
+
+    def context_jobs(self, report: dict) -> list[StageJob]:
+        """The leaders' runs at 4 x SEQ_LEN (CONTEXTS=True) not finished yet, at the same FLOPs and tokens a step."""
+        top, seed, seq = self.budgets[-1], self.config["SEED"], self.config["SEQ_LEN"]
+        cells = {c.name: c for c in self.cells()}
+        at_top, leaders = self.context_leaders(report)
         jobs = []
         for family in leaders:
             cell = cells[at_top[family]["cell"]]
             folder = long_context_folder(self.path, cell.name, top, seq)
             if not self.finished(folder, [seed]):
-                jobs.append((folder, [*self.settings, *cell.settings(), f"FLOP_BUDGET={top!r}",
-                                      *long_context_settings(cell.batch_size, seq), *_continue_or_start(folder)]))
+                jobs.append(StageJob(folder, [*self.settings, *cell.settings(), f"FLOP_BUDGET={top!r}",
+                                              *long_context_settings(cell.batch_size, seq),
+                                              *_continue_or_start(folder)], cell, top))
+        return jobs
+
+    def _run_contexts(self, run_points) -> None:
+        """CONTEXTS=True (contexts.py): the top budget's envelope points scored at every evaluation context, and
+        the leaders trained at 4 x SEQ_LEN (``context_jobs``), scored the same way."""
+        top, seed, seq = self.budgets[-1], self.config["SEED"], self.config["SEQ_LEN"]
+        report, cells = self.report(), {c.name: c for c in self.cells()}
+        at_top, leaders = self.context_leaders(report)
+        jobs = self.context_jobs(report)
         say(f"frontier {self.name}: the leaders at SEQ_LEN={seq * LONG_CONTEXT_FACTOR}, {top:.3g} FLOPs: {len(jobs)} "
             "runs to train")
-        self._run_all(jobs, run_points, top)
+        self._run_all([job[:2] for job in jobs], run_points, top)
         known = read_context_scores(self.path) or {}
         rows, data_cache = dict(known.get("rows") or {}), {}
         for family, long in [(f, False) for f in sorted(at_top)] + [(f, True) for f in leaders]:
@@ -484,39 +526,55 @@ class FrontierStudy:
         """EDGES=True (edges.py): the step beyond each grid edge an envelope point sits on, at the grid's top two
         budgets and the lead budget, on the first seed, from step 0; a step that beats the point is followed
         by the next, round by round, until each walk ends."""
-        cannot, here = read_edge_file(self.path), processor()
+        cannot = read_edge_file(self.path)
+        walks = self.edge_walks()
+        ended = sum(w["next"] is None for w in walks)
+        if ended:
+            say(f"frontier {self.name}: the grid's edges: {ended} of {len(walks)} walks ended in the records, kept "
+                "as they are on any machine (a walk still open trains its next step here)")
         for round_ in range(1, 1 + len(PRESETS) + 64):  # a rate may halve many times; far more than any walk takes
-            jobs, listed = [], False
-            walks = self.edge_walks()
-            for w in walks:  # a point recorded on another processor is trained again here, beside its steps
-                cell, budget = parse_cell(w["cell"]), w["budget"]
-                device = self.store.config(self.folder(cell, budget)).get("device") or {}
-                folder = edge_folder(self.path, cell, budget)
-                if device.get("processor") != here and not w["trained_beside"] and all(f != folder for f, _ in jobs):
-                    jobs.append((folder, self.direct_args(cell, budget, folder)))
-            starting = {f for f, _ in jobs}
-            for w in walks:
-                step, budget = w["next"], w["budget"]
-                if step is None or (w["steps"] and edge_folder(self.path, parse_cell(w["cell"]), budget) in starting):
-                    continue  # a walk goes past its first step once its point's own score here is known
-                why = self.skip_reason(step, budget, measure, tokens_per_param=False)
-                if why:
-                    cannot[f"{step.name}@{budget!r}"], listed = why, True
-                    continue
-                folder = edge_folder(self.path, step, budget)
-                if all(folder != f for f, _ in jobs):
-                    jobs.append((folder, self.direct_args(step, budget, folder)))
+            jobs, listed = self.edge_jobs(walks, measure, cannot)
             if listed:
                 write_edge_file(self.path, cannot)
             if not jobs and not listed:
                 break
-            jobs.sort(key=lambda job: float(job[0].name.removeprefix("flops-")))  # a budget's walks end first
-            say(f"frontier {self.name}: the grid's edges, round {round_}: {len(jobs)} steps beyond to train")
-            self._run_all(jobs, run_points, None)
-        ended = self.edge_walks()
-        say(f"frontier {self.name}: the grid's edges: {len(ended)} walks, "
-            f"{sum(w['moved'] < 0 for w in ended)} moved a point, {sum(w['end'] == 'worse' for w in ended)} ended "
+            if jobs:
+                say(f"frontier {self.name}: the grid's edges, round {round_}: {len(jobs)} steps beyond to train")
+                self._run_all([job[:2] for job in jobs], run_points, None)
+            walks = self.edge_walks()
+        say(f"frontier {self.name}: the grid's edges: {len(walks)} walks, "
+            f"{sum(w['moved'] < 0 for w in walks)} moved a point, {sum(w['end'] == 'worse' for w in walks)} ended "
             "on a worse step (REPORT: \"Does the grid contain its optimum?\")")
+
+    def edge_jobs(self, walks: list[dict], measure, cannot: dict) -> tuple[list[StageJob], bool]:
+        """The steps beyond the edges to train next, as (folder, arguments), and whether ``cannot`` grew (a next
+        step that cannot train at its budget). Only a walk still open (its records hold no end) trains: one that
+        ended stays ended wherever it is read. An open walk's next step is set against a score of this machine's
+        processor: where the score it reads (its point's record, or its twin beside the steps) names another
+        processor or none, the point itself is trained again beside its steps first (``edges/``), and the walk
+        goes past that step once the twin's score is known."""
+        here, jobs, listed = processor(), [], False
+        open_walks = [w for w in walks if w["next"] is not None]
+        for w in open_walks:
+            cell, budget = parse_cell(w["cell"]), w["budget"]
+            folder = edge_folder(self.path, cell, budget)
+            if not w["trained_beside"] and processor_of(self.store, self.folder(cell, budget)) != here \
+                    and all(folder != job.folder for job in jobs):
+                jobs.append(StageJob(folder, self.direct_args(cell, budget, folder), cell, budget))
+        starting = {job.folder for job in jobs}
+        for w in open_walks:
+            step, budget = w["next"], w["budget"]
+            if w["steps"] and edge_folder(self.path, parse_cell(w["cell"]), budget) in starting:
+                continue  # a walk goes past its first step once its point's own score here is known
+            why = self.skip_reason(step, budget, measure, tokens_per_param=False)
+            if why:
+                cannot[f"{step.name}@{budget!r}"], listed = why, True
+                continue
+            folder = edge_folder(self.path, step, budget)
+            if all(folder != job.folder for job in jobs):
+                jobs.append(StageJob(folder, self.direct_args(step, budget, folder), step, budget))
+        jobs.sort(key=lambda job: job.budget)  # a budget's walks end first
+        return jobs, listed
 
     def leaders(self) -> list[Cell]:
         """The top budget's envelope cells of LEADERS (auto: "the transformer" and the best reservoir family)."""
