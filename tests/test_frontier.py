@@ -410,7 +410,8 @@ def test_a_plan_of_a_study_with_records_says_what_is_left_to_train_and_prices_th
     assert after["stages"][1]["points_left"] == after["stages"][1]["points"] > 0
     assert after["device_seconds_left"] == sum(s["seconds_left"] for s in after["stages"]) < after["device_seconds"]
     text = format_plan(after, study)
-    assert "left: points | device time |" in text and "left to train:" in text and "Not planned: the references" in text
+    assert "left: points | device time |" in text and "left to train:" in text
+    assert "The stages after the grid are the points the study's command would start now" in text
     assert "left to train" not in format_plan(estimate(study, measure, one_second), study)  # before a study runs
 
 

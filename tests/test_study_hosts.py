@@ -70,6 +70,12 @@ def test_two_hosts_share_a_study_each_point_once_and_score_as_one_host(tmp_path,
     joined = tmp_path / "c" / "results" / "shared"  # the late host was given the study's file and every record
     assert (joined / "frontier-study.json").is_file()
     assert scores(joined / "points.jsonl") == scores(exported / "points.jsonl")
+    # one shared study's records are the same bytes on every host and in the export (the late host trained
+    # nothing of the first budget, and the export none at all: their tokenizers come with the records)
+    files = {where: (tmp_path / where / "results" / "shared" / "points.jsonl").read_bytes() for where in "abc"}
+    files["exported"] = (exported / "points.jsonl").read_bytes()
+    assert len(set(files.values())) == 1, {where: len(text) for where, text in files.items()}
+    assert json.loads(files["exported"].splitlines()[0])["tokenizers"]
     alone = tmp_path / "alone"  # the same study on one host, no database
     run_script("scaling.py", *[a for a in MICRO if a != "HEARTBEAT=1"], f"RESULTS_DIR={alone / 'results'}",
                f"CACHE_DIR={alone / 'cache'}", timeout=900)

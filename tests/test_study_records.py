@@ -615,3 +615,54 @@ def test_a_study_file_is_the_same_wherever_the_study_is_run_from(studies, tmp_pa
         study.run(lambda jobs, workers, finished, **_: [0] * len(jobs), measure_cells(study))
         written = written or (studies / "micro" / "frontier-study.json").read_bytes()
         assert (results / "micro" / "frontier-study.json").read_bytes() == written, results
+
+
+def test_a_plan_counts_every_stage_s_points_as_the_study_s_command_starts_them(tmp_path, monkeypatch):
+    """PLAN=True said "left to train: 0 s" on the committed study (listing the edge walks as not planned) while the
+    command went on to train 9 steps beyond the grid's edges. With a reference, a control and an edge step's
+    records gone, on a processor no record names, the plan's points left, stage by stage, are the points the
+    command starts."""
+    from reservoir.studies.frontier.edges import EDGE_FOLDER, edge_folder, parse_cell
+    from reservoir.studies.frontier.plan import estimate, left_to_train, recorded_cells, unprobed
+    from reservoir.studies.frontier.study import measure_cells
+
+    text, _ = TEXTS["frontier-tinystories"]
+    if not any(text.glob("*.txt")):
+        pytest.skip("the study's text not given (RESERVOIR_TINYSTORIES)")
+    monkeypatch.setenv("RESERVOIR_PRETEND_PROCESSOR", "AMD EPYC 7B13 (a processor no record names)")
+    shutil.copytree(ROOT / "results" / "frontier-tinystories", tmp_path / "frontier-tinystories")
+    study = _study_from([*_documented_study_command(), f"DATASET={text}", f"CACHE_DIR={tmp_path / 'c'}"],
+                        tmp_path)[2]()
+    points = study.store.packed()["points"]
+    walk = next(w for w in study.edge_walks() if not w["trained_beside"] and w["steps"])
+    step = edge_folder(study.path, parse_cell(walk["steps"][0]["cell"]), walk["budget"])
+    gone = [next(k for k in points if k.startswith(stage)) for stage in ("references/", "controls/")]
+    gone.append(study.store.key(step))
+    for key in gone:
+        del points[key]
+    measure = measure_cells(study)
+    plan = estimate(study, measure, unprobed, 1, recorded_cells(study))
+    planned = {s["stage"].split(" (")[0]: s["points_left"] for s in plan["stages"] if s["points_left"]}
+    assert planned == {"references": 1, "controls": 1, "edge walks": 2} and left_to_train(plan) == 4
+
+    started: list[Path] = []
+
+    class Repeated(Exception):
+        """The edge stage asked for the same steps again (nothing recorded them): every stage has spoken."""
+
+    def recorder(jobs, *args, **kwargs):
+        folders = [Path(folder) for folder, _ in jobs]
+        if set(folders) & set(started):
+            raise Repeated
+        started.extend(folders)
+        return [0] * len(jobs)
+
+    with pytest.raises(Repeated):
+        study.run(recorder, measure)
+    stages = {"references": "references", "controls": "controls", EDGE_FOLDER: "edge walks"}
+    counted: dict = {}
+    for folder in started:
+        stage = stages[folder.relative_to(study.path).parts[0]]
+        counted[stage] = counted.get(stage, 0) + 1
+    assert counted == planned
+

@@ -199,13 +199,18 @@ class PointRecords:
             names |= {p.name for p in Path(folder).iterdir() if p.is_dir() and p.name not in SKIPPED}
         return sorted(names)
 
-    def absorb(self, records: dict[str, dict]) -> None:
+    def absorb(self, records: dict[str, dict], tokenizers: dict[str, dict] | None = None) -> None:
         """Points recorded elsewhere ({point: {"config", "summary"}}, checked by whoever read them), held as
-        points.jsonl holds them: where this host has no record of a point, or one with fewer seeds."""
+        points.jsonl holds them: where this host has no record of a point, or one with fewer seeds; and the
+        tokenizers they name ({hash: tokenizer.json's content}) where this host has none of that hash, so the
+        records pack to the same bytes on a host that trained none of them."""
         points = self.packed()["points"]
         for key, record in records.items():
             if key not in points or len(points[key]["summary"]) < len(record["summary"]):
                 points[key] = record
+        known = self.packed()["tokenizers"]
+        for digest, tokenizer in (tokenizers or {}).items():
+            known.setdefault(digest, tokenizer)
 
     def has_records(self) -> bool:
         """Whether any point of the study is recorded, here or in points.jsonl."""

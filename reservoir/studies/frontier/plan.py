@@ -354,7 +354,7 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
                        "stage": f"lead budget {lead:.3g} FLOPs ({len(cells)} leaders x {extra + 1} seeds)",
                        "points": len(cells), "points_at_most": len(cells),
                        "points_left": first["points_left"], "after_grid": True})
-    if recorded is not None:
+    if recorded:  # a study with records: what its command would start after the grid
         known = all(s["points_left"] == 0 for s in stages)  # the grid, its seeds, the lead budget: all recorded
         stages += after_grid_stages(study, measure, seconds_per_step, besides, known)
     slots = len(study.slots())

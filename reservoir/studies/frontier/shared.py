@@ -31,6 +31,7 @@ from reservoir.run.records import check_run_config, check_summary, portable_conf
 from reservoir.studies.frontier.grid import FrontierError, FrontierExit
 from reservoir.studies.storage import open_rdb, shown, storage_errors
 
+TOKENIZER_ATTR = "tokenizer:"  # the study's attribute that holds a corpus's tokenizer, by its hash
 POLL_S = 5.0  # at most this long between a waiting host's looks at the others' points (less with HEARTBEAT)
 
 
@@ -85,10 +86,23 @@ class SharedPoints:
                 out[key] = {"config": dict(config), "summary": summary}
         return out
 
+    def tokenizers(self) -> dict[str, dict]:
+        """{tokenizer hash: tokenizer.json's content} of the study's points, as the hosts that trained them shared
+        them (``_share_tokenizer``): what points.jsonl holds beside the records, the same on every host."""
+        return {key.removeprefix(TOKENIZER_ATTR): value for key, value in self.study.user_attrs.items()
+                if key.startswith(TOKENIZER_ATTR) and isinstance(value, dict)}
+
+    def _share_tokenizer(self, folder: Path, config: dict) -> None:
+        """The tokenizer of a point this host recorded, once per corpus (an attribute of its own per hash: two
+        hosts that set it at once set the same content)."""
+        digest, file = (config.get("data") or {}).get("tokenizer_hash"), folder / "tokenizer.json"
+        if digest and file.is_file() and f"{TOKENIZER_ATTR}{digest}" not in self.study.user_attrs:
+            self.study.set_user_attr(f"{TOKENIZER_ATTR}{digest}", read_json(file, "the run's tokenizer"))
+
     def pull(self, store) -> None:
         """Every point recorded in the storage into this host's points.jsonl (the records of points trained
-        elsewhere: what the study's decisions and its report read)."""
-        store.absorb(self.records())
+        elsewhere: what the study's decisions and its report read), with the tokenizers they name."""
+        store.absorb(self.records(), self.tokenizers())
         store.pack()
 
     def push(self, store, finished) -> None:
@@ -103,6 +117,7 @@ class SharedPoints:
             if any(t.state == TrialState.COMPLETE for t in trials.get(key, [])) or not finished(folder):
                 continue
             config, summary = self._records_of(folder)
+            self._share_tokenizer(folder, config)
             self.study.add_trial(optuna.trial.create_trial(
                 state=TrialState.COMPLETE, value=_best(summary),
                 user_attrs={"point": key, "host": f"{socket.gethostname()} (pid {os.getpid()})", "config": config,
@@ -251,6 +266,7 @@ class SharedPoints:
 
         if (folder / "summary.json").exists() and finished(folder):
             config, summary = self._records_of(folder)
+            self._share_tokenizer(folder, config)
             self.storage.set_trial_user_attr(trial._trial_id, "config", config)
             self.storage.set_trial_user_attr(trial._trial_id, "summary", summary)
             self.storage.set_trial_state_values(trial._trial_id, TrialState.COMPLETE, [_best(summary)])
@@ -291,7 +307,7 @@ def export_records(url: str, folder: Path, heartbeat_s: float = 30) -> Path:
     make_folder(folder)
     write_signed_json(folder / STUDY_FILE, identity)
     store = PointRecords(folder)
-    store.absorb(records)
+    store.absorb(records, shared.tokenizers())
     written = store.pack()
     note_records(folder, store)
     return written
