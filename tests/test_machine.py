@@ -16,7 +16,12 @@ ELSEWHERE = "AMD EPYC 7B13 (a processor no record names)"
 COMMITTED = [("README.md", "frontier-tinystories"), ("docs/configuration.md", "frontier-shakespeare")]
 
 
+PRETENDED = ("RESERVOIR_PRETEND_PROCESSOR", "RESERVOIR_PRETEND_ISA", "RESERVOIR_PRETEND_CORES")
+
+
 def test_what_the_machine_reports_may_be_pretended(monkeypatch):
+    for name in PRETENDED:  # a suite run as another machine: this test starts from this one
+        monkeypatch.delenv(name, raising=False)
     real = processor(), instruction_set(), usable_cores()
     monkeypatch.setenv("RESERVOIR_PRETEND_PROCESSOR", ELSEWHERE)
     monkeypatch.setenv("RESERVOIR_PRETEND_ISA", "AVX2")
@@ -29,7 +34,7 @@ def test_what_the_machine_reports_may_be_pretended(monkeypatch):
     monkeypatch.setenv("RESERVOIR_PRETEND_PROCESSOR", " ")
     with pytest.raises(MachineError, match="RESERVOIR_PRETEND_PROCESSOR is set but empty"):
         processor()
-    for name in ("RESERVOIR_PRETEND_PROCESSOR", "RESERVOIR_PRETEND_ISA", "RESERVOIR_PRETEND_CORES"):
+    for name in PRETENDED:
         monkeypatch.delenv(name)
     assert (processor(), instruction_set(), usable_cores()) == real
 

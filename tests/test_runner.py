@@ -24,7 +24,8 @@ def test_every_model_runs_and_writes_the_results_contract(every_model_run):
     assert config["device"]["kind"] == "cpu" and config["device"]["world_size"] == 1
     assert config["device"]["global_batch"] == 8 and config["data"]["data_source"] == "synthetic"
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    assert config["device"]["processor"] and config["device"]["processor"] in (cpuinfo or config["device"]["processor"])
+    named = os.environ.get("RESERVOIR_PRETEND_PROCESSOR") or cpuinfo  # a suite run as another machine names that one
+    assert config["device"]["processor"] and config["device"]["processor"] in (named or config["device"]["processor"])
     summary = summary_of(run_dir)
     assert set(summary) == set(ALL_MODELS)
     vocab = summary["esn"]["vocab_size"]
