@@ -49,6 +49,15 @@ TINY = [*TINY_DATA, *TINY_MODELS, "WARMUP_STEPS=5", "PLOTS=False"]
 ALL_MODELS = list(MODEL_NAMES)  # every model the runner builds
 
 
+# The studies' real text, where the fetch writes it (python -m reservoir.data.fetch: data/ beside the checkout), or
+# where RESERVOIR_TINYSTORIES (a folder of the slices) and RESERVOIR_SHAKESPEARE (input.txt) name it (.ci/run sets
+# them where the machine has the text); the tests that need it skip without it
+TINYSTORIES_TEXT = Path(os.environ.get("RESERVOIR_TINYSTORIES") or ROOT / "data" / "tinystories")
+SHAKESPEARE_TEXT = Path(os.environ.get("RESERVOIR_SHAKESPEARE") or ROOT / "data" / "shakespeare" / "input.txt")
+NO_TEXT = ("the studies' text not found: fetch it (python -m reservoir.data.fetch tinystories-slices shakespeare), or "
+           "set RESERVOIR_TINYSTORIES (the slices' folder) and RESERVOIR_SHAKESPEARE (input.txt)")
+
+
 def make_config(tmp_path, *args) -> dict:
     """A validated config with ``args`` applied, its caches (and any local data search) inside ``tmp_path``."""
     return parse_overrides([f"CACHE_DIR={tmp_path / 'cache'}", f"DATA_DIR={tmp_path / 'nodata'}", *args])

@@ -1,6 +1,4 @@
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,12 +10,10 @@ from reservoir.data.synthetic import synthetic_stories
 from reservoir.data.tokenizers import BPETokenizer, CharTokenizer
 from reservoir.data.tokens import TrainWindows, cached_tokens, eval_windows, prepare_data
 from reservoir.platform.device import DeviceInfo, build_loader
-from tests.conftest import make_config
+from tests.conftest import NO_TEXT, TINYSTORIES_TEXT, make_config
 
-# Real TinyStories text, where a folder of it is named by RESERVOIR_TINYSTORIES (.ci/run sets it when it has one)
-SHARED = Path(os.environ.get("RESERVOIR_TINYSTORIES", "/nonexistent"))
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="real TinyStories slices not found: set "
-                                  "RESERVOIR_TINYSTORIES to a folder of TinyStories-*.txt files")
+SHARED = TINYSTORIES_TEXT  # real TinyStories text (tests/conftest.py: where the fetch writes it, or named)
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=NO_TEXT)
 
 
 

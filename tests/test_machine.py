@@ -166,3 +166,16 @@ def test_a_study_point_beyond_the_tests_budgets_is_refused_before_it_starts(
     assert no_study_point_beyond_the_test_budgets == [f"FLOP_BUDGET=7.81e+12 (RUN_NAME={folder.name})"]
     no_study_point_beyond_the_test_budgets.clear()  # refused as it should be: this test passes
     assert not folder.exists()
+
+
+def test_the_worked_plugin_study_writes_where_git_ignores_it():
+    """docs/extending.md's study (STUDY=frontier-mine) was un-ignored by the results/frontier-*/ rule: following the
+    page left the clone dirty."""
+    import re
+
+    page = (ROOT / "docs" / "extending.md").read_text(encoding="utf-8")
+    studies = set(re.findall(r"scaling\.py FRONTIER=True STUDY=(\S+)", page))
+    assert studies
+    for study in studies:
+        ignored = subprocess.run(["git", "check-ignore", "-q", f"results/{study}/points.jsonl"], cwd=ROOT)
+        assert ignored.returncode == 0, f"results/{study}/ would show in git status"

@@ -5,6 +5,7 @@ Sybil); these tests hold what a run records of the plugin and the one-line refus
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -87,6 +88,23 @@ def test_a_bad_plugin_is_refused_in_one_line_before_anything_is_written(tmp_path
     proc = run_cli(tmp_path, f"PLUGINS={path}", "MODELS=lstm", "MAX_STEPS=2", check=False)
     assert proc.returncode == 1
     assert said in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("plugin, said", [
+    ("os", "PLUGINS names 'os', a module built into Python: a plugin is the .py file"),
+    ("math", "PLUGINS names 'math', a module built into Python: a plugin is the .py file"),
+    ("/etc/hostname", "PLUGINS names '/etc/hostname', not a Python file (.py): a plugin is the .py file"),
+    ("json", "plugin json declares no family (it ran, as any import does, and registered none)"),
+])
+def test_a_plugin_that_is_not_a_python_file_or_declares_no_family_is_one_line(tmp_path, plugin, said):
+    """PLUGINS=os ended in "FileNotFoundError: 'frozen'", PLUGINS=/etc/passwd in "AttributeError: 'NoneType' object
+    has no attribute 'loader'", and PLUGINS=math (a module that declares no family) was accepted without a word."""
+    if plugin.startswith("/") and not Path(plugin).is_file():
+        pytest.skip(f"{plugin} is not on this machine")
+    proc = run_cli(tmp_path, f"PLUGINS={plugin}", "MODELS=lstm", "MAX_STEPS=2", check=False)
+    assert proc.returncode == 1 and said in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert not (tmp_path / "results").exists()
 

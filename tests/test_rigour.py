@@ -366,9 +366,11 @@ def test_the_nanogpt_calibration_refuses_any_text_but_tiny_shakespeare(tmp_path)
 
 @pytest.mark.slow  # trains nanoGPT's 10.7M-parameter model four times; CI also runs the calibration itself
 def test_the_nanogpt_calibration_checks_its_result_and_trusts_only_its_record(tmp_path):
-    shakespeare = os.environ.get("RESERVOIR_SHAKESPEARE")
-    if not shakespeare:
-        pytest.skip("RESERVOIR_SHAKESPEARE (Tiny Shakespeare's input.txt) is not set")
+    from tests.conftest import NO_TEXT, SHAKESPEARE_TEXT
+
+    shakespeare = str(SHAKESPEARE_TEXT)
+    if not SHAKESPEARE_TEXT.is_file():
+        pytest.skip(NO_TEXT)
     quick = [f"RESULTS_DIR={tmp_path / 'out'}", f"CACHE_DIR={tmp_path / 'c'}", "MAX_STEPS=6", "EVAL_POINTS=1",
              "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0"]
     first = run_script("bench/calibrate_nanogpt.py", shakespeare, *quick, check=False)

@@ -17,11 +17,10 @@ from reservoir.data.corpus import DataError, load_corpus
 from reservoir.studies.budgets import StudyError, parse_budgets, point_name
 from reservoir.studies.curves import crossovers, curve, fit_curve, gap_slope
 from reservoir.studies.ladder import STUDY_KEYS, Study, build_report
-from tests.conftest import ROOT, TINY, run_cli, run_script
+from tests.conftest import NO_TEXT, ROOT, SHAKESPEARE_TEXT, TINY, run_cli, run_script
 
-SHAKESPEARE = Path(os.environ.get("RESERVOIR_SHAKESPEARE", "/nonexistent"))  # .ci/run sets it where it has the file
-needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="Tiny Shakespeare's input.txt not found: set "
-                                       "RESERVOIR_SHAKESPEARE to it")
+SHAKESPEARE = SHAKESPEARE_TEXT
+needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=NO_TEXT)
 
 
 def play(path: Path, speeches: int = 400) -> Path:

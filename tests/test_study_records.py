@@ -13,7 +13,7 @@ import pytest
 from reservoir.run.records import ResultsError
 from reservoir.studies.frontier.report import write_from_records
 from reservoir.studies.store import AS_REQUESTED, POINTS_FILE, PointRecords, merged, own_part, shared_part
-from tests.conftest import ROOT, run_in_process, run_script
+from tests.conftest import NO_TEXT, ROOT, SHAKESPEARE_TEXT, TINYSTORIES_TEXT, run_in_process, run_script
 
 FIXTURE = ROOT / "tests" / "fixtures" / "studies"  # a micro study's point folders (tests/fixtures/make_studies.sh)
 OUTPUTS = ("REPORT.md", "micro/frontier.json", "micro/frontier.md", "micro/frontier.png")
@@ -344,8 +344,8 @@ def test_a_documented_study_command_is_the_committed_study_s_own(tmp_path, page,
 
 
 
-TEXTS = {"frontier-tinystories": (Path(os.environ.get("RESERVOIR_TINYSTORIES", "/nonexistent")), "tinystories"),
-         "frontier-shakespeare": (Path(os.environ.get("RESERVOIR_SHAKESPEARE", "/nonexistent")).parent, "shakespeare")}
+TEXTS = {"frontier-tinystories": (TINYSTORIES_TEXT, "tinystories"),
+         "frontier-shakespeare": (SHAKESPEARE_TEXT.parent, "shakespeare")}
 
 
 @pytest.mark.parametrize("page, name", [("README.md", "frontier-tinystories"),
@@ -360,7 +360,7 @@ def test_a_documented_study_command_on_the_committed_study_changes_none_of_its_f
     and the command trains nothing and writes no file but its (ignored) lock."""
     text, folder = TEXTS[name]
     if not any(text.glob("*.txt")):
-        pytest.skip("the study's text not given (RESERVOIR_TINYSTORIES, RESERVOIR_SHAKESPEARE)")
+        pytest.skip(NO_TEXT)
     committed = ROOT / "results" / name
     shutil.copytree(committed, tmp_path / "results" / name)
     (tmp_path / "data").mkdir()
@@ -628,7 +628,7 @@ def test_a_plan_counts_every_stage_s_points_as_the_study_s_command_starts_them(t
 
     text, _ = TEXTS["frontier-tinystories"]
     if not any(text.glob("*.txt")):
-        pytest.skip("the study's text not given (RESERVOIR_TINYSTORIES)")
+        pytest.skip(NO_TEXT)
     monkeypatch.setenv("RESERVOIR_PRETEND_PROCESSOR", "AMD EPYC 7B13 (a processor no record names)")
     shutil.copytree(ROOT / "results" / "frontier-tinystories", tmp_path / "frontier-tinystories")
     study = _study_from([*_documented_study_command(), f"DATASET={text}", f"CACHE_DIR={tmp_path / 'c'}"],

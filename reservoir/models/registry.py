@@ -199,6 +199,11 @@ def _import(plugin: str) -> None:
     if path is None:
         raise PluginError(f"PLUGINS names {plugin!r}, which is neither a .py file here nor an importable module: "
                           "give the path of the file that declares your family (PLUGINS=my_models.py)")
+    if not path.is_file() or path.suffix != ".py":  # /etc/passwd; a module frozen or built into Python (os, math)
+        what = "a module built into Python" if not _names_a_file(plugin) else "not a Python file (.py)"
+        raise PluginError(f"PLUGINS names {plugin!r}, {what}: a plugin is the .py file (or a module of your own) "
+                          "that declares your family (PLUGINS=my_models.py; docs/extending.md)")
+    declared_before = set(MODELS)
     _LOADING.append(plugin)
     try:
         if _names_a_file(plugin):
@@ -218,6 +223,9 @@ def _import(plugin: str) -> None:
         raise PluginError(f"plugin {plugin} failed to load{line}: {type(e).__name__}: {e}") from None
     finally:
         _LOADING.pop()
+    if not set(MODELS) - declared_before:
+        raise PluginError(f"plugin {plugin} declares no family (it ran, as any import does, and registered none): a "
+                          "plugin registers each of its families with register(Family(...)) (docs/extending.md)")
     PLUGINS[plugin] = _file_hash(path)
 
 

@@ -51,18 +51,21 @@ CAUSES = {errno.ENOSPC: "no space left on the device", errno.EROFS: "the file sy
           errno.EFBIG: "file too large"}  # an OSError's errno in words
 
 
-def storage_error(path: str | Path, error: OSError) -> StorageError:
+WRITABLE = "choose a writable RESULTS_DIR / CACHE_DIR"  # where a run writes (a command writing elsewhere: its own)
+
+
+def storage_error(path: str | Path, error: OSError, place: str = WRITABLE) -> StorageError:
     code = error.errno
     free = _free_bytes(Path(path).parent)
     if code is None and free is not None and free < NEARLY_FULL_BYTES:  # numpy's and torch's failed writes
         code = errno.ENOSPC  # carry no errno
     cause = CAUSES.get(code, error.strerror or str(error) or type(error).__name__)
-    return StorageError(f"cannot write {path}: {cause}; nothing half-written was left behind. "
-                        "Free space or choose a writable RESULTS_DIR / CACHE_DIR")
+    return StorageError(f"cannot write {path}: {cause}; nothing half-written was left behind. Free space or {place}")
 
 
-def atomic_write(path: str | Path, write) -> None:
-    """Call ``write(tmp_path)``, flush it to disk, then rename it onto ``path``.
+def atomic_write(path: str | Path, write, place: str = WRITABLE) -> None:
+    """Call ``write(tmp_path)``, flush it to disk, then rename it onto ``path`` (a failure says where else to write:
+    ``place``).
 
     The file gets the permissions the umask gives new files (mkstemp alone would make it
     0600, unreadable to colleagues on a shared machine).
@@ -84,7 +87,7 @@ def atomic_write(path: str | Path, write) -> None:
     except OSError as e:
         if isinstance(e, StorageError):
             raise
-        raise storage_error(path, e) from None
+        raise storage_error(path, e, place) from None
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
