@@ -38,21 +38,14 @@ from pathlib import Path
 from configs import split_arguments, wants_help
 from reservoir.platform.device import runs_on_cpu
 from reservoir.platform.files import repository_path
-from reservoir.platform.machine import MachineLoad
 from reservoir.platform.messages import TAG, OneLineError, say
+from reservoir.platform.stopping import ended_by_a_signal
 from reservoir.run.records import read_json
 from reservoir.studies.budgets import StudyError, positive_numbers
 from reservoir.studies.frontier.analysis import report_from_records
 from reservoir.studies.frontier.generation import measure_study, read_generation, write_generation
 from reservoir.studies.frontier.grid import FRONTIER_KEYS
-from reservoir.studies.frontier.plan import (
-    estimate,
-    format_plan,
-    left_to_train,
-    probe_cells,
-    recorded_cells,
-    unprobed,
-)
+from reservoir.studies.frontier.plan import plan_study
 from reservoir.studies.frontier.records import STUDY_FILE
 from reservoir.studies.frontier.report import format_study, headline, write_from_records, write_study
 from reservoir.studies.frontier.shared import export_records
@@ -92,20 +85,13 @@ def frontier(own: dict, settings: list[str]) -> int:
     hosts = positive_numbers("HOSTS", own.pop("HOSTS", "1"), "2", StudyError, integers=True)[0]
     study = FrontierStudy.from_args(own, settings)
     if planning:  # what it costs, before anything trains or is written
-        measure = measure_cells(study)
-        recorded = recorded_cells(study) or None  # None: a new study
-        if recorded:  # nothing left to train (its records say so on any machine): no probe, no minutes of it
-            counted = estimate(study, measure, unprobed, hosts, recorded)
-            if left_to_train(counted) == 0:
-                print(format_plan(counted, study, probed=False), flush=True)
-                return 0
-        probe = probe_cells(study, measure.data)
-        try:
-            with MachineLoad() as load:  # the probe's times are this host's at this load
-                plan = estimate(study, measure, probe, hosts, recorded)
-            print(format_plan(plan, study, load.report()), flush=True)
-        finally:
-            probe.close()
+        with ended_by_a_signal() as stop:  # a plan is nothing but its answer: stopped, it says so and writes nothing
+            answer = plan_study(study, hosts, stop.check)
+        if stop.signal_name:
+            print(f"{TAG} plan for frontier {study.name} stopped by {stop.signal_name}: nothing trained, nothing "
+                  "written (the same command plans again)", file=sys.stderr, flush=True)
+            return stop.exit_code
+        print(answer, flush=True)
         return 0
     try:
         study.run(run_points, measure_cells(study))

@@ -210,6 +210,36 @@ def test_a_plan_says_what_a_study_costs_and_writes_nothing(tmp_path):
     assert "left to train" not in proc.stdout  # a new study: all of it is left
     assert "else KEEP=" in proc.stdout and "within WITHIN=" in proc.stdout and "'at most' columns" in proc.stdout
     assert not (tmp_path / "results").exists()
+    # it talks while it probes (16 min with no line on a loaded host): a bar, or a line every few seconds
+    assert "plan for frontier micro: probing 4 families x sizes x batches" in proc.stderr
+    assert "100% after" in proc.stderr
+
+
+@pytest.mark.slow  # a plan in its own process, stopped by a signal while it probes
+def test_a_plan_stopped_while_it_probes_says_so_in_one_line_and_leaves_nothing(tmp_path):
+    """Stopped by SIGTERM after 7 minutes of probing, a plan printed only multiprocessing's "leaked semaphore
+    objects" warning."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = [a for a in MICRO if not a.startswith(("SIZES=", "BATCH_SIZES="))]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scaling.py"), *args, "SIZES=xs,s,m,l", "BATCH_SIZES=4,8,16",
+                             "WORKERS=2", "PLAN=True", f"RESULTS_DIR={tmp_path / 'results'}",
+                             f"CACHE_DIR={tmp_path / 'cache'}"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # its data are ready: the probe comes next
+        if "tokenizer" in line:
+            break
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == ("[ReservoirNLP] plan for frontier micro stopped by SIGTERM: nothing "
+                                            "trained, nothing written (the same command plans again)")
+    assert "leaked" not in err and "Traceback" not in err and "| stage |" not in out
+    assert not (tmp_path / "results").exists()
 
 
 def micro_study(tmp_path, *args):

@@ -370,6 +370,8 @@ def test_a_documented_study_command_on_the_committed_study_changes_none_of_its_f
                           cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "Nothing left to train" in plan.stdout and "| edge walks (" in plan.stdout
+    assert sorted(p.relative_to(tmp_path / "results" / name) for p in (tmp_path / "results" / name).rglob("*")) == \
+        sorted(p.relative_to(committed) for p in committed.rglob("*"))  # "nothing written": not even a lock
     assert all(row.split("|")[-3].strip() == "0" for row in plan.stdout.splitlines() if row.startswith("| ")
                and not row.startswith(("| stage", "| ---"))), plan.stdout  # every stage's points left: 0
     proc = run_in_process("scaling.py", _documented_study_command(page, name), env=elsewhere, cwd=tmp_path)

@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import threading
+import types
 
 from reservoir.platform.messages import warn
 
@@ -81,6 +82,36 @@ def installed(announce: bool = True):
         if threading.current_thread() is threading.main_thread():
             for signum, handler in before.items():
                 signal.signal(signum, handler)
+
+
+class _Ended(BaseException):  # not an Exception: no "except Exception" on the way swallows it
+    """A signal that ends an ``ended_by_a_signal`` block, raised where the block checks for it."""
+
+
+@contextlib.contextmanager
+def ended_by_a_signal():
+    """A with block that SIGTERM or SIGINT ends, for work that is nothing until it is whole (a plan's probe): the
+    signal is noted, and the block's next ``state.check()`` (between two pieces of its work, never inside a
+    library's) ends it; its ``finally`` blocks run (child processes shut down). The state says which signal ended
+    it (``signal_name``, None where none did; ``exit_code``: 128 + the signal)."""
+    state = types.SimpleNamespace(signal_name=None, exit_code=0)
+
+    def note(signum, frame):
+        state.signal_name, state.exit_code = signal.Signals(signum).name, 128 + signum
+
+    def check():
+        if state.signal_name is not None:
+            raise _Ended
+
+    state.check = check
+    before = {signum: signal.signal(signum, note) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield state
+    except _Ended:
+        pass
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def requested() -> str | None:

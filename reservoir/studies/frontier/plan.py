@@ -24,6 +24,8 @@ import time
 from contextlib import contextmanager
 from types import SimpleNamespace
 
+from reservoir.platform.machine import MachineLoad
+from reservoir.platform.messages import progress
 from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, RESERVOIR_FAMILIES
 
 # seconds a point spends besides training, evaluating and sampling (its start, data, FLOP count): about 1 s forked
@@ -133,12 +135,13 @@ def _probe_copy(name: str, config: dict, data, threads: int) -> tuple[float, int
     return seconds, os.getpid(), started, time.time()
 
 
-def probe_cells(study, data):
+def probe_cells(study, data, check=lambda: None):
     """``seconds_per_step(cell)``: ``step_seconds`` of each family, size and batch of the grid, probed once, the
     way the study's points run: on the CPU with several slots, a copy in each of that many processes at once
     (they share the cores' caches and memory bandwidth, as the points will), their mean. What each copy ran is
     kept in ``seconds_per_step.copies[(family, size, batch)]``: (seconds, pid, start, end). Its
-    ``besides_training(cell)``: POINT_OVERHEAD_S and ``scoring_seconds``, probed once, here."""
+    ``besides_training(cell)``: POINT_OVERHEAD_S and ``scoring_seconds``, probed once, here. ``check()`` is called
+    before each probe (a stopped plan's ends it there: platform.stopping.ended_by_a_signal)."""
     from reservoir.config import parse_overrides
 
     slots = study.slots()
@@ -147,15 +150,21 @@ def probe_cells(study, data):
     pool = _probe_pool(together) if together > 1 else None  # its processes start with the first probe
     seen: dict = {}
     scored: dict = {}
+    kinds = {(c.family, c.size, c.batch_size) for c in study.cells()}
+    bar = progress(2 * len(kinds), f"plan for frontier {study.name}: probing {len(kinds)} families x sizes x "
+                   "batches (training steps, then evaluations and samples)")
 
     def settings(cell) -> dict:
         return parse_overrides([*study.settings, *cell.settings(), f"FLOP_BUDGET={study.budgets[0]!r}"])
 
     def seconds_per_step(cell) -> float:
         key = (cell.family, cell.size, cell.batch_size)
-        if key not in seen and pool is None:
+        if key in seen:
+            return seen[key]
+        check()
+        if pool is None:
             seen[key] = step_seconds(cell.model, settings(cell), data, threads)
-        elif key not in seen:
+        else:
             config = settings(cell)
             tokens = config["BATCH_SIZE"] * (config["SEQ_LEN"] + 1)  # the probe's one batch, and the vocabulary
             copy = SimpleNamespace(train=data.train[:tokens].copy(),
@@ -163,17 +172,25 @@ def probe_cells(study, data):
             runs = [pool.submit(_probe_copy, cell.model, config, copy, threads) for _ in range(together)]
             seconds_per_step.copies[key] = [run.result() for run in runs]
             seen[key] = sum(c[0] for c in seconds_per_step.copies[key]) / together
+        bar.update(1)
         return seen[key]
 
     def besides_training(cell) -> float:
         key = (cell.family, cell.size, cell.batch_size)
         if key not in scored:
+            check()
             scored[key] = POINT_OVERHEAD_S + scoring_seconds(cell.model, settings(cell), data, threads)
+            bar.update(1)
         return scored[key]
+
+    def close():
+        bar.close()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
 
     seconds_per_step.copies = {}
     seconds_per_step.besides_training = besides_training
-    seconds_per_step.close = lambda: pool is not None and pool.shutdown()
+    seconds_per_step.close = close
     return seconds_per_step
 
 
@@ -449,6 +466,29 @@ def unprobed(cell) -> float:
 
 
 unprobed.besides_training = unprobed
+
+
+def plan_study(study, hosts: int = 1, check=lambda: None) -> str:
+    """PLAN=True's answer for ``study`` on ``hosts`` hosts: its cells measured, then, for a study with records
+    that holds every point its command would train, the points and FLOPs without a probe (seconds, not minutes);
+    else each family, size and batch probed here and priced. ``check()`` between the pieces of work (a stopped
+    plan ends there: platform.stopping.ended_by_a_signal)."""
+    from reservoir.studies.frontier.study import measure_cells  # the study's own measure, as its command takes it
+
+    measure = measure_cells(study)
+    check()
+    recorded = recorded_cells(study) or None  # None: a new study
+    if recorded:  # nothing left to train (its records say so on any machine): no probe
+        counted = estimate(study, measure, unprobed, hosts, recorded)
+        if left_to_train(counted) == 0:
+            return format_plan(counted, study, probed=False)
+    probe = probe_cells(study, measure.data, check)
+    try:
+        with MachineLoad() as load:  # the probe's times are this host's at this load
+            plan = estimate(study, measure, probe, hosts, recorded)
+    finally:
+        probe.close()
+    return format_plan(plan, study, load.report())
 
 
 def format_plan(plan: dict, study, load: dict | None = None, probed: bool = True) -> str:
