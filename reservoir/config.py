@@ -433,6 +433,13 @@ def validate(config: dict) -> dict:
         if name not in known_models:
             match = difflib.get_close_matches(str(name), known_models, n=1, cutoff=0.4)
             hint = f"; did you mean {match[0]}?" if match else ""
+            from reservoir.models.registry import STUDY_FAMILIES  # an error's path: the registry only now
+
+            if name in STUDY_FAMILIES:  # a study's family: a model with its options set
+                model, options = STUDY_FAMILIES[name]
+                block = " ".join(f"{model.upper()}.{k}={v!r}" if isinstance(v, str) else f"{model.upper()}.{k}={v}"
+                                 for k, v in options.items())
+                hint = f" (a study's family: a run names it as MODELS={model} {block})"
             raise ConfigError(f"unknown model {name!r} in MODELS{hint} (models: {', '.join(known_models)})")
     if not checked["MODELS"]:
         raise ConfigError("MODELS is empty; name at least one model, e.g. MODELS=esn,transformer")

@@ -1,5 +1,6 @@
 import copy
 import importlib.util
+import re
 
 import pytest
 
@@ -15,7 +16,7 @@ from reservoir.config import (
     split_arguments,
 )
 from reservoir.platform import device as dev
-from tests.conftest import ROOT, run_script
+from tests.conftest import ROOT, make_config, run_script
 
 
 def test_every_key_is_documented_and_listed_in_help():
@@ -189,3 +190,15 @@ def test_a_block_value_that_may_be_zero_says_so():
         parse_overrides(["FROZEN_RETENTION.conv_width=-1"])
     with pytest.raises(ConfigError, match=r"FROZEN_RETENTION.width must be > 0"):
         parse_overrides(["FROZEN_RETENTION.width=0"])
+
+
+@pytest.mark.parametrize("family, said", [
+    ("frozen_retention+write", "MODELS=frozen_retention FROZEN_RETENTION.write_gate=True"),
+    ("transformer++", "MODELS=transformer TRANSFORMER.recipe='++'"),
+])
+def test_a_study_family_named_in_models_says_how_a_run_names_it(tmp_path, family, said):
+    """MODELS=frozen_retention+write suggested frozen_retention, not the setting that makes it the gated family."""
+    from reservoir.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(f"(a study's family: a run names it as {said})")):
+        make_config(tmp_path, f"MODELS=['{family}']")

@@ -61,7 +61,8 @@ class SharedPoints:
             return
         changed = differences(recorded, identity)
         if changed:
-            raise FrontierError(f"STUDY_STORAGE holds study {self.name} with another {', '.join(changed)}: run the "
+            raise FrontierError(f"STUDY_STORAGE holds study {self.name} otherwise than this command (what differs: "
+                                f"{'; '.join(changed)}): run the "
                                 "command the other hosts run (a grid list may grow), or name a new STUDY")
 
     # --- what the storage holds

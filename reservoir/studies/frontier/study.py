@@ -327,9 +327,9 @@ class FrontierStudy:
             check_records_file(recorded, self.store, training=True)  # a clone's lost records: restored
             changed = study_changes(recorded, content)
             if changed:
-                raise FrontierError(f"{path} holds another {', '.join(changed)} for STUDY={self.name}: run it with "
-                                    "the same command to continue it (a grid list may grow: FAMILIES, SIZES, "
-                                    "LEARNING_RATES, BATCH_SIZES), or name a new STUDY")
+                raise FrontierError(f"{path} records STUDY={self.name} otherwise than this command (what differs: "
+                                    f"{'; '.join(changed)}): run it with the same command to continue it (a grid "
+                                    "list may grow: FAMILIES, SIZES, LEARNING_RATES, BATCH_SIZES), or name a new STUDY")
             if "records" in recorded:
                 content["records"] = recorded["records"]
             # how this host runs it (WORKERS and the like) is its own: the study's file keeps what it recorded
