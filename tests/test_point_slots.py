@@ -38,13 +38,12 @@ def test_the_cpu_and_xla_cpu_give_a_core_to_each_point(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_more_threads_per_point_than_cores_is_warned_as_workers_are(capsys):
-    """DEVICES_PER_POINT=100 on 2 cores gave its one point 100 threads, silently."""
-    slots = point_slots("cpu", ["0", "1"], 100, 2)
-    assert [s.env["OMP_NUM_THREADS"] for s in slots] == ["100"]
-    said = capsys.readouterr().err
-    assert "WARNING: DEVICES_PER_POINT=100 gives a point 100 threads on the 2 cores" in said
-    assert "DEVICES_PER_POINT=2 at most" in said
+def test_more_threads_per_point_than_cores_is_refused_in_one_line():
+    """DEVICES_PER_POINT=100 on 2 cores gave its one point 100 threads, silently; then warned, and ran 25x slower."""
+    with pytest.raises(DeviceError, match="DEVICES_PER_POINT=100 would give a point 100 threads on the 2 cores") as e:
+        point_slots("cpu", ["0", "1"], 100, 2)
+    assert "DEVICES_PER_POINT=2 at most" in str(e.value)
+    assert [s.env["OMP_NUM_THREADS"] for s in point_slots("cpu", ["0", "1"], 2, 2)] == ["2"]
 
 
 @pytest.mark.parametrize("kind, devices, per_point, message", [

@@ -726,9 +726,10 @@ def point_slots(kind: str, devices: list[str], per_point: int, cores: int) -> li
     if per_point < 1:
         raise DeviceError(f"DEVICES_PER_POINT must be at least 1, got {per_point}")
     if kind == "cpu" or (kind == "tpu" and not devices):  # the CPU, or XLA:CPU (PJRT_DEVICE=CPU): a core each
-        if per_point > cores:
-            warn(f"DEVICES_PER_POINT={per_point} gives a point {per_point} threads on the {cores} cores this process "
-                 f"may use: they share the cores and the point runs slower; DEVICES_PER_POINT={cores} at most")
+        if per_point > cores:  # threads that wait on each other for cores: 25x slower measured (100 on 2 cores)
+            raise DeviceError(f"DEVICES_PER_POINT={per_point} would give a point {per_point} threads on the {cores} "
+                              f"cores this process may use (they would wait on each other, many times slower): "
+                              f"DEVICES_PER_POINT={cores} at most")
         env = {"OMP_NUM_THREADS": str(per_point), "MKL_NUM_THREADS": str(per_point)}
         label = "cpu" if kind == "cpu" else "xla:cpu"
         return [Slot(label, {**env, POINT_DEVICE_VARIABLE: label}) for _ in range(max(1, cores // per_point))]
