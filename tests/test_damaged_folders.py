@@ -294,3 +294,15 @@ def test_a_run_recorded_before_the_new_optimizer_keys_resumes_as_it_trained(tmp_
     _rewrite_config(run_dir, lambda c: [c["requested_config"].pop(k) for k in added], rehash=True)
     resumed = run_cli(tmp_path, "RESUME=old")
     assert "lstm: finished in the checkpoint" in resumed.stdout
+
+
+def test_a_truncated_signed_study_file_says_how_to_restore_or_measure_it_again(tmp_path):
+    """A truncated generation-cost.json was "the run folder is damaged", with no way out."""
+    study = tmp_path / "frontier-shakespeare"
+    shutil.copytree(ROOT / "results" / "frontier-shakespeare", study)
+    file = study / "generation-cost.json"
+    file.write_bytes(file.read_bytes()[:500])
+    proc = run_script("scaling.py", f"REPORT={study}", check=False)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "is not valid JSON" in proc.stderr and "it is damaged (cut short, or edited); restore it (git checkout), " \
+        "or measure it again: python scaling.py GENERATION=" in proc.stderr

@@ -62,13 +62,14 @@ def write_json_atomic(path: Path, obj) -> None:
     atomic_write_text(path, json.dumps(finite_or_none(obj), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
 
 
-def read_json(path: Path, what: str):
+def read_json(path: Path, what: str, remedy: str = "the run folder is damaged"):
+    """``path``'s JSON; a missing or damaged file is one line (a damaged one's ends with ``remedy``)."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ResultsError(f"{path} is missing: is {Path(path).parent} a ReservoirNLP run folder?") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ResultsError(f"{path} ({what}) is not valid JSON ({e}); the run folder is damaged") from None
+        raise ResultsError(f"{path} ({what}) is not valid JSON ({e}); {remedy}") from None
 
 
 INTEGRITY_KEY = "integrity"  # config.json's hash of its own content, written with it
@@ -171,7 +172,7 @@ def portable_config(content: dict) -> dict:
 def read_signed_json(path: Path, what: str, remedy: str) -> dict:
     """A file ``write_signed_json`` wrote, trusted only as written: an edited or damaged one is refused in one
     line that ends with ``remedy``; one written before such files were signed is used with one warning."""
-    content = read_json(path, what)
+    content = read_json(path, what, f"it is damaged (cut short, or edited); {remedy}")
     if not isinstance(content, dict):
         raise ResultsError(f"{path} ({what}) is damaged: it is not a JSON object; {remedy}")
     _verify(content, Path(path), what, f"{path} ({what}) was edited or damaged after it was written (its integrity "
