@@ -65,7 +65,8 @@ SHARED_CONFIG = {
     "SAMPLE_TOP_K": 40,  # sample among the k likeliest tokens (None: all)
     # --- data -------------------------------------------------------------
     "DATASET": "auto",  # 'auto' (hub, DATA_DIR, else synthetic) | 'tinystories' | 'shakespeare' | 'synthetic' | path
-    "DATA_DIR": "data",  # where 'auto' finds TinyStories-train/valid.txt, 'shakespeare' input.txt (or shakespeare/)
+    "DATA_DIR": "data",  # where 'auto' finds TinyStories*.txt, 'shakespeare' input.txt (or shakespeare/); the fetch
+    # writes data/tinystories/ (DATASET=data/tinystories) and data/shakespeare/
     "TRAIN_PATH": None,  # explicit training file (overrides DATASET's files); .txt or .jsonl with a 'text' field
     "VAL_PATH": None,  # explicit validation file; None means a held-out tail of the training stories
     "VAL_FRACTION": 0.05,  # share of stories held out for validation when there is no validation file
@@ -209,9 +210,15 @@ def key_comments() -> dict[str, str]:
     key_on_line = {line: k.value for k, v in zip(block.value.keys, block.value.values, strict=True)
                    for line in range(k.lineno, v.end_lineno + 1)}  # a block's comment may close its last line
     comments: dict[str, str] = {}
+    last = None  # (the key whose comment the line before ends, that line)
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT and tok.start[0] in key_on_line:
-            comments[key_on_line[tok.start[0]]] = tok.string.lstrip("# ").strip()
+        if tok.type != tokenize.COMMENT:
+            continue
+        text, line = tok.string.lstrip("# ").strip(), tok.start[0]
+        if line in key_on_line:
+            comments[key_on_line[line]], last = text, (key_on_line[line], line)
+        elif last and line == last[1] + 1 and not text.startswith("---"):  # the comment goes on, a line of its own
+            comments[last[0]], last = f"{comments[last[0]]} {text}", (last[0], line)
     return {**comments, **{block: family.comment or f"{family.name} (from {family.source})"
                            for block, family in _PLUGIN_FAMILIES.items()}}
 
@@ -233,7 +240,25 @@ def help_text(config: dict | None = None) -> str:
             lines.append(f"  {'':<{width}}    {comments[key]}")
         for setting, (_, comment) in (_PLUGIN_FAMILIES[key].settings if key in _PLUGIN_FAMILIES else {}).items():
             lines.append(f"  {'':<{width}}    {key}.{setting}: {comment}")
+    families = study_families()
+    lines += ["", "Study families (python scaling.py FAMILIES=...), each a model with its options set:"]
+    wide = max(width, *map(len, families))
+    lines += [f"  {family:<{wide}}  {as_run}" for family, as_run in families.items()]
     return "\n".join(lines)
+
+
+def study_families() -> dict[str, str]:
+    """{study family: the settings a run names it by} ('frozen_retention+write': 'MODELS=frozen_retention
+    FROZEN_RETENTION.write_gate=True'), for every family a study's FAMILIES may name."""
+    import reservoir.models  # noqa: F401 - the built-in families registered
+    from reservoir.models.registry import STUDY_FAMILIES
+
+    out = {}
+    for family, (model, options) in STUDY_FAMILIES.items():
+        block = [f"{model.upper()}.{k}={v!r}" if isinstance(v, str) else f"{model.upper()}.{k}={v}"
+                 for k, v in options.items()]
+        out[family] = " ".join([f"MODELS={model}", *block])
+    return out
 
 
 def _closest_key(name: str, keys) -> str:
@@ -433,13 +458,9 @@ def validate(config: dict) -> dict:
         if name not in known_models:
             match = difflib.get_close_matches(str(name), known_models, n=1, cutoff=0.4)
             hint = f"; did you mean {match[0]}?" if match else ""
-            from reservoir.models.registry import STUDY_FAMILIES  # an error's path: the registry only now
-
-            if name in STUDY_FAMILIES:  # a study's family: a model with its options set
-                model, options = STUDY_FAMILIES[name]
-                block = " ".join(f"{model.upper()}.{k}={v!r}" if isinstance(v, str) else f"{model.upper()}.{k}={v}"
-                                 for k, v in options.items())
-                hint = f" (a study's family: a run names it as MODELS={model} {block})"
+            families = study_families()  # an error's path: the registry only now
+            if name in families:  # a study's family: a model with its options set
+                hint = f" (a study's family: a run names it as {families[name]})"
             raise ConfigError(f"unknown model {name!r} in MODELS{hint} (models: {', '.join(known_models)})")
     if not checked["MODELS"]:
         raise ConfigError("MODELS is empty; name at least one model, e.g. MODELS=esn,transformer")

@@ -202,3 +202,19 @@ def test_a_study_family_named_in_models_says_how_a_run_names_it(tmp_path, family
 
     with pytest.raises(ConfigError, match=re.escape(f"(a study's family: a run names it as {said})")):
         make_config(tmp_path, f"MODELS=['{family}']")
+
+
+def test_help_shows_each_comment_whole_and_names_the_study_families():
+    """--help cut FROZEN_RETENTION's comment at "write_gate: a trained" and TRANSFORMER's at "None parts: the
+    recipe's;" (each went on on a line of its own), and named none of the gated study families."""
+    from reservoir.config import help_text
+
+    text = help_text()
+    assert "write_gate: a trained gate on what enters the state (still a reservoir); forget_gate: trained " \
+           "content-dependent decays (not one)" in text
+    assert "None parts: the recipe's; trained 'everything' | 'embeddings' (the random-transformer control" in text
+    assert "the fetch writes data/tinystories/ (DATASET=data/tinystories)" in text
+    families = text.split("Study families")[1]
+    assert "frozen_retention+write" in families and "MODELS=frozen_retention FROZEN_RETENTION.write_gate=True" in \
+        families and "MODELS=transformer TRANSFORMER.recipe='++'" in families
+    assert "--- " not in text  # a section's header is no key's comment
