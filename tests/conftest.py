@@ -58,6 +58,24 @@ NO_TEXT = ("the studies' text not found: fetch it (python -m reservoir.data.fetc
            "set RESERVOIR_TINYSTORIES (the slices' folder) and RESERVOIR_SHAKESPEARE (input.txt)")
 
 
+def tracked(under: str = "results") -> list[Path]:
+    """The files git tracks under ``under`` (what a clone holds), never what else a user keeps there (their own
+    runs and studies); outside a git checkout (an unpacked archive), every file there."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--", under], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode != 0:
+        return sorted(p for p in (ROOT / under).rglob("*") if p.is_file())
+    return sorted(ROOT / name for name in listed.stdout.split("\0") if name and (ROOT / name).is_file())
+
+
+def committed_copy(target: Path, under: str = "results") -> Path:
+    """The tracked files under ``under`` copied into ``target`` (as ``target/<their path below under>``)."""
+    for path in tracked(under):
+        destination = target / path.relative_to(ROOT / under)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, destination)
+    return target
+
+
 def make_config(tmp_path, *args) -> dict:
     """A validated config with ``args`` applied, its caches (and any local data search) inside ``tmp_path``."""
     return parse_overrides([f"CACHE_DIR={tmp_path / 'cache'}", f"DATA_DIR={tmp_path / 'nodata'}", *args])

@@ -17,7 +17,7 @@ from reservoir.data.corpus import DataError, load_corpus
 from reservoir.studies.budgets import StudyError, parse_budgets, point_name
 from reservoir.studies.curves import crossovers, curve, fit_curve, gap_slope
 from reservoir.studies.ladder import STUDY_KEYS, Study, build_report
-from tests.conftest import NO_TEXT, ROOT, SHAKESPEARE_TEXT, TINY, run_cli, run_script
+from tests.conftest import NO_TEXT, ROOT, SHAKESPEARE_TEXT, TINY, run_cli, run_script, tracked
 
 SHAKESPEARE = SHAKESPEARE_TEXT
 needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=NO_TEXT)
@@ -127,7 +127,7 @@ def test_a_fit_is_the_same_on_every_machine_byte_for_byte():
     variants = [{}, {"NPY_DISABLE_CPU_FEATURES": " ".join(avx512), "OPENBLAS_CORETYPE": "Haswell"},
                 {"NPY_DISABLE_CPU_FEATURES": " ".join(targets), "OPENBLAS_CORETYPE": "Prescott",
                  "MKL_CBWR": "COMPATIBLE"}]
-    studies = sorted((ROOT / "results").glob("frontier-*/frontier.json"))
+    studies = [p for p in tracked("results") if p.name == "frontier.json" and p.parent.name.startswith("frontier-")]
     assert len(studies) == 2
     outputs = [subprocess.run([sys.executable, "-c", REFIT_COMMITTED, str(ROOT / "reservoir/studies/curves.py"),
                                *map(str, studies)], env={**os.environ, **variant}, capture_output=True, text=True,

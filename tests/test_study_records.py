@@ -13,7 +13,16 @@ import pytest
 from reservoir.run.records import ResultsError
 from reservoir.studies.frontier.report import write_from_records
 from reservoir.studies.store import AS_REQUESTED, POINTS_FILE, PointRecords, merged, own_part, shared_part
-from tests.conftest import NO_TEXT, ROOT, SHAKESPEARE_TEXT, TINYSTORIES_TEXT, run_in_process, run_script
+from tests.conftest import (
+    NO_TEXT,
+    ROOT,
+    SHAKESPEARE_TEXT,
+    TINYSTORIES_TEXT,
+    committed_copy,
+    run_in_process,
+    run_script,
+    tracked,
+)
 
 FIXTURE = ROOT / "tests" / "fixtures" / "studies"  # a micro study's point folders (tests/fixtures/make_studies.sh)
 OUTPUTS = ("REPORT.md", "micro/frontier.json", "micro/frontier.md", "micro/frontier.png")
@@ -203,13 +212,11 @@ def test_the_context_table_says_how_many_tokens_each_row_trained_on():
 def test_the_committed_studies_rebuild_their_report_byte_for_byte_from_points_jsonl(tmp_path):
     """results/ as a clone has it (records only): REPORT.md, every frontier.json/.md/.png come out as committed."""
     committed = ROOT / "results"
-    copy = tmp_path / "results"
-    shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("*-lr*-b*", "references", "controls", "logs",
-                                                                   "checkpoints"))
+    copy = committed_copy(tmp_path / "results")  # what git tracks: never a user's own runs and studies beside it
     # from the folder above, as the committed report was made: its paths are relative (REPORT=results)
     proc = run_in_process("scaling.py", ["REPORT=results"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    outputs = ["REPORT.md", *(f"{study.name}/{name}" for study in sorted(committed.glob("frontier-*"))
+    outputs = ["REPORT.md", *(f"{study.name}/{name}" for study in sorted(copy.glob("frontier-*"))
                               for name in ("frontier.json", "frontier.md", "frontier.png",
                                            PointRecords(study).file.name))]
     assert len(outputs) == 9
@@ -274,7 +281,7 @@ def test_the_committed_records_name_no_machine():
     import re
 
     absolute = re.compile(r"(?<![\w.~:])/(?:work|home|root|tmp|Users|mnt|data|srv|scratch)/")
-    for path in sorted((ROOT / "results").rglob("*")):
+    for path in tracked("results"):  # what a clone holds, not what else a user keeps in results/
         if path.suffix in (".json", ".jsonl", ".md"):
             found = absolute.search(path.read_text(encoding="utf-8"))
             assert found is None, f"{path}: {path.read_text(encoding='utf-8')[found.start():found.start() + 80]}"
