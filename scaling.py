@@ -86,7 +86,7 @@ def frontier(own: dict, settings: list[str]) -> int:
     study = FrontierStudy.from_args(own, settings)
     if planning:  # what it costs, before anything trains or is written
         with ended_by_a_signal() as stop:  # a plan is nothing but its answer: stopped, it says so and writes nothing
-            answer = plan_study(study, hosts, stop.check)
+            answer = plan_study(study, measure_cells(study), hosts, stop.check)
         if stop.signal_name:
             print(f"{TAG} plan for frontier {study.name} stopped by {stop.signal_name}: nothing trained, nothing "
                   "written (the same command plans again)", file=sys.stderr, flush=True)

@@ -468,14 +468,11 @@ def unprobed(cell) -> float:
 unprobed.besides_training = unprobed
 
 
-def plan_study(study, hosts: int = 1, check=lambda: None) -> str:
-    """PLAN=True's answer for ``study`` on ``hosts`` hosts: its cells measured, then, for a study with records
-    that holds every point its command would train, the points and FLOPs without a probe (seconds, not minutes);
-    else each family, size and batch probed here and priced. ``check()`` between the pieces of work (a stopped
-    plan ends there: platform.stopping.ended_by_a_signal)."""
-    from reservoir.studies.frontier.study import measure_cells  # the study's own measure, as its command takes it
-
-    measure = measure_cells(study)
+def plan_study(study, measure, hosts: int = 1, check=lambda: None) -> str:
+    """PLAN=True's answer for ``study`` on ``hosts`` hosts, its cells measured by ``measure`` (``measure_cells``):
+    for a study with records that holds every point its command would train, the points and FLOPs without a probe
+    (seconds, not minutes); else each family, size and batch probed here and priced. ``check()`` between the
+    pieces of work (a stopped plan ends there: platform.stopping.ended_by_a_signal)."""
     check()
     recorded = recorded_cells(study) or None  # None: a new study
     if recorded:  # nothing left to train (its records say so on any machine): no probe

@@ -574,8 +574,9 @@ def _edges(report: dict, h: str) -> list[str]:
              "first seed from step 0 (EDGES=True; `edges/`): the next preset, half or twice the rate, half or twice "
              "the batch, one axis at a time. A step that beats the point is followed by the next, until one is worse. "
              "Bits/char of the first seed, as the grid chose its envelope; the envelope's mean over seeds above is "
-             "the grid's. A point recorded on another processor is trained again beside its steps (trained here): "
-             "across processors one point scores up to 0.05 bits/char apart (bench/README.md). †: more tokens per "
+             "the grid's. While a walk is open, a point recorded on another processor is trained again beside its "
+             "steps (trained here): across processors one point scores up to 0.05 bits/char apart (bench/README.md); "
+             "a walk its records end is finished on every machine. †: more tokens per "
              f"trained parameter than the grid's rule allows ({limit:g}); the grid would have skipped that step, and "
              "it was trained to ask the question all the same.", ""]
     walks = edges["walks"]
