@@ -143,7 +143,16 @@ def _cholesky_solve(rhs, factor, *args, out_val=None, **kwargs) -> int:
 
 _ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
               "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
-_FORMULAS_BY_NAME = {"mm": _mm, "addmm": _addmm, "linalg_cholesky_ex": _cholesky, "cholesky_solve": _cholesky_solve,
+def _conversion(*args, out_val=None, **kwargs) -> int:
+    """A change of storage format (dense to a sparse layout): it moves numbers, it multiplies none."""
+    return 0
+
+
+_CONVERSIONS = ("_to_sparse_csr", "_to_sparse", "_to_sparse_csc", "_to_sparse_bsr", "to_sparse")  # the ESNs' CSR
+
+
+_FORMULAS_BY_NAME = {**{name: _conversion for name in _CONVERSIONS},
+                     "mm": _mm, "addmm": _addmm, "linalg_cholesky_ex": _cholesky, "cholesky_solve": _cholesky_solve,
                      **{name: _attention for name in _ATTENTION},
                      **{f"{name}_backward": _attention_backward for name in _ATTENTION}}
 
