@@ -52,8 +52,14 @@ ALL_MODELS = list(MODEL_NAMES)  # every model the runner builds
 # The studies' real text, where the fetch writes it (python -m reservoir.data.fetch: data/ beside the checkout), or
 # where RESERVOIR_TINYSTORIES (a folder of the slices) and RESERVOIR_SHAKESPEARE (input.txt) name it (.ci/run sets
 # them where the machine has the text); the tests that need it skip without it
-TINYSTORIES_TEXT = Path(os.environ.get("RESERVOIR_TINYSTORIES") or ROOT / "data" / "tinystories")
-SHAKESPEARE_TEXT = Path(os.environ.get("RESERVOIR_SHAKESPEARE") or ROOT / "data" / "shakespeare" / "input.txt")
+def real_text(environ=os.environ) -> tuple[Path, Path]:
+    """(the TinyStories slices' folder, Tiny Shakespeare's input.txt), as ``environ`` names them or as the fetch
+    writes them."""
+    return (Path(environ.get("RESERVOIR_TINYSTORIES") or ROOT / "data" / "tinystories"),
+            Path(environ.get("RESERVOIR_SHAKESPEARE") or ROOT / "data" / "shakespeare" / "input.txt"))
+
+
+TINYSTORIES_TEXT, SHAKESPEARE_TEXT = real_text()
 NO_TEXT = ("the studies' text not found: fetch it (python -m reservoir.data.fetch tinystories-slices shakespeare), or "
            "set RESERVOIR_TINYSTORIES (the slices' folder) and RESERVOIR_SHAKESPEARE (input.txt)")
 

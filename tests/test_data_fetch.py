@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reservoir.data.fetch import DATASETS, main
-from tests.conftest import NO_TEXT, ROOT, SHAKESPEARE_TEXT, TINYSTORIES_TEXT
+from tests.conftest import NO_TEXT, ROOT, SHAKESPEARE_TEXT, TINYSTORIES_TEXT, real_text
 
 SLICES, SHAKESPEARE = TINYSTORIES_TEXT, SHAKESPEARE_TEXT
 needs_the_text = pytest.mark.skipif(not (SLICES / "TinyStories-train-sample.txt").is_file()
@@ -158,11 +158,7 @@ def test_whole_files_downloaded_by_hand_are_cut_to_the_same_bytes(server, tmp_pa
 def test_the_tests_that_need_the_real_text_find_it_where_the_fetch_writes_it():
     """The real-slice tests skipped ("set RESERVOIR_TINYSTORIES") although the README's fetch had put the slices in
     data/tinystories/: without the variables, the tests look where the fetch writes (TO's default, data/)."""
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k not in ("RESERVOIR_TINYSTORIES", "RESERVOIR_SHAKESPEARE")}
-    found = subprocess.run([sys.executable, "-c", "from tests.conftest import SHAKESPEARE_TEXT as s, TINYSTORIES_TEXT "
-                            "as t; print(t); print(s)"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     fetched = [ROOT / "data" / p.path for p in (DATASETS["tinystories-slices"][0], DATASETS["shakespeare"][0])]
-    assert found.stdout.splitlines() == [str(fetched[0].parent), str(fetched[1])]
+    assert real_text(env) == (fetched[0].parent, fetched[1])
+    assert real_text({**env, "RESERVOIR_TINYSTORIES": "/elsewhere"})[0] == Path("/elsewhere")

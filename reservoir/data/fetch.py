@@ -98,8 +98,7 @@ def download(url: str, size: int) -> bytes:
 def _place_for(target: Path, to: Path) -> None:
     """``target`` can be written: no file where one of its folders goes (TO itself included), no folder where it
     goes."""
-    for folder in [to, *reversed(target.relative_to(to).parents[:-1])]:
-        place = folder if folder == to else to / folder
+    for place in [to, *(to / folder for folder in reversed(target.relative_to(to).parents[:-1]))]:
         if place.exists() and not place.is_dir():
             named = f"TO={to}" if place == to else str(place)
             raise FetchError(f"{named} is a file where the folder {place.name}/ goes: give TO a folder (TO=data), "
@@ -130,7 +129,6 @@ def fetch(piece: Piece, to: Path, source: str | None = None, given: Path | None 
             raise FetchError(f"{target} is in place but holds other text (SHA-256 {held}, not the studies' "
                              f"{piece.sha256}): kept as it is; move it away, or add REPLACE=True to replace it")
     hand = _from_hand(piece, given) if given is not None else None
-    url = source.rstrip("/") + "/" + piece.source_name if source else piece.url
     if hand is not None:
         url = str(hand)
         if not hand.is_file():
@@ -139,6 +137,7 @@ def fetch(piece: Piece, to: Path, source: str | None = None, given: Path | None 
         with hand.open("rb") as whole:
             data = whole.read(piece.size)
     else:
+        url = source.rstrip("/") + "/" + piece.source_name if source else piece.url
         try:
             data = download(url, piece.size)
         except (urllib.error.URLError, OSError) as e:

@@ -28,10 +28,10 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from reservoir.data.tokens import corpus_label
 from reservoir.run.records import point_scores, read_signed_json, write_signed_json
 from reservoir.studies.budgets import point_name
 from reservoir.studies.frontier.grid import FAMILIES, PRESETS, SIZES, Cell, FrontierError
-from reservoir.studies.frontier.records import corpus_of
 from reservoir.studies.store import PointRecords
 
 EDGE_FOLDER = "edges"
@@ -155,10 +155,6 @@ def edge_folder(study_path: Path, cell: Cell, budget: float) -> Path:
     return Path(study_path) / EDGE_FOLDER / cell.name / point_name(budget)
 
 
-def _grid_folder(study_path: Path, cell: Cell, budget: float) -> Path:
-    return Path(study_path) / cell.name / point_name(budget)
-
-
 def collect_edge_steps(records: PointRecords, budgets: list[float]) -> list[dict]:
     """One row per finished step beyond an edge and seed. A folder under edges/ that names no cell is refused."""
     where = records.path / EDGE_FOLDER
@@ -173,16 +169,17 @@ def collect_edge_steps(records: PointRecords, budgets: list[float]) -> list[dict
             summary = records.summary(point, "a grid edge step's summary")
             if summary is None:
                 continue
-            corpus, scored_on = corpus_of(records, point), processor_of(records, point)
+            config = records.config(point)  # read once: its corpus and its processor
+            corpus, scored_on = corpus_label(config["data"]), processor_of(config)
             for r in summary:
                 rows.append({**point_scores(r, point), "cell": name, **cell.record(), "budget": budget,
                              "train_tokens": r.get("train_tokens"), "corpus": corpus, "processor": scored_on})
     return rows
 
 
-def processor_of(records: PointRecords, folder: Path) -> str | None:
-    """The processor a point's record names (None: recorded before records named one)."""
-    return (records.config(folder).get("device") or {}).get("processor")
+def processor_of(config: dict) -> str | None:
+    """The processor a point's recorded config names (None: recorded before records named one)."""
+    return (config.get("device") or {}).get("processor")
 
 
 def read_edge_file(study_path: Path) -> dict:
@@ -213,8 +210,9 @@ def edges_report(study: dict, rows: list[dict], records: PointRecords) -> dict |
               if r["seed"] == study["seed"] and r.get("train_tokens") and r.get("params_trained")}
     for w in walks:
         w["next"] = w["next"].name if w["next"] else None
-        point = (edge_folder if w["trained_beside"] else _grid_folder)(records.path, parse_cell(w["cell"]), w["budget"])
-        w["scored_on"] = processor_of(records, point)  # the processor the score its steps are set against names
+        point = edge_folder(records.path, parse_cell(w["cell"]), w["budget"]) if w["trained_beside"] \
+            else records.path / w["cell"] / point_name(w["budget"])
+        w["scored_on"] = processor_of(records.config(point))  # the processor of the score its steps are set against
         for step in w["steps"]:
             step["tokens_per_param"] = tokens.get((step["cell"], w["budget"]))
     return {"budgets": budgets, "walks": walks, "steps": steps,

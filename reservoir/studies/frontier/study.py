@@ -429,7 +429,7 @@ class FrontierStudy:
     def _run_references(self, run_points) -> None:
         jobs = self.reference_jobs()
         say(f"frontier {self.name}: {len(REFERENCE_RUNS) - len(jobs)} reference runs finished, {len(jobs)} to run")
-        self._run_all([job[:2] for job in jobs], run_points, None)
+        self._run_all(jobs, run_points, None)
 
     def control_folder(self, cell: Cell, control: str, budget: float) -> Path:
         return self.path / CONTROL_FOLDER / f"{cell.name}+{control}" / point_name(budget)
@@ -459,7 +459,7 @@ class FrontierStudy:
     def _run_controls(self, run_points) -> None:
         jobs = self.control_jobs()
         say(f"frontier {self.name}: the controls at {self.budgets[-1]:.3g} FLOPs: {len(jobs)} runs to train")
-        self._run_all([job[:2] for job in jobs], run_points, self.budgets[-1])
+        self._run_all(jobs, run_points, self.budgets[-1])
 
     def context_leaders(self, report: dict) -> tuple[dict, list[str]]:
         """The top budget's envelope points ({family: point}) and the families CONTEXTS=True trains at 4 x SEQ_LEN
@@ -495,7 +495,7 @@ class FrontierStudy:
         jobs = self.context_jobs(report)
         say(f"frontier {self.name}: the leaders at SEQ_LEN={seq * LONG_CONTEXT_FACTOR}, {top:.3g} FLOPs: {len(jobs)} "
             "runs to train")
-        self._run_all([job[:2] for job in jobs], run_points, top)
+        self._run_all(jobs, run_points, top)
         known = read_context_scores(self.path) or {}
         rows, data_cache = dict(known.get("rows") or {}), {}
         for family, long in [(f, False) for f in sorted(at_top)] + [(f, True) for f in leaders]:
@@ -540,7 +540,7 @@ class FrontierStudy:
                 break
             if jobs:
                 say(f"frontier {self.name}: the grid's edges, round {round_}: {len(jobs)} steps beyond to train")
-                self._run_all([job[:2] for job in jobs], run_points, None)
+                self._run_all(jobs, run_points, None)
             walks = self.edge_walks()
         say(f"frontier {self.name}: the grid's edges: {len(walks)} walks, "
             f"{sum(w['moved'] < 0 for w in walks)} moved a point, {sum(w['end'] == 'worse' for w in walks)} ended "
@@ -558,7 +558,7 @@ class FrontierStudy:
         for w in open_walks:
             cell, budget = parse_cell(w["cell"]), w["budget"]
             folder = edge_folder(self.path, cell, budget)
-            if not w["trained_beside"] and processor_of(self.store, self.folder(cell, budget)) != here \
+            if not w["trained_beside"] and processor_of(self.store.config(self.folder(cell, budget))) != here \
                     and all(folder != job.folder for job in jobs):
                 jobs.append(StageJob(folder, self.direct_args(cell, budget, folder), cell, budget))
         starting = {job.folder for job in jobs}
@@ -606,9 +606,10 @@ class FrontierStudy:
         self._run_all(jobs, run_points, lead)
 
     def _run_all(self, jobs: list[tuple[Path, list[str]]], run_points, budget: float | None) -> None:
-        """``jobs``: (the point's folder, its TinyStories.py arguments)."""
+        """``jobs``: (the point's folder, its TinyStories.py arguments), or a stage's ``StageJob``s."""
         if not jobs:
             return
+        jobs = [(job[0], job[1]) for job in jobs]  # what the runner takes: a StageJob's pricing stays here
         if self.shared is not None:  # claimed through STUDY_STORAGE, trained here or on another host
             def run_here(more, ended):
                 def ended_and_packed(k: int, code: int | None) -> None:
