@@ -32,6 +32,7 @@ the plot.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def generation_cost(folder: str) -> int:
     return 0
 
 
-def frontier(own: dict, settings: list[str]) -> int:
+def frontier(own: dict, settings: list[str], command: str) -> int:
     planning = own.pop("PLAN", "false").strip().lower() in ("true", "1", "yes")
     if "HOSTS" in own and not planning:
         raise StudyError("HOSTS prices a study for that many hosts, with PLAN=True; the hosts of a running study "
@@ -96,7 +97,7 @@ def frontier(own: dict, settings: list[str]) -> int:
     try:
         study.run(run_points, measure_cells(study))
     except FrontierExit as e:
-        print(f"{TAG} frontier stopped: {e}", file=sys.stderr, flush=True)
+        print(f"{TAG} frontier stopped: {e}; the same command continues it: {command}", file=sys.stderr, flush=True)
         return e.code
     except OneLineError:
         raise
@@ -113,6 +114,11 @@ def frontier(own: dict, settings: list[str]) -> int:
         say(f"wrote {path}")
     print(format_study(report, "frontier.png", level=1), flush=True)
     return 0
+
+
+def typed_command(argv: list[str]) -> str:
+    """This command as a shell takes it again."""
+    return shlex.join(["python", "scaling.py", *argv])
 
 
 def main(argv: list[str]) -> int:
@@ -139,7 +145,7 @@ def main(argv: list[str]) -> int:
                                  "give it alone")
             return report_only(own["REPORT"])
         if own.pop("FRONTIER", "false").lower() in ("true", "1", "yes") or any(k in own for k in FRONTIER_KEYS):
-            return frontier(own, settings)
+            return frontier(own, settings, typed_command(argv))
         study = Study.from_args(own, settings)
         on_cpu = runs_on_cpu(study.config)  # its points forked from the fork server (see runner.py)
         study.run(lambda args: run_point(args, on_cpu=on_cpu))
@@ -149,7 +155,8 @@ def main(argv: list[str]) -> int:
     except OneLineError as e:
         raise SystemExit(f"error: {e}") from None
     except StudyExit as e:
-        print(f"{TAG} study stopped: {e}", file=sys.stderr, flush=True)
+        print(f"{TAG} study stopped: {e}; the same command continues it: {typed_command(argv)}", file=sys.stderr,
+              flush=True)
         return e.code
     print(f"\n{TAG} study {study.name}: validation bits/char (mean ± sd over seeds) by training FLOPs\n"
           f"{format_report(report)}", flush=True)

@@ -178,3 +178,46 @@ def test_more_workers_than_cores_is_said_once(capfd):
     assert said.count(f"WORKERS={too_many} runs more points at once than the {usable_cores()} cores") == 1, said
     run_points([], usable_cores())
     assert "WORKERS=" not in capfd.readouterr().err
+
+
+TWO_POINTS = [*LONG[:2], "LEARNING_RATES=4e-3,2e-3", *LONG[3:], "CHECKPOINT_EVERY=10", "CHECKPOINT_EVERY_S=0"]
+
+
+def _stopped_study(tmp_path, signum, to_the_group):
+    """A two-point study stopped once its points have checkpointed: by ``signum`` sent to the study's pid, or to
+    its process group (what ``timeout``, a batch scheduler or a terminal's Ctrl-C sends)."""
+    results = tmp_path / "results"
+    args = [sys.executable, str(ROOT / "scaling.py"), *TWO_POINTS, f"RESULTS_DIR={results}", f"CACHE_DIR={tmp_path}/c"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own group, as a terminal gives a command
+    try:
+        deadline = time.time() + 240
+        while len(list(results.glob("busy/*/*/checkpoints/*.pt"))) < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        assert len(list(results.glob("busy/*/*/checkpoints/*.pt"))) == 2, "both points checkpointed"
+        (os.killpg if to_the_group else os.kill)(proc.pid, signum)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, out, err, results
+
+
+@pytest.mark.parametrize("signum, to_the_group", [(signal.SIGTERM, True), (signal.SIGINT, True),
+                                                   (signal.SIGTERM, False)])
+def test_a_stopped_study_checkpoints_every_point_at_the_step_it_reached_however_the_signal_is_sent(
+        tmp_path, signum, to_the_group):
+    """A process-group SIGTERM reached each point twice (from the kernel, then from the study): the second
+    stopped it at once (exit 255, 125 steps after its last checkpoint lost, no RESUME line)."""
+    code, out, err, results = _stopped_study(tmp_path, signum, to_the_group)
+    assert code == 128 + signum, out[-3000:] + err[-3000:]
+    stopped = [line for line in out.splitlines() if line.startswith("[ReservoirNLP] stopped (exit code")]
+    assert len(stopped) == 2 and all(f"exit code {128 + signum})" in line for line in stopped), out[-3000:]
+    assert all(re.search(r"saved at step \d+", line) for line in stopped), stopped
+    for log in results.glob("busy/logs/*.log"):  # each point saved the step its log reached, and says so once
+        said = log.read_text()
+        saved = int(re.search(r"saved at step (\d+)", said).group(1))
+        steps = [int(s) for s in re.findall(r"step (\d+)", said)]
+        assert saved == max(steps), said[-2000:]
+        assert said.count("received: finishing the current step") <= 1, said[-2000:]
+    assert "the same command continues it: python scaling.py" in err and "Traceback" not in err, err[-2000:]

@@ -116,8 +116,7 @@ class Study:
                 if code != 0:  # a signal may land while a finished point exits: then it is finished, and kept
                     what = "finished as the study was stopped" if self.finished(budget) else "stopped"
                     raise StudyExit(code, f"the point at {budget:.3g} FLOPs {what} (exit code {code}, its message "
-                                          "is above); every finished point is kept and the same command continues "
-                                          "the study")
+                                          "is above); every finished point is kept")
         finally:
             os.close(lock)
 

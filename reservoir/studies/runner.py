@@ -4,9 +4,11 @@
     codes = run_points([(folder, args), ...], workers)   # exit codes, None for a point never started
     code = run_point(args)                               # one point, in the foreground
 
-Each point runs on one thread (so its score does not depend on how many run together); a SIGTERM to the
-study reaches every running point, which checkpoints before it stops, and a study process that dies
-(even by SIGKILL) takes its points with it (Linux: they get the SIGTERM), so none trains on orphaned.
+Each point runs on one thread (so its score does not depend on how many run together), in a process group of
+its own: a SIGTERM or Ctrl-C to the study, sent to its pid or to its whole process group (as ``timeout``, a
+batch scheduler or a terminal sends it), reaches every running point once, from the study, and the point
+checkpoints before it stops (a second signal stops a point at once). A study process that dies (even by
+SIGKILL) takes its points with it (Linux: they get the SIGTERM), so none trains on orphaned.
 
 A point on the CPU is forked from multiprocessing's fork server, which has imported torch once: a new Python
 spends about 6 s importing torch and torch._dynamo (torch's optimizers import it on first use) before its
@@ -150,6 +152,8 @@ def _forked_point(args: list[str], env: dict, cwd: str, stdout: int, stderr: int
     by the study would have (its output, folder, environment, threads, signals), then the script is run."""
     # ps and top show the point's command (set before the environment changes: setproctitle needs its layout)
     setproctitle.setproctitle(" ".join([sys.executable, str(ENTRY_POINT), *args]))
+    os.setpgid(0, 0)  # its own group: a signal to the study's group reaches it once, from the study
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server's was ignored (see _start_fork_server)
     _stop_when_the_study_ends(lifeline)
     for fd, target in ((stdout, 1), (stderr, 2)):
         os.dup2(fd, target)
@@ -163,7 +167,6 @@ def _forked_point(args: list[str], env: dict, cwd: str, stdout: int, stderr: int
     import torch  # imported by the fork server; the threads a new process would take from OMP_NUM_THREADS
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or usable_cores()))
     signal.signal(signal.SIGINT, signal.SIG_IGN if ctrl_c_ignored else signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sys.argv = [str(ENTRY_POINT), *args]
     sys.path.insert(0, str(ENTRY_POINT.parent))
     try:
@@ -205,7 +208,29 @@ def fork_context():
         return None
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(WARM_MODULES)
+    _start_fork_server()
     return context
+
+
+def _start_fork_server() -> None:
+    """The fork server, started (once) with SIGTERM ignored: a SIGTERM to the study's process group would end it,
+    and the study would then read each point it forked as ended with exit code 255 while the point still trains.
+    It ends with the study all the same (its pipe from the study closes); what it forks sets SIGTERM back to the
+    default first (``_forked_point``, ``as_a_new_process``)."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # started by the first point, as multiprocessing would
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def as_a_new_process() -> None:
+    """In a process forked from the fork server (a pool's initializer): SIGTERM ends it, as it ends a new one."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def start_point(args: list[str], env: dict, on_cpu: bool, log=None, stderr=None):
@@ -217,7 +242,7 @@ def start_point(args: list[str], env: dict, on_cpu: bool, log=None, stderr=None)
         stderr = subprocess.STDOUT if context is None else log
     if context is None:
         return subprocess.Popen([sys.executable, str(ENTRY_POINT), *args], env=env, stdout=log, stderr=stderr,
-                                preexec_fn=_stop_with_the_study)
+                                preexec_fn=_stop_with_the_study, process_group=0)  # its own group: see above
     out = (1 if log is None else log.fileno(), 2 if stderr is None else stderr.fileno())
     for stream in (sys.stdout, sys.stderr):  # what the study printed comes before what the point prints
         stream.flush()
@@ -229,13 +254,12 @@ def start_point(args: list[str], env: dict, on_cpu: bool, log=None, stderr=None)
 
 
 def run_point(args: list[str], on_cpu: bool = False) -> int:
-    """One point as its own TinyStories.py process (forked, ``on_cpu``: see the module's docstring); a SIGTERM
-    to the study is passed on to it (Ctrl-C reaches it directly, from the terminal), so it checkpoints before
-    the study stops."""
+    """One point as its own TinyStories.py process (forked, ``on_cpu``: see the module's docstring); a SIGTERM or
+    Ctrl-C to the study is passed on to it, so it checkpoints before the study stops (its exit code says how)."""
     proc = start_point(args, dict(os.environ), on_cpu)
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the point decides how to stop; its exit code says
+    for signum in previous:  # the point decides how to stop
+        signal.signal(signum, lambda signum, frame: proc.send_signal(signum))
     try:
         return proc.wait()
     finally:
@@ -252,8 +276,8 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], fi
     GPU, a TPU chip block, each with the environment that confines a point's process to it; a number: that
     many one-thread CPU points). With one slot a point prints to the terminal; with more, each writes its own
     log (<study>/logs/) and a line here says when it starts, where, and how it ends, with the point's own
-    error when it stops. A SIGTERM to the study reaches every running point, which checkpoints before
-    stopping. ``finished(folder) -> bool``: whether a point that exited with a signal has its records
+    error when it stops. A SIGTERM or Ctrl-C to the study reaches every running point once, which checkpoints
+    before stopping. ``finished(folder) -> bool``: whether a point that exited with a signal has its records
     complete all the same (it finished as the study was stopped). ``more() -> (folder, args) | None``: a point
     to add when a slot is free and ``jobs`` are all started (a shared study claims its next point so, as soon as
     a slot ends its last one); after a None it is not asked again. ``ended(k, code)``: told as the k-th point
@@ -272,8 +296,8 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], fi
             proc.send_signal(signum)
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the points from the terminal
+    for signum in previous:  # the points are in groups of their own: each gets the signal once, from here
+        signal.signal(signum, forward)
     pending = list(range(len(jobs)))
     try:
         while pending or running or more is not None:

@@ -123,6 +123,9 @@ _TOGETHER: list = []  # in a probe process: the barrier its copies meet at befor
 
 
 def _meet_at(barrier) -> None:
+    from reservoir.studies.runner import as_a_new_process
+
+    as_a_new_process()
     _TOGETHER[:] = [barrier]
 
 

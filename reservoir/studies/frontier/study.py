@@ -634,7 +634,7 @@ class FrontierStudy:
             code = failed[0] if failed else 143
             raise FrontierExit(code, f"{len(failed)} point(s) {where} stopped (exit code {code}; each point's own "
                                      "message is above)"
-                                     f"{waiting}; every finished point is kept and the same command continues")
+                                     f"{waiting}; every finished point is kept")
 
     def halving(self, plan: dict):
         """Successive halving over the grid budgets: yields each budget, its live cells, those of them brought back
