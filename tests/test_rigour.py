@@ -159,6 +159,67 @@ def test_an_oversubscribed_machine_is_recorded_and_flagged(tmp_path):
     assert table_cell(head, row, "bound by") == "seconds"  # the 4 s budget, not the default FLOP budget, ended it
 
 
+def test_a_cpu_run_computes_with_one_thread_unless_omp_num_threads_says_more(monkeypatch):
+    """A run took torch's default, a thread per core: beside one two-thread job on 2 cores its threads waited on
+    each other and the default run took 1 h 40 min instead of 7 min (the transformer 6x slower than one thread)."""
+    from reservoir.platform import device as dev
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        info = dev.select_device({"DEVICE": "cpu"})
+        assert torch.get_num_threads() == 1 and info.name == "CPU (1 threads)"
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert dev.select_device({"DEVICE": "cpu"}).name == "CPU (2 threads)" and torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "two")
+        with pytest.raises(dev.DeviceError, match="OMP_NUM_THREADS='two': the threads a CPU run computes with"):
+            dev.select_device({"DEVICE": "cpu"})
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_one_thread_run_that_kept_its_core_is_not_oversubscribed():
+    """The CPU share counted every core: a one-thread run beside other work had a share of 0.5 at best, so any
+    second job flagged it, though it got all the CPU its one thread could use."""
+    from reservoir.platform.machine import MachineLoad
+
+    with MachineLoad(threads=1, interval=0.05) as load:
+        deadline = time.process_time() + 0.5
+        while time.process_time() < deadline:
+            pass
+    assert load.report()["cpu_share"] > 0.9, load.report()
+    with MachineLoad(threads=None, interval=0.05) as everything:
+        time.sleep(0.3)
+    assert everything.report()["cpu_share"] < 0.2
+
+
+def test_a_fit_the_time_cap_cuts_short_of_its_flop_budget_says_so_in_its_row_plot_and_last_line(tmp_path,
+                                                                                                   monkeypatch):
+    """With TIME_BUDGET_S=600 as a default, a busy machine cut 4 of the default run's 8 fits (transformer++ at
+    6.6% of its FLOP budget) and the table, final_bpc.png and the run's end said nothing of it."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig) or close(fig))
+    proc = run_cli(tmp_path, "MODELS=['lstm','ngram']", "MAX_STEPS=None", "FLOP_BUDGET=1e12", "TIME_BUDGET_S=1",
+                   "RUN_NAME=cut", "SAMPLE_TOKENS=0", "PLOTS=True")
+    record = records_of(tmp_path / "results" / "cut")[("lstm", 1337)]
+    assert record["bound_by"] == "seconds" and 0 < record["budget_spent"] < 0.95
+    lines = proc.stdout.splitlines()
+    head = next(line for line in lines if line.startswith("model "))
+    row = next(line for line in lines if line.startswith("lstm "))
+    ngram = next(line for line in lines if line.startswith("ngram "))
+    assert table_cell(head, row, "bound by") == f"{100 * record['budget_spent']:.0f}%" and " cut " in row
+    assert table_cell(head, ngram, "bound by") == "data"  # a one-pass fit the cap did not end
+    assert "cut N%: TIME_BUDGET_S ended this fit" in proc.stdout
+    assert "TIME_BUDGET_S=1 cut lstm short of the budget" in proc.stderr and "TIME_BUDGET_S=None" in proc.stderr
+    bars = next(fig for fig in figures if fig is not None and "Final validation" in fig._suptitle.get_text())
+    assert any("cut by TIME_BUDGET_S at" in t.get_text() for ax in bars.axes for t in ax.texts)
+    assert sorted(bar.get_hatch() or "" for ax in bars.axes for bar in ax.patches) == ["", "//"]
+
+
 def table_cell(head: str, row: str, column: str) -> str:
     """The value under a right-aligned column of format_table, wherever the column sits (a warm-up
     column appears after 'bound by' when a loaded machine's warm-up outlasts the budget)."""

@@ -7,10 +7,10 @@
 A background thread reads the kernel's count of runnable threads (``/proc/loadavg``, fourth field,
 this process's own busy threads included) every ``interval`` seconds; elsewhere it falls back to
 the 1-minute load average. ``cpu_share`` is the CPU time this process got over the wall time
-times the cores it may use. The machine counts as *oversubscribed* when more threads wanted to
-run, on average, than it has cores (with half a core of slack) *and* this process got less than
-``FULL_SHARE`` of them: the model then got less than the machine, and its tokens/s and
-time-budgeted score understate it. (Threads of ``nice``d work are counted as runnable but take
+times the cores its compute threads could use (a one-thread run that kept its core has a share of 1).
+The machine counts as *oversubscribed* when more threads wanted to run, on average, than it has
+cores (with half a core of slack) *and* this process got less than ``FULL_SHARE`` of them: the
+model then got less than the machine, and its tokens/s and time-budgeted score understate it. (Threads of ``nice``d work are counted as runnable but take
 little from a process at normal priority; the CPU share keeps them from raising the flag.)
 
 What this machine is (``processor``, ``instruction_set``, ``usable_cores``) is read here alone, and each may be
@@ -103,8 +103,8 @@ def runnable_threads() -> float:
 
 
 class MachineLoad:
-    def __init__(self, interval: float = 1.0):
-        self.interval = interval
+    def __init__(self, threads: int | None = None, interval: float = 1.0):
+        self.interval, self.threads = interval, threads  # threads: the process's compute threads (None: a core each)
         self.samples: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="machine-load", daemon=True)
@@ -128,7 +128,7 @@ class MachineLoad:
     def report(self) -> dict:
         cores = usable_cores()
         mean = sum(self.samples) / len(self.samples)
-        share = self.cpu / max(self.wall * cores, 1e-9)
+        share = self.cpu / max(self.wall * min(cores, self.threads or cores), 1e-9)
         return {"runnable_mean": round(mean, 2), "runnable_max": round(max(self.samples), 2),
                 "load_avg_1min": round(os.getloadavg()[0], 2), "cores": cores, "cpu_share": round(share, 3),
                 "oversubscribed": is_oversubscribed(mean, cores, share)}

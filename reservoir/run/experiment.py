@@ -16,7 +16,7 @@ from reservoir.platform import device as dev
 from reservoir.platform import stopping
 from reservoir.platform.messages import TAG, say, warn
 from reservoir.run.folders import check_same_corpus
-from reservoir.run.records import run_seeds
+from reservoir.run.records import cut_short, run_seeds
 from reservoir.run.tables import format_table
 from reservoir.run.tracking import check_available
 from reservoir.run.train import (
@@ -72,6 +72,11 @@ def run_experiment(config: dict, process_index: int = 0, resume_dir=None, claime
     if main:
         print(f"\n{TAG} {run.path}: validation bits/char on {data.description}, {info.name}\n"
               f"{format_table(run.summaries(), config)}", flush=True)
+        cut = sorted({r["model"] for r in run.summaries() if cut_short(r)})
+        if cut:
+            warn(f"TIME_BUDGET_S={config['TIME_BUDGET_S']:g} cut {', '.join(cut)} short of the budget every model "
+                 "was given (marked 'cut' above): the table does not compare them at equal compute; the same command "
+                 "with TIME_BUDGET_S=None trains every fit to its budget")
         if config["PLOTS"]:
             from reservoir.run.plots import plot_runs  # matplotlib: only when plots are asked for
 

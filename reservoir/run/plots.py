@@ -172,11 +172,16 @@ def _bars(runs, value, xlabel, title, out: Path, references: bool, log: bool = F
         rows.sort(key=lambda row: row[1][value], reverse=not references)
         labels = [f"{r['model']} ({run_label(run)})" if several else r["model"] for run, r in rows]
         errors = [_spread(r) for _, r in rows] if references else None
-        ax.barh(labels, [r[value] for _, r in rows], color=[model_colour(r["model"]) for _, r in rows],
-                xerr=errors, capsize=3 if references else 0)
+        bars = ax.barh(labels, [r[value] for _, r in rows], color=[model_colour(r["model"]) for _, r in rows],
+                       xerr=errors, capsize=3 if references else 0)
+        for bar, (_, r) in zip(bars, rows, strict=True):
+            if r.get("cut_at") is not None:  # not at its budget: hatched, and said beside its number
+                bar.set_hatch("//")
+                bar.set_edgecolor("black")
         for i, (_, r) in enumerate(rows):
             seeds = f" (mean of {r['scored_seeds']} seeds)" if r["scored_seeds"] > 1 else ""
-            label = f" {r[value]:,.3f}{seeds}" if references else f" {r[value]:,.0f}"
+            cut = "" if r.get("cut_at") is None else f", cut by TIME_BUDGET_S at {100 * r['cut_at']:.0f}% of its budget"
+            label = f" {r[value]:,.3f}{seeds}{cut}" if references else f" {r[value]:,.0f}"
             ax.text(r[value] + (_spread(r) if references else 0), i, label, va="center", fontsize=8)
         if references:  # every n-gram is a reference line: models left of it beat counting
             ngrams = [(run, r) for run, r in rows if r["model"] == "ngram"]

@@ -32,6 +32,12 @@ SCORE_FIELDS = {"seed": "seed", "status": "status", "val_bpc": "val_bpc", "val_b
                 "train_seconds": "train_seconds", "data_source": "data_source"}
 
 
+def cut_short(record: dict) -> bool:
+    """Whether TIME_BUDGET_S ended a fit before the step, token or FLOP budget it was given."""
+    share = record.get("budget_spent")
+    return record.get("bound_by") == "seconds" and share is not None and share < 0.95
+
+
 def point_scores(record: dict, folder: Path) -> dict:
     """The fields every row of a study's report takes from a run's record (grid points, references,
     controls), and the folder the record belongs to (relative to the checkout where it lies in it)."""

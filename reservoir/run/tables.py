@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 
 from reservoir.models.registry import family_of
+from reservoir.run.records import cut_short
 
 
 def seed_groups(records: list[dict]) -> list[tuple[str, list[dict]]]:
@@ -27,7 +28,8 @@ def aggregate(group: list[dict]) -> dict:
            "params_total": first["params_total"], "params_trainable": first["params_trainable"],
            "oversubscribed": any((r.get("machine_load") or {}).get("oversubscribed") for r in group),
            "compile_over_budget": any(r.get("compile_over_budget") for r in group),
-           "bound_by": "/".join(sorted({r["bound_by"] for r in group if r.get("bound_by")})) or None}
+           "bound_by": "/".join(sorted({r["bound_by"] for r in group if r.get("bound_by")})) or None,
+           "cut_at": min((r["budget_spent"] for r in group if cut_short(r)), default=None)}
     for key in ("train_seconds", "train_tokens", "train_flops", "epochs", "compile_seconds"):
         values = [r[key] for r in counted if r.get(key) is not None]
         out[key] = statistics.fmean(values) if values else None
@@ -45,6 +47,13 @@ def aggregate(group: list[dict]) -> dict:
     out["diverged"] = [(r.get("seed"), r.get("diverged_at_step"), r.get("reason")) for r in group
                        if r.get("status") == "diverged"]
     return out
+
+
+def _bound(row: dict) -> str:
+    """The 'bound by' cell: the limit that ended the fits, or 'cut N%' where TIME_BUDGET_S ended one short."""
+    if row.get("cut_at") is not None:
+        return f"cut {100 * row['cut_at']:.0f}%"
+    return row["bound_by"] or ""
 
 
 def _ppl(value: float) -> str:
@@ -94,7 +103,7 @@ def format_table(records: list[dict], config: dict | None = None) -> str:
         line = (f"{r['model']:<{width}}{seeds}{score:>21}{_ppl(r['val_ppl']):>9}{params:>22}{r['trained'] or '':>20}"
                 f"{r['train_seconds']:>9.1f}"
                 f"{r['train_tokens']:>12,.0f}{r['tokens_per_second']:>10,.0f}{flops:>10}{epochs:>8}{load:>9}"
-                f"{r['bound_by'] or '':>10}")
+                f"{_bound(r):>10}")
         if compile_column:
             seconds = r.get("compile_seconds")
             mark = "*" if r.get("compile_over_budget") else ""
@@ -111,6 +120,10 @@ def format_table(records: list[dict], config: dict | None = None) -> str:
     if any(r["oversubscribed"] for r in rows):
         lines.append("! the machine was oversubscribed while this model trained (load: threads wanting a core / "
                      "cores): its tok/s and any time-budgeted score understate it; compare with FLOP_BUDGET")
+    if any(r["cut_at"] is not None for r in rows):
+        lines.append("cut N%: TIME_BUDGET_S ended this fit after N% of its FLOP (token, step) budget, so it is not "
+                     "compared at that budget (a busy or slower machine cuts it sooner); TIME_BUDGET_S=None trains "
+                     "every fit to its budget")
     if any(r["bound_by"] for r in rows):
         lines.append("bound by: the budget that ended each fit (flops, seconds, steps, tokens), or data: a "
                      "closed-form fit's one pass over all its training data")

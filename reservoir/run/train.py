@@ -268,7 +268,7 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
             job.log_eval(progress, final, final=True)
         return Outcome(progress, final, job.saved.get("extra", {}))
     run.forget_metrics(name, job.saved["progress"]["step"] if job.saved else -1, job.seed)  # past it: redone
-    with MachineLoad() as load:
+    with MachineLoad(torch.get_num_threads()) as load:
         outcome = trainer(job)
     outcome.load = load.report()
     epochs = outcome.progress.tokens / max(1, data.train.size)
@@ -276,9 +276,12 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
         say(f"{name}: passed over its training data {epochs:.1f} times ({outcome.progress.tokens:,} tokens of "
             f"{data.train.size:,}); more data, not more epochs, is what a longer budget needs", job.main)
     if outcome.load["oversubscribed"]:
+        ended = outcome.extra.get("bound_by")
+        score = ("and its score, which TIME_BUDGET_S ended: TIME_BUDGET_S=None with FLOP_BUDGET or TOKEN_BUDGET "
+                 "compares models whatever the load" if ended == "seconds" else
+                 f"not its score, which its {ended or 'compute'} budget ended")
         warn(f"{name}: the machine was oversubscribed while it trained ({outcome.load['runnable_mean']:.1f} "
-             f"threads wanted its {outcome.load['cores']} cores on average): its tok/s and any time-budgeted "
-             "score understate it; FLOP_BUDGET or TOKEN_BUDGET compare models whatever the load")
+             f"threads wanted its {outcome.load['cores']} cores on average): that slows its tok/s, {score}")
     return outcome
 
 
@@ -784,6 +787,15 @@ def diverged_record(name: str, model, error: Diverged, config: dict, info: dev.D
             "advice": error.advice, "val_loss": None, "val_ppl": None, "val_bpc": None, "tokens_per_second": None}
 
 
+def _compute_share(config: dict, progress: Progress) -> float | None:
+    """The share of its step, token and FLOP budget a fit spent (None where it has none of them): under 0.95 with
+    ``bound_by`` 'seconds', TIME_BUDGET_S cut it short of the compute its comparison assumes."""
+    budget = Budget.from_config(config)
+    if not (budget.max_steps or budget.max_tokens or budget.max_flops):
+        return None
+    return round(budget.compute_share(progress), 4)
+
+
 def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.DeviceInfo, data: TokenData) -> dict:
     """One line of the comparison (run.records.SUMMARY_FIELDS and the fit's own facts)."""
     progress = outcome.progress
@@ -799,6 +811,7 @@ def summary_record(name: str, model, outcome: Outcome, config: dict, info: dev.D
             **{key: outcome.extra.get(key) for key in ("compile_seconds", "step_seconds", "compile_over_budget",
                                                        "bound_by")},
             "train_flops": progress.flops or None, "flops_per_token": progress.flops / max(1, progress.tokens) or None,
+            "budget_spent": _compute_share(config, progress),
             "flops_counted_as": flops.METHODS[model.trainer], "flops_convention": flops.CONVENTION,
             "epochs": round(progress.tokens / max(1, data.train.size), 4), "machine_load": outcome.load,
             "wall_seconds": round(process_seconds(), 1),  # from the process's start to this record: what it cost
