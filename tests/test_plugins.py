@@ -4,12 +4,14 @@ docs/extending.md runs the worked family end to end (a run, a sample, a micro fr
 Sybil); these tests hold what a run records of the plugin and the one-line refusal of each bad one."""
 
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 
 from reservoir.models.registry import PluginError, presets
+from reservoir.run.records import portable_config
 from tests.conftest import ROOT, run_cli, run_script
 
 
@@ -35,6 +37,9 @@ def test_a_run_records_its_plugin_by_hash_and_says_when_the_file_has_changed(tmp
     run = tmp_path / "results" / "mine"
     recorded = json.loads((run / "config.json").read_text())
     assert recorded["plugins"] == {str(plugin): hashlib.sha256(plugin.read_bytes()).hexdigest()}
+    committed = portable_config(recorded)  # as a study's records carry it: the plugin from the repository
+    assert str(plugin) not in json.dumps(committed)
+    assert committed["effective_config"]["PLUGINS"] == [os.path.relpath(plugin, ROOT)]
     summary = json.loads((run / "summary.json").read_text())
     assert [(r["model"], r["trained"]) for r in summary] == [("leaky_tanh", "input+readout"), ("ngram", "counts")]
     assert summary[0]["params_total"] > summary[0]["params_trainable"]  # the reservoir's frozen weights count
@@ -158,11 +163,14 @@ def test_a_study_records_the_code_of_each_plugin_family_and_refuses_other_code(t
                                     (*STUDY_KEYS, *FRONTIER_KEYS))
     content = FrontierStudy.from_args(own, settings).study_content({})
     digest = hashlib.sha256(plugin.read_bytes()).hexdigest()
-    assert content["plugins"] == {"leaky_tanh": {"plugin": str(plugin), "sha256": digest}}  # transformer++: built in
+    # named by its path from the repository, as the study's other places are: the study file names no machine
+    named = os.path.relpath(plugin, ROOT)
+    assert content["plugins"] == {"leaky_tanh": {"plugin": named, "sha256": digest}}  # transformer++: built in
+    assert f"PLUGINS={named}" in content["settings"] and str(plugin) not in json.dumps(content)
     assert study_changes(content, content) == []
-    before = {**content, "plugins": {"leaky_tanh": {"plugin": str(plugin), "sha256": "0" * 64}}}
+    before = {**content, "plugins": {"leaky_tanh": {"plugin": named, "sha256": "0" * 64}}}
     assert study_changes(before, content) == [
-        f"code of leaky_tanh (plugin {plugin}: SHA-256 000000000000 there, {digest[:12]} here; restore the file its "
+        f"code of leaky_tanh (plugin {named}: SHA-256 000000000000 there, {digest[:12]} here; restore the file its "
         "points were trained with)"]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -104,6 +105,14 @@ def portable_path(text: str) -> str:
     if not isinstance(text, str) or not os.path.isabs(text):
         return text
     return os.path.relpath(text, REPOSITORY)
+
+
+_ABSOLUTE = re.compile(r"(?<![\w.~])/[^\s,;'\"\]]+")  # an absolute path inside a text (a list, a description)
+
+
+def portable_paths_in(text: str) -> str:
+    """``text`` with every absolute path in it made ``portable_path``: a setting's list of files, a description."""
+    return _ABSOLUTE.sub(lambda m: portable_path(m.group(0)), text) if isinstance(text, str) else text
 
 
 def repository_path(path: str | Path) -> str:

@@ -15,10 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from pathlib import Path
 
-from reservoir.platform.files import atomic_write_text, portable_path, repository_path
+from reservoir.platform.files import atomic_write_text, portable_path, portable_paths_in, repository_path
 from reservoir.platform.messages import OneLineError, warn
 
 # what every record of summary.json holds (a model's fit adds its own facts beside these)
@@ -157,7 +156,6 @@ def write_signed_json(path: Path, content: dict) -> None:
 
 PATH_KEYS = ("DATASET", "DATA_DIR", "TRAIN_PATH", "VAL_PATH", "RESULTS_DIR", "CACHE_DIR", "XLA_CACHE_DIR",
              "STABLE_FROM", "RESUME")  # settings that name a place on the machine that ran
-_ABSOLUTE = re.compile(r"(?<![\w.~])/[^\s,;]+")
 
 
 def portable_config(content: dict) -> dict:
@@ -168,10 +166,13 @@ def portable_config(content: dict) -> dict:
     for block in ("requested_config", "effective_config"):
         if isinstance(out.get(block), dict):
             out[block] = {k: portable_path(v) if k in PATH_KEYS else v for k, v in out[block].items()}
+            if isinstance(out[block].get("PLUGINS"), list):  # a plugin by its path from the repository, or module
+                out[block]["PLUGINS"] = [portable_path(v) for v in out[block]["PLUGINS"]]
+    if isinstance(out.get("plugins"), dict):
+        out["plugins"] = {portable_path(k): v for k, v in out["plugins"].items()}
     data = out.get("data")
     if isinstance(data, dict) and isinstance(data.get("data_description"), str):
-        out["data"] = {**data, "data_description": _ABSOLUTE.sub(lambda m: portable_path(m.group(0)),
-                                                                 data["data_description"])}
+        out["data"] = {**data, "data_description": portable_paths_in(data["data_description"])}
     return signed(out) if INTEGRITY_KEY in content else out
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reservoir.models.registry import MODELS, PRESETS, STUDY_FAMILIES  # noqa: F401 - PRESETS: the studies' too
-from reservoir.platform.files import portable_path
+from reservoir.platform.files import portable_path, portable_paths_in
 from reservoir.platform.messages import OneLineError
 from reservoir.studies.budgets import positive_numbers
 
@@ -262,7 +262,9 @@ def portable_settings(settings: list[str]) -> list[str]:
     out = []
     for arg in settings:
         key, equals, value = arg.partition("=")
-        if _key(arg) not in OUTPUT_PLACES:
+        if _key(arg) == "PLUGINS" and equals:  # a plugin by its path from the repository (or its module name)
+            out.append(f"{key}={portable_paths_in(value)}")
+        elif _key(arg) not in OUTPUT_PLACES:
             out.append(f"{key}={portable_path(value)}" if equals and _key(arg) in LOCATIONS else arg)
     return out
 

@@ -40,6 +40,7 @@ from reservoir.config import load_plugins, named_plugins, parse_overrides
 from reservoir.models.registry import MODELS, PLUGINS
 from reservoir.models.settings import model_settings
 from reservoir.platform.device import study_slots
+from reservoir.platform.files import portable_path
 from reservoir.platform.machine import processor
 from reservoir.platform.messages import say, warn
 from reservoir.run.checkpoint import CheckpointError, checkpoint_file
@@ -308,12 +309,13 @@ class FrontierStudy:
                 **({"plugins": plugins} if (plugins := self.plugin_code()) else {})}
 
     def plugin_code(self) -> dict[str, dict]:
-        """Each grid family a plugin declared: the plugin, as the command named it, and its file's SHA-256."""
+        """Each grid family a plugin declared: the plugin (its module, or its file from the repository) and its
+        file's SHA-256."""
         code = {}
         for family in self.grid["FAMILIES"]:
             source = MODELS[FAMILIES[family][0]].source
             if source:
-                code[family] = {"plugin": source, "sha256": PLUGINS[source]}
+                code[family] = {"plugin": portable_path(source), "sha256": PLUGINS[source]}
         return code
 
     def write_study_file(self, plan: dict) -> None:
