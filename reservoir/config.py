@@ -199,6 +199,83 @@ class ConfigError(OneLineError, ValueError):
     """A user mistake in the configuration: reported as one line, no traceback."""
 
 
+_RIDGE_READOUT = {
+    "readout": "'ridge' (closed form), 'softmax' or 'mlp' (trained by AdamW on cross-entropy)",
+    "ridge": "the ridge readout's L2 penalty", "readout_hidden": "the 'mlp' readout's hidden units",
+    "include_input": "the readout also sees the current token (one-hot)",
+    "washout": "states discarded at the start of the ridge fit (the reservoir forgetting its zero start)",
+}
+_RATE_AND_BATCH = {"learning_rate": "AdamW's peak rate for this model (LEARNING_RATE=None: this one)",
+                   "batch_size": "sequences a step for this model (BATCH_SIZE=None: this one)"}
+_ESN_INPUT = {
+    "spectral_radius": "the recurrent matrix's largest |eigenvalue| (under 1: the echo state property)",
+    "leak_rate": "the share of the new state each step takes (1: no leak)",
+    "input_scaling": "the input weights' scale", "degree": "recurrent connections per unit (0: rc_connectivity)",
+    "rc_connectivity": "the recurrent matrix's density where degree is 0",
+    "input_connectivity": "the input matrix's density", "bias_scaling": "the fixed bias' scale",
+}
+_DECAYS = {"tau_min": "the shortest memory (steps) of the frozen decays, spaced log-uniformly up to tau_max",
+           "tau_max": "the longest memory (steps) of the frozen decays",
+           "max_phase": "the frozen rotations' phases are uniform in [0, max_phase]",
+           "train_recurrence": "True: the decays and rotations are trained too (a control: no longer frozen)"}
+# one line for every setting of a built-in block, shown by --help beside its block (a plugin declares its own)
+SETTING_COMMENTS = {
+    "ESN": {"units": "reservoir units", **_ESN_INPUT, **_RIDGE_READOUT,
+            "fit_stride": "the ridge fit reads every n-th state (a faster fit)", **_RATE_AND_BATCH},
+    "DEEP_ESN": {"units": "units per reservoir layer", "layers": "reservoirs stacked, each reading the one below",
+                 **_ESN_INPUT, "inter_scaling": "the scale of each layer's input from the layer below",
+                 "inter_connectivity": "the density of the layer-to-layer weights", **_RIDGE_READOUT,
+                 **_RATE_AND_BATCH},
+    "LINEAR_RESERVOIR": {"units": "complex diagonal recurrences (frozen)",
+                         "r_min": "the recurrences' smallest |eigenvalue| (the shortest memory)",
+                         "r_max": "their largest |eigenvalue| (the longest memory)",
+                         "max_phase": _DECAYS["max_phase"], "input_scaling": "the input projection's scale",
+                         "embed_dim": "the trained token embedding's width",
+                         "readout_hidden": "the MLP readout's units",
+                         "train_recurrence": _DECAYS["train_recurrence"], **_RATE_AND_BATCH},
+    "DEEP_LINEAR_RESERVOIR": {"layers": "layers of frozen recurrences with trained mixing between them",
+                              "units": "frozen diagonal recurrences per layer", "width": "each layer's trained width",
+                              "mix_hidden": "the hidden units of each layer's trained mixing MLP",
+                              "embed_dim": "the trained token embedding's width",
+                              "taps": "the last tokens the input sees explicitly (NVAR-style delays)", **_DECAYS,
+                              "dropout": "dropout in the trained mixing", **_RATE_AND_BATCH},
+    "NVAR": {"delays": "the last inputs concatenated (Gauthier et al. 2021)",
+             "input_dim": "each input's width (a fixed random projection of the token)", **_RIDGE_READOUT,
+             **_RATE_AND_BATCH},
+    "FROZEN_RETENTION": {"layers": "retention layers", "heads": "retention heads per layer",
+                         "width": "the model width", "ffn_hidden": "the feed-forward's hidden units",
+                         "tau_min": _DECAYS["tau_min"], "tau_max": _DECAYS["tau_max"],
+                         "rotation_base": "the base of the frozen rotations' angles (as RoPE's)",
+                         "dropout": "the dropout rate (0: none)", "train_recurrence": _DECAYS["train_recurrence"],
+                         "conv_width": "a trained causal convolution over the last inputs feeding q, k, v (0: none)",
+                         "write_gate": "a trained gate on what enters the state (the transition stays frozen)",
+                         "forget_gate": "trained content-dependent decays (the transition is then trained)",
+                         **_RATE_AND_BATCH},
+    "RESERVOIR_ATTENTION": {"units": "frozen reservoir units whose states the readout attends over",
+                            **{k: _DECAYS[k] for k in ("tau_min", "tau_max", "max_phase")},
+                            "input_scaling": "the frozen input projection's scale",
+                            "width": "the trained attention readout's width", "layers": "attention readout layers",
+                            "heads": "attention heads", "dropout": "dropout in the readout",
+                            "reservoir": "False: the same readout over the inputs alone (the no-recurrence control)",
+                            "train_recurrence": _DECAYS["train_recurrence"],
+                            "write_gate": "a trained gate on what enters the reservoir (its transition stays frozen)",
+                            **_RATE_AND_BATCH},
+    "TRANSFORMER": {"n_layer": "transformer blocks", "n_head": "attention heads", "n_embd": "the model width",
+                    "dropout": "the dropout rate (0: none)",
+                    "recipe": "'gpt2' (learned positions, GELU, LayerNorm) | '++' (rotary, SwiGLU, RMSNorm)",
+                    "rotary": "rotary positions (None: the recipe's)",
+                    "swiglu": "a SwiGLU feed-forward (None: the recipe's)",
+                    "rmsnorm": "RMSNorm instead of LayerNorm (None: the recipe's)",
+                    "qk_norm": "normalise queries and keys before attention",
+                    "trained": "'everything' | 'embeddings' (the random-transformer control)", **_RATE_AND_BATCH},
+    "LSTM": {"embed_dim": "the token embedding's width", "hidden": "hidden units per layer", "layers": "LSTM layers",
+             "dropout": "dropout between layers", **_RATE_AND_BATCH},
+    "NGRAM": {"order": "the longest context counted, in tokens (5: four tokens of context)",
+              "discount": "the absolute discount subtracted from each count", "learning_rate": "unused (counted)",
+              "batch_size": "sequences a step where the run's shapes need one (counting reads every token)"},
+}
+
+
 def default_config() -> dict:
     return copy.deepcopy(SHARED_CONFIG)
 
@@ -239,7 +316,9 @@ def help_text(config: dict | None = None) -> str:
         lines.append(f"  {key:<{width}}  default {value!r}")
         if comments.get(key):
             lines.append(f"  {'':<{width}}    {comments[key]}")
-        for setting, (_, comment) in (_PLUGIN_FAMILIES[key].settings if key in _PLUGIN_FAMILIES else {}).items():
+        settings = ({k: comment for k, (_, comment) in _PLUGIN_FAMILIES[key].settings.items()}
+                    if key in _PLUGIN_FAMILIES else SETTING_COMMENTS.get(key, {}))
+        for setting, comment in settings.items():
             lines.append(f"  {'':<{width}}    {key}.{setting}: {comment}")
     families = study_families()
     lines += ["", "Study families (python scaling.py FAMILIES=...), each a model with its options set:"]

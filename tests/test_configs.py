@@ -218,3 +218,15 @@ def test_help_shows_each_comment_whole_and_names_the_study_families():
     assert "frozen_retention+write" in families and "MODELS=frozen_retention FROZEN_RETENTION.write_gate=True" in \
         families and "MODELS=transformer TRANSFORMER.recipe='++'" in families
     assert "--- " not in text  # a section's header is no key's comment
+
+
+def test_help_gives_every_setting_of_every_built_in_block_a_line_of_its_own():
+    """A plugin's block listed each setting with its comment; a built-in's (ESN, TRANSFORMER, ...) none."""
+    from reservoir.config import SHARED_CONFIG, help_text
+
+    lines = help_text().splitlines()
+    for block, values in SHARED_CONFIG.items():
+        if isinstance(values, dict):
+            for setting in values:
+                said = [line.strip() for line in lines if line.strip().startswith(f"{block}.{setting}: ")]
+                assert len(said) == 1 and len(said[0]) > len(f"{block}.{setting}: ") + 8, (block, setting)
