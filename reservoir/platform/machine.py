@@ -10,8 +10,9 @@ the 1-minute load average. ``cpu_share`` is the CPU time this process got over t
 times the cores its compute threads could use (a one-thread run that kept its core has a share of 1).
 The machine counts as *oversubscribed* when more threads wanted to run, on average, than it has
 cores (with half a core of slack) *and* this process got less than ``FULL_SHARE`` of them: the
-model then got less than the machine, and its tokens/s and time-budgeted score understate it. (Threads of ``nice``d work are counted as runnable but take
-little from a process at normal priority; the CPU share keeps them from raising the flag.)
+model then got less than the machine, and its tokens/s and time-budgeted score understate it.
+(Threads of ``nice``d work are counted as runnable but take little from a process at normal
+priority; the CPU share keeps them from raising the flag.)
 
 What this machine is (``processor``, ``instruction_set``, ``usable_cores``) is read here alone, and each may be
 pretended, as a test aid, so that what depends on the machine is tried as another machine would run it:
