@@ -113,7 +113,8 @@ def test_everything_a_study_writes_is_its_committed_records_or_ignored_by_git(tm
     shutil.copy(ROOT / ".gitignore", repo / ".gitignore")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     committed = {"points.jsonl", "points.jsonl.gz", "frontier-study.json", "frontier.json", "frontier.md",
-                 "frontier.png", "context-scores.json", "edge-steps.json", "generation-cost.json",
+                 "frontier.png", "frontier-isoflop.png", "frontier-lr.png", "context-scores.json", "edge-steps.json",
+                 "generation-cost.json",
                  "generation-cost.png", "comparisons/flops-1.95e13-a-vs-b.json"}
     cell = Cell("frozen_retention+write", "xs", 3e-3, 4)
     for results in (repo / "results", repo / "results" / "growing"):

@@ -350,10 +350,7 @@ def test_plot_help_lists_every_plot_and_each_model_keeps_its_colour(tmp_path):
 
     help_text = run_script("plot_results.py", "--help", check=False).stdout
     assert all(name in help_text for name in plot_results.PLOTS) and "OUT=DIR" in help_text
-    assert plot_results.model_colour("esn") == plot_results.model_colour("esn")
-    colours = {plot_results.model_colour(m) for m in ("ngram", "esn", "deep_esn", "linear_reservoir", "nvar",
-                                                       "transformer", "lstm")}
-    assert len(colours) == 7
+    assert plot_results.family_colour("my_plugin") == plot_results.family_colour("my_plugin")
     rows = [{"model": "esn", "seed": s, "step": k, "tokens": 100 * (k + 1), "val_bpc": 3.0 - k + 0.1 * s}
             for s in (1, 2) for k in range(3)]
     xs, mean, low, high = plot_results.learning_curve(rows, "tokens")
@@ -450,3 +447,78 @@ def test_the_nanogpt_calibration_checks_its_result_and_trusts_only_its_record(tm
     diverged = run_script("bench/calibrate_nanogpt.py", shakespeare, *quick, "LEARNING_RATE=1e4", check=False)
     assert diverged.returncode != 0 and "the calibration run diverged" in diverged.stderr
     assert "Traceback" not in diverged.stderr
+
+
+# --------------------------------------------------------------------- pictures
+
+
+def _colours_in(fig, families) -> list[tuple[str, str]]:
+    """(family, colour) for every family a figure names: in a legend, as a line's direct label, a bar's tick label
+    or a panel's title."""
+    from matplotlib.colors import to_hex
+
+    def colour_of(handle):
+        line = handle.lines[0] if hasattr(handle, "lines") and isinstance(handle.lines, tuple) else handle
+        return line.get_color() if hasattr(line, "get_color") else line.get_facecolor()
+
+    found = []
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label in families:
+                found.append((label, to_hex(colour_of(handle))))
+        for text in [*ax.texts, ax.title]:
+            name = text.get_text().rsplit(" ", 1)[0] if text is not ax.title else text.get_text()
+            if name in families and text.get_text():
+                found.append((name, to_hex(text.get_color())))
+        ticks = [t.get_text() for t in ax.get_yticklabels()]
+        if ax.patches and len(ticks) == len(ax.patches):
+            found += [(t, to_hex(p.get_facecolor())) for t, p in zip(ticks, ax.patches, strict=True) if t in families]
+    return found
+
+
+def test_every_plot_gives_a_family_its_own_colour_and_the_same_one_everywhere(tmp_path, monkeypatch):
+    """generation-cost.png gave transformer++ and the LSTM other colours than frontier.png, and probes.png drew
+    11 families with 10 colours (transformer++ and reservoir_attention+write the same blue)."""
+    import matplotlib.pyplot as plt
+
+    from reservoir.run.plots import FAMILY_COLOURS, plot_runs
+    from reservoir.studies.frontier.generation import plot_generation, read_generation
+    from reservoir.studies.frontier.report import plot_frontier, plot_isoflop
+    from reservoir.studies.probes import plot_probes, read_records
+    from tests.conftest import committed_copy
+
+    committed = committed_copy(tmp_path / "committed")  # the project's records, not a user's own in results/
+    study, probes = committed / "frontier-tinystories", committed / "probes"
+    report = json.loads((study / "frontier.json").read_text())
+    families = set(FAMILY_COLOURS)
+    figures = [plot_frontier.__wrapped__(report), plot_isoflop.__wrapped__(report),
+               plot_generation.__wrapped__(read_generation(study)), plot_probes.__wrapped__(read_records(probes))]
+    drawn = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: drawn.append(fig))
+    plot_runs([committed / "default-run"], tmp_path / "plots")
+    seen: dict[str, set[str]] = {}
+    for fig in [*figures, *(f for f in drawn if f is not None)]:
+        for family, colour in _colours_in(fig, families):
+            seen.setdefault(family, set()).add(colour)
+    assert {"transformer++", "lstm", "frozen_retention+write", "reservoir_attention+write", "ngram"} <= set(seen)
+    assert all(len(colours) == 1 for colours in seen.values()), {f: c for f, c in seen.items() if len(c) > 1}
+    assert len(set(FAMILY_COLOURS.values())) == len(FAMILY_COLOURS)  # no two families share one
+
+
+def test_a_lone_point_says_what_it_is_and_a_control_is_labelled_by_what_it_switches(tmp_path, monkeypatch):
+    """With EVAL_POINTS=1 the LSTM's lone square was "a one-pass fit (ridge readout, n-gram counts)"; the write gate
+    over no reservoir (RESERVOIR_ATTENTION.reservoir=False write_gate=True) was labelled reservoir_attention+write."""
+    import matplotlib.pyplot as plt
+
+    from reservoir.run.plots import ONE_PASS_NOTE, SCORED_ONCE_NOTE
+
+    drawn = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: drawn.append(fig))
+    proc = run_cli(tmp_path, "MODELS=['lstm','reservoir_attention']", "MAX_STEPS=3", "EVAL_POINTS=1",
+                   "PLOTS=True", "RESERVOIR_ATTENTION.reservoir=False", "RESERVOIR_ATTENTION.write_gate=True",
+                   "RUN_NAME=once")
+    curves = next(f for f in drawn if f is not None and "vs training tokens" in f._suptitle.get_text())
+    said = " ".join(t.get_text().replace("\n", " ") for t in curves.axes[-1].get_legend().get_texts())
+    assert SCORED_ONCE_NOTE in said and ONE_PASS_NOTE not in said, said
+    assert "reservoir_attention+write reservoir=False" in said
+    assert any(line.startswith("reservoir_attention+write reservoir=False ") for line in proc.stdout.splitlines())

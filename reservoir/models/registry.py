@@ -136,15 +136,20 @@ def register(family: Family) -> Family:
     return family
 
 
-def family_of(model: str, block: dict) -> str:
+def family_of(model: str, block: dict, defaults: dict | None = None) -> str:
     """The study family a model built from ``block`` is (``transformer++`` for a transformer in the '++' recipe):
-    of the variants whose options the block holds, the one that fixes the most, else the model's own name."""
+    of the variants whose options the block holds, the one that fixes the most, else the model's own name. With
+    the block's ``defaults``, a switch the block turns from its default that the family does not fix is named
+    after it: ``reservoir_attention+write reservoir=False`` is the write gate over no reservoir (a control)."""
     family = MODELS.get(model)
-    matching = sorted(((len(options), name) for name, options in (family.study_families() if family else {}).items()
+    variants = family.study_families() if family else {}
+    matching = sorted(((len(options), name) for name, options in variants.items()
                        if all(block.get(k) == v for k, v in options.items())), reverse=True)
-    if not matching or (len(matching) > 1 and matching[0][0] == matching[1][0]):
-        return model
-    return matching[0][1]
+    name = model if not matching or (len(matching) > 1 and matching[0][0] == matching[1][0]) else matching[0][1]
+    fixed = variants.get(name, {})
+    switched = [f"{k}={v}" for k, v in block.items() if isinstance(v, bool) and k not in fixed
+                and isinstance((defaults or {}).get(k), bool) and v != defaults[k]]
+    return " ".join([name, *switched])
 
 
 def _check_settings(family: Family, where: str) -> None:

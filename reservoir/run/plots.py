@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+import zlib
 from pathlib import Path
 
 import matplotlib
@@ -21,7 +22,8 @@ matplotlib.use("Agg")  # files only: runs on headless machines
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from reservoir.models import model_names  # noqa: E402
+from reservoir.config import SHARED_CONFIG  # noqa: E402
+from reservoir.models.registry import family_of  # noqa: E402
 from reservoir.run.records import read_json, read_metrics  # noqa: E402
 from reservoir.run.tables import aggregate, seed_groups  # noqa: E402
 
@@ -37,6 +39,7 @@ PLOTS = {  # file: what it shows (also the --help text)
 RUN_STYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D", "v", "P"]
 ONE_PASS_NOTE = "a lone square: a one-pass fit (ridge readout, n-gram counts), scored once at the end of its pass"
+SCORED_ONCE_NOTE = "a lone square: a model evaluated once, at the end of its budget (EVAL_POINTS=1)"
 REFERENCE_NOTE = "dashed line: n-gram (no trained parameters, no FLOPs), for reference"
 
 
@@ -46,12 +49,29 @@ def load_run(path: Path) -> dict:
     return {"name": path.name, "config": config, "summary": summary, "metrics": read_metrics(path)}
 
 
-def model_colour(model: str) -> str:
-    """One colour per model, the same in every plot of every run."""
-    palette = plt.get_cmap("tab10").colors
-    names = model_names()
-    index = names.index(model) if model in names else len(names) + hash(model) % 3
-    return palette[index % len(palette)]
+# one colour per family, the same in every plot (a run's, a study's, the probes', the generation cost's): each
+# built-in family its own, named here so that no plot's order or company changes it; a gated twin is not its base's
+FAMILY_COLOURS = {
+    "transformer++": "#1f77b4", "transformer": "#17becf", "random_transformer": "#aec7e8", "lstm": "#2ca02c",
+    "frozen_retention": "#d62728", "frozen_retention+write": "#ff7f0e", "frozen_retention+forget": "#e377c2",
+    "reservoir_attention": "#9467bd", "reservoir_attention+write": "#bcbd22", "deep_linear_reservoir": "#8c564b",
+    "linear_reservoir": "#637939", "esn": "#000000", "deep_esn": "#843c39", "nvar": "#7b4173", "ngram": "#7f7f7f",
+}
+OTHER_COLOURS = ["#98df8a", "#ffbb78", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79"]
+
+
+def family_colour(family: str) -> str:
+    """The colour of a family (a study family's name, ``transformer++``) in every plot; a plugin's, or a variant
+    this file does not name, one of OTHER_COLOURS by its name (the same in every process)."""
+    if family in FAMILY_COLOURS:
+        return FAMILY_COLOURS[family]
+    return OTHER_COLOURS[zlib.crc32(family.encode("utf-8")) % len(OTHER_COLOURS)]
+
+
+def run_family(run: dict, model: str) -> str:
+    """The family a run's model is, as its table names it (``transformer`` in the '++' recipe: transformer++)."""
+    effective = run["config"].get("effective_config") or {}
+    return family_of(model, effective.get(model.upper()) or {}, SHARED_CONFIG.get(model.upper()))
 
 
 def run_label(run: dict) -> str:
@@ -101,7 +121,7 @@ def _log_axes(ax, xlabel: str, ylabel: str) -> None:
 
 
 def _legend(runs: list[dict], models: list[str]) -> list:
-    handles = [Line2D([], [], color=model_colour(m), lw=2, label=m) for m in models]
+    handles = [Line2D([], [], color=family_colour(m), lw=2, label=m) for m in models]
     if len(runs) > 1:
         handles += [Line2D([], [], color="black", ls=RUN_STYLES[i % len(RUN_STYLES)], label=run_label(run))
                     for i, run in enumerate(runs)]
@@ -127,7 +147,7 @@ def learning_curve(rows: list[dict], x_key: str) -> tuple[list[float], list[floa
 
 def _curves(runs, x_key, xlabel, title, out: Path) -> Path | None:
     fig, axes, groups = _panels(runs, title)
-    models, one_pass, drawn = [], False, False
+    models, lone, drawn = [], set(), False
     for ax, (_, group) in zip(axes, groups, strict=True):
         for run in group:
             style = RUN_STYLES[runs.index(run) % len(RUN_STYLES)]
@@ -137,12 +157,14 @@ def _curves(runs, x_key, xlabel, title, out: Path) -> Path | None:
                 if not rows:
                     continue
                 xs, mean, low, high = learning_curve(rows, x_key)
-                colour = model_colour(model)
-                models += [model] if model not in models else []
+                family = run_family(run, model)
+                colour = family_colour(family)
+                models += [family] if family not in models else []
                 drawn = True
-                if len(xs) == 1:  # a one-pass fit: scored once, at the end of its pass
+                if len(xs) == 1:  # scored once: a one-pass fit at the end of its pass, or EVAL_POINTS=1
                     ax.plot(xs, mean, "s", color=colour, markersize=8)
-                    one_pass = True
+                    one_pass = any(r["model"] == model and r.get("bound_by") == "data" for r in run["summary"])
+                    lone.add(ONE_PASS_NOTE if one_pass else SCORED_ONCE_NOTE)
                     continue
                 ax.plot(xs, mean, style, marker="o", markersize=3, color=colour)
                 if any(h > lo for h, lo in zip(high, low, strict=True)):
@@ -151,11 +173,13 @@ def _curves(runs, x_key, xlabel, title, out: Path) -> Path | None:
     if not drawn:
         plt.close(fig)
         return None
-    return _save(fig, axes[-1], out, _legend(runs, models), [ONE_PASS_NOTE] if one_pass else [])
+    return _save(fig, axes[-1], out, _legend(runs, models), sorted(lone))
 
 
 def _finals(run: dict) -> list[dict]:
-    return [aggregate(group) for _, group in seed_groups(run["summary"])]
+    """A run's table rows, each with the family its model is."""
+    return [{**row, "family": run_family(run, row["model"])} for row in
+            (aggregate(group) for _, group in seed_groups(run["summary"]))]
 
 
 def _spread(row: dict) -> float:
@@ -170,9 +194,9 @@ def _bars(runs, value, xlabel, title, out: Path, references: bool, log: bool = F
     several = len(runs) > 1
     for ax, rows in zip(axes, rows_per_panel, strict=True):
         rows.sort(key=lambda row: row[1][value], reverse=not references)
-        labels = [f"{r['model']} ({run_label(run)})" if several else r["model"] for run, r in rows]
+        labels = [f"{r['family']} ({run_label(run)})" if several else r["family"] for run, r in rows]
         errors = [_spread(r) for _, r in rows] if references else None
-        bars = ax.barh(labels, [r[value] for _, r in rows], color=[model_colour(r["model"]) for _, r in rows],
+        bars = ax.barh(labels, [r[value] for _, r in rows], color=[family_colour(r["family"]) for _, r in rows],
                        xerr=errors, capsize=3 if references else 0)
         for bar, (_, r) in zip(bars, rows, strict=True):
             if r.get("cut_at") is not None:  # not at its budget: hatched, and said beside its number
@@ -187,10 +211,10 @@ def _bars(runs, value, xlabel, title, out: Path, references: bool, log: bool = F
             ngrams = [(run, r) for run, r in rows if r["model"] == "ngram"]
             for k, (run, r) in enumerate(ngrams):
                 order = run["config"]["effective_config"]["NGRAM"]["order"]
-                ax.axvline(r[value], color=model_colour("ngram"), ls="--", lw=1)
+                ax.axvline(r[value], color=family_colour("ngram"), ls="--", lw=1)
                 where = f" ({run_label(run)})" if several else ""
                 ax.text(r[value], len(rows) - 0.4 - 0.35 * k, f" {order}-gram{where}",  # one label per line
-                        color=model_colour("ngram"), fontsize=8)
+                        color=family_colour("ngram"), fontsize=8)
         if log:
             ax.set_xscale("log")
         ax.invert_yaxis()
@@ -212,8 +236,8 @@ def _scatter(runs, x_key, xlabel, title, out: Path) -> Path | None:
             for r in _finals(run):
                 if r.get("val_bpc") is None:
                     continue
-                colour = model_colour(r["model"])
-                models += [r["model"]] if r["model"] not in models else []
+                colour = family_colour(r["family"])
+                models += [r["family"]] if r["family"] not in models else []
                 x = r.get(x_key)
                 if r["model"] == "ngram" or not x:
                     ax.axhline(r["val_bpc"], color=colour, ls="--", lw=1)
@@ -226,7 +250,7 @@ def _scatter(runs, x_key, xlabel, title, out: Path) -> Path | None:
     if not drawn:
         plt.close(fig)
         return None
-    handles = [Line2D([], [], color=model_colour(m), marker="o", ls="", label=m) for m in models]
+    handles = [Line2D([], [], color=family_colour(m), marker="o", ls="", label=m) for m in models]
     if len(runs) > 1:
         handles += [Line2D([], [], color="black", marker=MARKERS[i % len(MARKERS)], ls="", label=run_label(run))
                     for i, run in enumerate(runs)]

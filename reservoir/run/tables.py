@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 
+from reservoir.config import SHARED_CONFIG
 from reservoir.models.registry import family_of
 from reservoir.run.records import cut_short
 
@@ -74,7 +75,8 @@ def format_table(records: list[dict], config: dict | None = None) -> str:
     rows = [aggregate(group) for _, group in seed_groups(records)]
     if config:
         for r in rows:
-            r["model"] = family_of(r["model"], config.get(r["model"].upper()) or {})
+            block = r["model"].upper()
+            r["model"] = family_of(r["model"], config.get(block) or {}, SHARED_CONFIG.get(block))
     compile_column = any(r.get("device_kind") == "tpu" or r.get("compile_over_budget") for r in records)
     seeds_column = any(r["seeds"] > 1 for r in rows)
     width = max([18, *(len(r["model"]) + 2 for r in rows)])  # names line up whatever their length
@@ -119,7 +121,7 @@ def format_table(records: list[dict], config: dict | None = None) -> str:
                      "bootstrap interval of the one scored seed's final evaluation")
     if any(r["oversubscribed"] for r in rows):
         lines.append("! the machine was oversubscribed while this model trained (load: threads wanting a core / "
-                     "cores): its tok/s and any time-budgeted score understate it; compare with FLOP_BUDGET")
+                     "cores): its tok/s understate it, and its score too where TIME_BUDGET_S ended its fit")
     if any(r["cut_at"] is not None for r in rows):
         lines.append("cut N%: TIME_BUDGET_S ended this fit after N% of its FLOP (token, step) budget, so it is not "
                      "compared at that budget (a busy or slower machine cuts it sooner); TIME_BUDGET_S=None trains "

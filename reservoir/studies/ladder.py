@@ -264,7 +264,9 @@ def plot_scaling(report: dict):
     import matplotlib.pyplot as plt
 
     budgets = report["budgets"]
-    colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(report["models"])}
+    from reservoir.run.plots import family_colour
+
+    colours = {m: family_colour(m) for m in report["models"]}
     fig, (loss_ax, gap_ax) = plt.subplots(1, 2, figsize=(13, 5))
     grid = np.geomspace(budgets[0] / 1.5, budgets[-1] * 1.5, 200)
     for model, rows in report["points"].items():

@@ -408,6 +408,9 @@ def format_probes(records: dict[str, dict], level: int = 1, image: str = "probes
     return "\n".join(lines)
 
 
+PLOT_MARKERS = "osD^vP*Xh<>p"
+
+
 @figure(dpi=110)
 def plot_probes(records: dict[str, dict]):
     """Accuracy against state size, one panel per task, one line per family."""
@@ -416,20 +419,30 @@ def plot_probes(records: dict[str, dict]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from reservoir.run.plots import family_colour
+
     rows = best_per_size(records)
     tasks = [t for t in PROBE_TASKS if any(r["task"] == t for r in rows)]
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 4.8), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
-        for k, family in enumerate(_reported(rows)):
+    families = _reported(rows)
+    fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(6.5 * len(tasks) + 2.6, 4.8), squeeze=False,
+                             gridspec_kw={"width_ratios": [1] * len(tasks) + [0.4]})  # the last: the legend
+    for ax, task in zip(axes[0], tasks, strict=False):
+        for k, family in enumerate(families):
             points = sorted((r["state_size"], r["accuracy"]) for r in rows
                             if r["task"] == task and r["family"] == family)
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=family, color=plt.get_cmap("tab10")(k % 10),
-                        linestyle="--" if family == "random_transformer" else "-")
+            if points:  # a marker each and smaller the later it comes, so a line on another's stays visible
+                ax.plot(*zip(*points, strict=True), marker=PLOT_MARKERS[k % len(PLOT_MARKERS)],
+                        markersize=10 - 5 * k / max(1, len(families) - 1), markerfacecolor="none",
+                        markeredgewidth=1.5, label=family,
+                        color=family_colour(family), linestyle="--" if family == "random_transformer" else "-",
+                        zorder=2 + k)
         ax.set(xscale="log", xlabel="state size (numbers held to read on)", ylabel="test accuracy", title=task,
                ylim=(0, 1.02))
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    shown = {label: handle for ax in axes[0][:-1] for handle, label in zip(*ax.get_legend_handles_labels(),
+                                                                              strict=True)}
+    axes[0][-1].set_axis_off()
+    axes[0][-1].legend(shown.values(), shown.keys(), fontsize=8, loc="center left", frameon=False)
     return fig
 
 

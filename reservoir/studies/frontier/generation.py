@@ -282,6 +282,9 @@ def format_generation(content: dict, report: dict, h: str, image: str) -> list[s
     return lines
 
 
+MARKERS = "osD^vP*Xh<>p"
+
+
 @figure(dpi=110)
 def plot_generation(content: dict):
     """Bits/char against FLOPs per generated character, at every context (a carried state: one point)."""
@@ -290,19 +293,25 @@ def plot_generation(content: dict):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from reservoir.run.plots import family_colour
     from reservoir.studies.curves import log_axes
 
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = plt.subplots(figsize=(8, 5.5))
     contexts = [str(c) for c in content["contexts"]]
-    for k, row in enumerate(sorted(content["rows"], key=lambda r: r["family"])):
-        colour = plt.get_cmap("tab10")(k % 10)
+    rows = sorted(content["rows"], key=lambda r: r["family"])
+    for k, row in enumerate(rows):
+        colour = family_colour(row["family"])
         line = row.get("full_cache") or row
         xs = [line["flops_per_char"][c] for c in contexts]
-        ax.plot(xs, [row["bpc"]] * len(xs), "o-" if len(set(xs)) > 1 else "o", color=colour, label=row["family"])
+        # each family its own hollow marker, smaller the later it comes: one on another's stays visible
+        ax.plot(xs, [row["bpc"]] * len(xs), "-" if len(set(xs)) > 1 else "", marker=MARKERS[k % len(MARKERS)],
+                markersize=12 - 6 * k / max(1, len(rows) - 1), markerfacecolor="none",
+                markeredgewidth=1.5, color=colour, label=row["family"], zorder=2 + k)
         if len(set(xs)) > 1:
             for x, c in zip(xs, contexts, strict=True):
                 ax.annotate(f"{int(c):,}", (x, row["bpc"]), fontsize=6, color=colour, va="bottom")
     log_axes(ax, "FLOPs per generated character (full cache, at contexts 128, 1,024, 8,192)", "validation bits/char",
              legend_size=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the points, not over them
     ax.set_title(f"generation cost at {content['budget']:.3g} training FLOPs", fontsize=10)
     return fig

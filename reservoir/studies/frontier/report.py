@@ -22,7 +22,7 @@ import numpy as np
 
 from reservoir.platform.files import atomic_write_text, repository_path
 from reservoir.run.records import write_json_atomic
-from reservoir.studies.curves import curve, figure, log_axes
+from reservoir.studies.curves import curve, figure
 from reservoir.studies.frontier.analysis import BOUNDS, best_reservoirs, report_from_records
 from reservoir.studies.frontier.generation import GENERATION_PLOT, format_generation, plot_generation
 from reservoir.studies.frontier.grid import (
@@ -90,7 +90,9 @@ def write_study(report: dict, folder: Path) -> list[Path]:
     folder = Path(folder)
     write_json_atomic(folder / "frontier.json", report)
     atomic_write_text(folder / "frontier.md", format_study(report, "frontier.png", level=1))
-    written = [folder / "frontier.json", folder / "frontier.md", plot_frontier(report, folder / "frontier.png")]
+    written = [folder / "frontier.json", folder / "frontier.md", plot_frontier(report, folder / "frontier.png"),
+               plot_isoflop(report, folder / "frontier-isoflop.png"),
+               plot_lr_sensitivity(report, folder / "frontier-lr.png")]
     if report.get("generation"):
         written.append(plot_generation(report["generation"], folder / GENERATION_PLOT))
     return written
@@ -184,7 +186,10 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
             p = by.get(family, {}).get(b)
             cells.append("–" if p is None else f"{_bpc(p)} ({p['size']}, {len(p['seeds'])})")
         lines.append(f"| {family} | " + " | ".join(cells) + " |")
-    lines += ["", f"![envelopes, IsoFLOP profiles and learning rates]({plot})", "",
+    lines += ["", f"![each family's lower envelope against training FLOPs]({plot})", "",
+              f"Per family: the [IsoFLOP profiles]({detail_plot(plot, 'frontier-isoflop.png')}) (bits/char against "
+              f"trained parameters at each budget) and the [learning-rate sensitivity]"
+              f"({detail_plot(plot, 'frontier-lr.png')}).", "",
               f"{h}# Compute multiplier", "",
               f"The FLOPs the reference (**{report['reference']}**) needs to reach each family's envelope loss, over "
               "the family's budget (> 1: the family needs less compute than the transformer).", "", head, rule]
@@ -346,68 +351,185 @@ def format_report(studies: list[tuple[Path, dict]], root: Path, probes: dict | N
 # --------------------------------------------------------------------- plot
 
 
+DETAIL_PLOTS = {"frontier-isoflop.png": ("isoflop", "params_trained", "trained parameters",
+                                          "IsoFLOP profiles: the best over rates and batches at each size"),
+                "frontier-lr.png": ("lr_sensitivity", "learning_rate", "peak learning rate",
+                                    "learning-rate sensitivity: the best over sizes and batches at each rate")}
+
+
+def detail_plot(plot: str, name: str) -> str:
+    """Where a detail figure lies beside the headline figure ``plot`` (frontier.png, or a path that ends in it)."""
+    return plot[: -len("frontier.png")] + name
+
+
+def _envelope_range(report: dict) -> tuple[float, float]:
+    """The bits/char the families' envelopes occupy, with a margin: the headline panel's y range."""
+    scores = [p["bpc_mean"] for points in report["envelope"].values() for p in points if p["bpc_mean"] is not None]
+    if not scores:
+        return 0.0, 1.0
+    low, high = min(scores), max(scores)
+    margin = 0.06 * max(high - low, 0.05)
+    return low - margin, high + margin
+
+
+def _spread_labels(values: list[float], gap: float) -> list[float]:
+    """``values`` (sorted ascending) moved apart to at least ``gap``: label heights that do not overprint."""
+    placed: list[float] = []
+    for v in values:
+        placed.append(max(v, placed[-1] + gap) if placed else v)
+    return placed
+
+
 @figure(dpi=110)
 def plot_frontier(report: dict):
-    """Envelopes (every grid point faint behind them, reference runs dashed), the IsoFLOP profiles and the
-    learning-rate sensitivity."""
+    """The headline: each family's lower envelope of bits/char against training FLOPs (its fit dotted, every grid
+    point faint behind it), zoomed to the range the envelopes occupy, each line labelled at its right end in the
+    order of its top-budget score; the references (n-gram orders, the ESN) as lines where they fall in range."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    families = report["families"]
-    colours = {f: plt.get_cmap("tab10")(i % 10) for i, f in enumerate(families)}
-    fig, (env_ax, iso_ax, lr_ax) = plt.subplots(1, 3, figsize=(18, 5.5))
+    from reservoir.run.plots import family_colour
+
+    families = [f for f in report["families"] if report["envelope"].get(f)]
+    low, high = _envelope_range(report)
+    fig, ax = plt.subplots(figsize=(11, 6.5))
     for family in families:  # one collection per family: a point each was thousands of artists to draw
         faint = [(r["train_flops"] or r["budget"], r["val_bpc"]) for r in report["grid_points"]
                  if r["family"] == family and r["val_bpc"] is not None and not r["envelope_seed"]]
         if faint:
-            env_ax.scatter(*zip(*faint, strict=True), color=colours[family], alpha=0.18, s=10)
+            ax.scatter(*zip(*faint, strict=True), color=family_colour(family), alpha=0.15, s=8, zorder=1)
     budgets = report["budgets"]
     grid = np.geomspace(budgets[0] / 1.3, budgets[-1] * 1.3, 100)
-    for family, points in report["envelope"].items():
-        if not points:
-            continue
-        env_ax.errorbar([p["budget"] for p in points], [p["bpc_mean"] for p in points],
-                        yerr=[p["bpc_sd"] or 0 for p in points], fmt="o-", color=colours[family], capsize=3,
-                        label=family)
+    ends = []
+    for family in families:
+        points = report["envelope"][family]
+        colour = family_colour(family)
+        ax.errorbar([p["budget"] for p in points], [p["bpc_mean"] for p in points],
+                    yerr=[p["bpc_sd"] or 0 for p in points], fmt="o-", color=colour, capsize=3, markersize=4,
+                    lw=1.5, zorder=3, label=family)
         fit = report["fits"].get(family, {})
         if fit.get("converged"):
-            env_ax.plot(grid, curve(grid, fit["E"], fit["A"], fit["alpha"], fit["C0"]), color=colours[family],
-                        linestyle=":", alpha=0.8)
+            ax.plot(grid, curve(grid, fit["E"], fit["A"], fit["alpha"], fit["C0"]), color=colour, linestyle=":",
+                    alpha=0.8, zorder=2)
+        ends.append((points[-1]["bpc_mean"], points[-1]["budget"], family))
+    ax.set_xscale("log")
+    ax.set_ylim(low, high)
+    right = budgets[-1] * 1.6
+    ax.set_xlim(budgets[0] / 1.4, right)
+    gap = 0.028 * (high - low)
+    for y, (score, budget, family) in zip(_spread_labels([e[0] for e in sorted(ends)], gap), sorted(ends),
+                                          strict=True):
+        ax.annotate(f"{family} {score:.3f}", xy=(budget, score), xytext=(right * 1.05, y), fontsize=8,
+                    color=family_colour(family), va="center", annotation_clip=False,
+                    arrowprops={"arrowstyle": "-", "color": family_colour(family), "lw": 0.5, "alpha": 0.6})
     references = [r for r in report.get("references") or [] if r["val_bpc"] is not None]
-    for r in references:
-        if r["model"] == "ngram":
-            env_ax.axhline(r["val_bpc"], color="grey", linestyle="--", linewidth=0.8, alpha=0.7)
-            env_ax.annotate(r["name"], (grid[0], r["val_bpc"]), fontsize=6, color="grey", va="bottom")
+    shown, above = [], []
+    for r in sorted(references, key=lambda r: r["val_bpc"]):
+        if r["model"] == "ngram" and low <= r["val_bpc"] <= high:
+            ax.axhline(r["val_bpc"], color=family_colour("ngram"), linestyle="--", linewidth=0.8, alpha=0.7, zorder=0)
+            shown.append(r)
+        elif r["model"] == "ngram":
+            above.append(f"{r['name']} {r['val_bpc']:.2f}")
+    for y, r in zip(_spread_labels([r["val_bpc"] for r in shown], gap), shown, strict=True):
+        ax.text(budgets[0] / 1.35, y, f"{r['name']} {r['val_bpc']:.3f}", fontsize=7, color=family_colour("ngram"),
+                va="bottom")
     esn = [r for r in references if r["model"] == "esn" and r["train_flops"]]
+    notes = []
     if esn:
-        env_ax.plot([r["train_flops"] for r in esn], [r["val_bpc"] for r in esn], "x--", color="black", alpha=0.7,
-                    label="esn (500–4000 units, one pass)")
-    markers = "osD^v<>"
-    for family in families:
-        for k, budget in enumerate(budgets):
-            profile = report["isoflop"][family].get(repr(budget)) or []
-            if profile:
-                iso_ax.plot([p["params_trained"] for p in profile], [p["bpc"] for p in profile],
-                            marker=markers[k % len(markers)], color=colours[family], alpha=0.4 + 0.6 * k / len(budgets),
-                            label=f"{family} {budget:.2g}" if len(profile) > 1 else None)
-            sens = report["lr_sensitivity"][family].get(repr(budget)) or []
-            if sens:
-                lr_ax.plot([p["learning_rate"] for p in sens], [p["bpc"] for p in sens],
-                           marker=markers[k % len(markers)], color=colours[family],
-                           alpha=0.4 + 0.6 * k / len(budgets), label=f"{family} {budget:.2g}")
-    for ax, xlabel, title in ((env_ax, "training FLOPs", "lower envelope per family (faint: every grid point)"),
-                              (iso_ax, "trained parameters", "IsoFLOP profiles (best over rates and batches)"),
-                              (lr_ax, "peak learning rate", "learning-rate sensitivity (best over sizes, batches)")):
-        log_axes(ax, xlabel, "validation bits/char", legend_size=6)
-        ax.set_title(title, fontsize=10)
+        if any(low <= r["val_bpc"] <= high for r in esn):
+            ax.plot([r["train_flops"] for r in esn], [r["val_bpc"] for r in esn], "x--", color=family_colour("esn"),
+                    alpha=0.7)
+            best = min(esn, key=lambda r: r["val_bpc"])
+            ax.annotate(f"esn (500–4000 units, one pass) {best['val_bpc']:.2f}", (best["train_flops"],
+                        best["val_bpc"]), xytext=(4, 4), textcoords="offset points", fontsize=7,
+                        color=family_colour("esn"), annotation_clip=True)
+        else:
+            notes.append(f"esn (500–4000 units, one pass) {min(r['val_bpc'] for r in esn):.2f}–"
+                         f"{max(r['val_bpc'] for r in esn):.2f}")
+    notes += above
+    if notes:
+        ax.text(0.01, 0.99, "above this range: " + "; ".join(notes), transform=ax.transAxes, fontsize=7,
+                color="dimgrey", va="top", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+    ax.set_xlabel("training FLOPs")
+    ax.set_ylabel("validation bits/char (lower is better)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title("lower envelope per family (± sd over seeds; dotted: the fitted L(C); faint: every grid point)",
+                 fontsize=9)
     fig.suptitle(f"frontier study {report['study']} ({report['corpus']})", fontsize=10)
+    fig.subplots_adjust(right=0.78)
     return fig
 
 
+def _plot_per_family(report: dict, key: str, x: str, xlabel: str, title: str):
+    """One small panel per family: bits/char against ``x`` at every grid budget (darker: larger budget), one
+    legend of budgets for all of them; each panel's y range its own family's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import NullFormatter
+
+    from reservoir.run.plots import family_colour
+
+    families = [f for f in report["families"] if any(report[key].get(f, {}).values())]
+    budgets = report["budgets"]
+    shades = plt.get_cmap("viridis_r")(np.linspace(0.15, 0.95, len(budgets)))
+    columns = min(4, max(1, len(families)))
+    rows = max(1, -(-len(families) // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.9 * rows + 0.8), squeeze=False)
+    for ax in axes.flat[len(families):]:
+        ax.set_visible(False)
+    for ax, family in zip(axes.flat, families, strict=False):
+        for k, budget in enumerate(budgets):
+            points = report[key][family].get(repr(budget)) or []
+            if points:
+                ax.plot([p[x] for p in points], [p["bpc"] for p in points], marker="o", markersize=3,
+                        color=shades[k], lw=1.2)
+        ax.set_xscale("log")
+        ticks = sorted({p[x] for points in report[key][family].values() for p in points or []})
+        ax.set_xticks(ticks, [f"{t:g}" if x == "learning_rate" else f"{t / 1e3:,.0f}k" for t in ticks], rotation=30)
+        ax.xaxis.set_minor_formatter(NullFormatter())  # the grid's own values, not the log axis' crowded minors
+        ax.set_title(family, fontsize=9, color=family_colour(family))
+        ax.set_xlabel(xlabel, fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.tick_params(labelsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("validation bits/char", fontsize=8)
+    handles = [Line2D([], [], color=shades[k], marker="o", markersize=3, label=f"{b:.3g} FLOPs")
+               for k, b in enumerate(budgets)]
+    legend = {"handles": handles, "fontsize": 8, "frameon": False, "title": "grid budget (darker: larger)",
+              "title_fontsize": 8}
+    if len(families) < axes.size:  # a spare panel holds it, clear of every axis label
+        spare = axes.flat[-1]
+        spare.set_visible(True)
+        spare.set_axis_off()
+        spare.legend(loc="center", **legend)
+        bottom = 0.0
+    else:
+        fig.legend(loc="lower center", ncol=len(budgets), **legend)
+        bottom = 0.12
+    fig.suptitle(f"{title} · frontier study {report['study']}", fontsize=10)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    return fig
+
+
+@figure(dpi=100)
+def plot_isoflop(report: dict):
+    """Per family: bits/char against trained parameters at each grid budget."""
+    return _plot_per_family(report, *DETAIL_PLOTS["frontier-isoflop.png"])
+
+
+@figure(dpi=100)
+def plot_lr_sensitivity(report: dict):
+    """Per family: bits/char against the peak learning rate at each grid budget."""
+    return _plot_per_family(report, *DETAIL_PLOTS["frontier-lr.png"])
+
+
 __all__ = ["write_from_records", "write_study", "format_study", "format_report", "headline", "goal_rows",
-           "study_folders", "plot_frontier", "study_command", "GOAL"]
+           "study_folders", "plot_frontier", "plot_isoflop", "plot_lr_sensitivity", "study_command", "GOAL"]
 
 
 def _interval(bounds: list[float]) -> str:
