@@ -675,3 +675,54 @@ def test_a_plan_counts_every_stage_s_points_as_the_study_s_command_starts_them(t
         counted[stage] = counted.get(stage, 0) + 1
     assert counted == planned
 
+
+
+STAGES = {"grid": None, "seeds": r"-seeds$", "lead budget": r"^[^/]+-lr[^/]+/flops-4\.00e13$",
+          "references": r"^references/", "controls": r"^controls/", "contexts": r"^contexts/", "edges": None}
+
+
+@pytest.mark.slow  # CI runs it apart (pytest -m slow): the committed study's 150 step costs counted once
+def test_every_stage_that_trains_stops_the_study_with_its_points_exit_code(tmp_path, monkeypatch):
+    """Every stage hands its points to the one runner a study is given (studies/runner.run_points, whose stop is
+    tested with real signals in tests/test_study_faults.py): with one point of a stage missing from the records
+    and that point stopped by SIGTERM (143), the study stops there with 143, every other record kept."""
+    from reservoir.studies.frontier import FrontierExit
+    from reservoir.studies.frontier.edges import edge_folder, parse_cell
+    from reservoir.studies.frontier.study import measure_cells
+    from reservoir.studies.ladder import point_name
+
+    text, _ = TEXTS["frontier-tinystories"]
+    if not any(text.glob("*.txt")):
+        pytest.skip(NO_TEXT)
+    monkeypatch.setenv("RESERVOIR_PRETEND_PROCESSOR", "Intel(R) Xeon(R) Processor")  # the records' own: no twins
+    report = json.loads((ROOT / "results" / "frontier-tinystories" / "frontier.json").read_text())
+    grid_top = max(b for b in report["budgets"] if b != report["lead_budget"])
+    top = next(p for p in report["envelope"]["transformer++"] if p["budget"] == grid_top)
+    measure = None
+    for stage, pattern in STAGES.items():  # each on a fresh copy: a stopped stage packs the records it holds
+        results = tmp_path / stage
+        shutil.copytree(ROOT / "results" / "frontier-tinystories", results / "frontier-tinystories")
+        study = _study_from([*_documented_study_command(), f"DATASET={text}", f"CACHE_DIR={tmp_path / 'c'}"],
+                            results)[2]()
+        if measure is None:  # the same settings and data for every copy: the step costs counted once
+            measure, corpus = measure_cells(study), study.corpus
+        study.corpus = corpus  # what measure_cells reads from the data, for the study file
+        points = study.store.packed()["points"]
+        if stage == "grid":  # an envelope point (a cell live at that budget, not an edge step recorded beside it)
+            gone = f"{top['cell']}/{point_name(grid_top)}"
+        elif stage == "edges":  # a walk's first step (a later one's walk ends before it)
+            walk = next(w for w in study.edge_walks() if not w["trained_beside"] and w["steps"])
+            gone = study.store.key(edge_folder(study.path, parse_cell(walk["steps"][0]["cell"]), walk["budget"]))
+        else:
+            gone = next(k for k in sorted(points) if re.search(pattern, k))
+        del points[gone]
+        started: list[str] = []
+
+        def stopped(jobs, *args, started=started, study=study, **kwargs):
+            started.extend(Path(folder).relative_to(study.path).as_posix() for folder, _ in jobs)
+            return [143] * len(jobs)
+
+        with pytest.raises(FrontierExit) as ended:
+            study.run(stopped, measure)
+        assert ended.value.code == 143 and gone in started, (stage, gone, started[:5])
+        assert "stopped (exit code 143" in str(ended.value) and "every finished point is kept" in str(ended.value)
