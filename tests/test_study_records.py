@@ -726,3 +726,22 @@ def test_every_stage_that_trains_stops_the_study_with_its_points_exit_code(tmp_p
             study.run(stopped, measure)
         assert ended.value.code == 143 and gone in started, (stage, gone, started[:5])
         assert "stopped (exit code 143" in str(ended.value) and "every finished point is kept" in str(ended.value)
+
+
+def test_a_run_copied_into_a_study_s_folder_is_left_out_of_its_records(tmp_path, capsys):
+    """A copy of the default run put inside results/frontier-tinystories/ went into its points.jsonl as a point
+    on the next REPORT (875 points became 876): a run folder where none of the study's points lies is said and
+    left out."""
+    study = tmp_path / "micro"
+    shutil.copytree(FIXTURE / "micro", study)
+    shutil.copytree(study / "transformer++-xs-lr0.004-b8" / "flops-3.00e09", study / "my-run")
+    shutil.copytree(study / "references" / "ngram-3", study / "controls" / "ngram-3")  # no budget in its name
+    store = PointRecords(study)
+    assert store.strays() == [study / "controls" / "ngram-3", study / "my-run"]
+    store.pack()
+    keys = set(PointRecords(study).packed()["points"])
+    assert "my-run" not in keys and "controls/ngram-3" not in keys and "references/ngram-3" in keys
+    assert "transformer++-xs-lr0.004-b8/flops-3.00e09" in keys and len(keys) == len(list(FIXTURE.rglob("summary.json")))
+    said = capsys.readouterr().err
+    assert f"{study / 'my-run'} holds a run where none of the study's points lies" in said
+    assert f"move it out of {study}" in said

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 from reservoir.platform.files import atomic_write, atomic_write_text
+from reservoir.platform.messages import warn
 from reservoir.run.records import (
     RecordedConfig,
     ResultsError,
@@ -37,6 +39,9 @@ POINTS_FILE = "points.jsonl"
 GZIPPED_POINTS_FILE = POINTS_FILE + ".gz"
 GZIP_OVER = 1_000_000  # bytes of records past which a study keeps them gzipped (each file in git within 2 MB)
 SKIPPED = ("logs", "comparisons", "replays")  # folders of a study that hold no points (replays: copies of points)
+# where a study's points lie: <cell>/flops-<budget>[-seeds] (under controls/, contexts/, edges/ too) or references/<run>
+_SAID_STRAY: set[Path] = set()  # the strays already warned of, once a process
+POINT_KEY = re.compile(r"(?:[^/]+/)+flops-[^/]+|references/[^/]+")
 AS_REQUESTED = "as requested_config"  # a packed config's effective_config where it equals its requested_config
 
 
@@ -217,10 +222,18 @@ class PointRecords:
         return self.file.exists() or bool(self.local_points())
 
     # --- writing
-    def local_points(self) -> list[Path]:
-        """The point folders on this machine that have a summary."""
+    def _run_folders(self) -> list[Path]:
         return sorted(p.parent for p in self.path.rglob("summary.json")
                       if not set(p.relative_to(self.path).parts) & set(SKIPPED))
+
+    def local_points(self) -> list[Path]:
+        """The point folders on this machine that have a summary (a run folder elsewhere in the study's folder, a
+        copy of another run put there, is none of its points)."""
+        return [p for p in self._run_folders() if POINT_KEY.fullmatch(self.key(p))]
+
+    def strays(self) -> list[Path]:
+        """Run folders inside the study's folder where none of its points lies: left out of its records."""
+        return [p for p in self._run_folders() if not POINT_KEY.fullmatch(self.key(p))]
 
     def pack(self) -> Path | None:
         """points.jsonl anew from the point folders here and the records it held; written only when it changes.
@@ -228,6 +241,11 @@ class PointRecords:
         packed = self.packed()
         points = {key: {**point, "config": portable_config(point["config"])} for key, point in packed["points"].items()}
         tokenizers = dict(packed["tokenizers"])
+        for stray in self.strays():
+            if stray not in _SAID_STRAY:
+                _SAID_STRAY.add(stray)
+                warn(f"{stray} holds a run where none of the study's points lies (a point is <cell>/flops-<budget> "
+                     f"or references/<run>): it is left out of {self.file.name}; move it out of {self.path}")
         for folder in self.local_points():
             key = self.key(folder)
             summary = self._folder_summary(folder, key in points)
