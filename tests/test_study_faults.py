@@ -203,8 +203,7 @@ def _stopped_study(tmp_path, signum, to_the_group):
     return proc.returncode, out, err, results
 
 
-@pytest.mark.parametrize("signum, to_the_group", [(signal.SIGTERM, True), (signal.SIGINT, True),
-                                                   (signal.SIGTERM, False)])
+@pytest.mark.parametrize("signum, to_the_group", [(signal.SIGTERM, True), (signal.SIGINT, False)])
 def test_a_stopped_study_checkpoints_every_point_at_the_step_it_reached_however_the_signal_is_sent(
         tmp_path, signum, to_the_group):
     """A process-group SIGTERM reached each point twice (from the kernel, then from the study): the second

@@ -68,6 +68,16 @@ def family_colour(family: str) -> str:
     return OTHER_COLOURS[zlib.crc32(family.encode("utf-8")) % len(OTHER_COLOURS)]
 
 
+NESTED_MARKERS = "osD^vP*Xh<>p"
+
+
+def nested_marker(k: int, count: int) -> dict:
+    """The k-th of ``count`` families' marker in a plot where their points may coincide: each its own hollow
+    shape, smaller and drawn higher the later it comes, so a point on another's stays visible around it."""
+    return {"marker": NESTED_MARKERS[k % len(NESTED_MARKERS)], "markersize": 12 - 6 * k / max(1, count - 1),
+            "markerfacecolor": "none", "markeredgewidth": 1.5, "zorder": 2 + k}
+
+
 def run_family(run: dict, model: str) -> str:
     """The family a run's model is, as its table names it (``transformer`` in the '++' recipe: transformer++)."""
     effective = run["config"].get("effective_config") or {}

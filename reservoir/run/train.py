@@ -46,7 +46,7 @@ from reservoir.run.checkpoint import (
     save_checkpoint,
 )
 from reservoir.run.evaluation import EvalPoints, Evaluations
-from reservoir.run.records import run_seeds
+from reservoir.run.records import SPENT, run_seeds
 from reservoir.run.sampling import SampleSettings, write_stories
 from reservoir.run.writer import Run
 
@@ -90,7 +90,7 @@ class Budget:
             ("steps", progress.step, self.max_steps), ("tokens", progress.tokens, self.max_tokens),
             ("seconds", progress.seconds, self.max_seconds), ("flops", progress.flops, self.max_flops)) if limit}
         name = max(shares, key=shares.get) if shares else None
-        return name if name and shares[name] >= 0.95 else "data"
+        return name if name and shares[name] >= SPENT else "data"
 
     def compute_share(self, progress: Progress) -> float:
         """``progress`` as a share of the step, token and FLOP limits alone: what a wsd schedule follows,
@@ -788,7 +788,7 @@ def diverged_record(name: str, model, error: Diverged, config: dict, info: dev.D
 
 
 def _compute_share(config: dict, progress: Progress) -> float | None:
-    """The share of its step, token and FLOP budget a fit spent (None where it has none of them): under 0.95 with
+    """The share of its step, token and FLOP budget a fit spent (None where it has none of them): under SPENT with
     ``bound_by`` 'seconds', TIME_BUDGET_S cut it short of the compute its comparison assumes."""
     budget = Budget.from_config(config)
     if not (budget.max_steps or budget.max_tokens or budget.max_flops):

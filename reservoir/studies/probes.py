@@ -408,9 +408,6 @@ def format_probes(records: dict[str, dict], level: int = 1, image: str = "probes
     return "\n".join(lines)
 
 
-PLOT_MARKERS = "osD^vP*Xh<>p"
-
-
 @figure(dpi=110)
 def plot_probes(records: dict[str, dict]):
     """Accuracy against state size, one panel per task, one line per family."""
@@ -419,7 +416,7 @@ def plot_probes(records: dict[str, dict]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from reservoir.run.plots import family_colour
+    from reservoir.run.plots import family_colour, nested_marker
 
     rows = best_per_size(records)
     tasks = [t for t in PROBE_TASKS if any(r["task"] == t for r in rows)]
@@ -430,12 +427,9 @@ def plot_probes(records: dict[str, dict]):
         for k, family in enumerate(families):
             points = sorted((r["state_size"], r["accuracy"]) for r in rows
                             if r["task"] == task and r["family"] == family)
-            if points:  # a marker each and smaller the later it comes, so a line on another's stays visible
-                ax.plot(*zip(*points, strict=True), marker=PLOT_MARKERS[k % len(PLOT_MARKERS)],
-                        markersize=10 - 5 * k / max(1, len(families) - 1), markerfacecolor="none",
-                        markeredgewidth=1.5, label=family,
-                        color=family_colour(family), linestyle="--" if family == "random_transformer" else "-",
-                        zorder=2 + k)
+            if points:
+                ax.plot(*zip(*points, strict=True), label=family, color=family_colour(family),
+                        linestyle="--" if family == "random_transformer" else "-", **nested_marker(k, len(families)))
         ax.set(xscale="log", xlabel="state size (numbers held to read on)", ylabel="test accuracy", title=task,
                ylim=(0, 1.02))
         ax.grid(alpha=0.3)

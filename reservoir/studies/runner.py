@@ -153,7 +153,7 @@ def _forked_point(args: list[str], env: dict, cwd: str, stdout: int, stderr: int
     # ps and top show the point's command (set before the environment changes: setproctitle needs its layout)
     setproctitle.setproctitle(" ".join([sys.executable, str(ENTRY_POINT), *args]))
     os.setpgid(0, 0)  # its own group: a signal to the study's group reaches it once, from the study
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server's was ignored (see _start_fork_server)
+    as_a_new_process()  # the fork server's SIGTERM was ignored (see _start_fork_server)
     _stop_when_the_study_ends(lifeline)
     for fd, target in ((stdout, 1), (stderr, 2)):
         os.dup2(fd, target)
@@ -212,6 +212,9 @@ def fork_context():
     return context
 
 
+_FORK_SERVER: list[bool] = []  # started here, once a process
+
+
 def _start_fork_server() -> None:
     """The fork server, started (once) with SIGTERM ignored: a SIGTERM to the study's process group would end it,
     and the study would then read each point it forked as ended with exit code 255 while the point still trains.
@@ -219,11 +222,12 @@ def _start_fork_server() -> None:
     default first (``_forked_point``, ``as_a_new_process``)."""
     from multiprocessing import forkserver
 
-    if threading.current_thread() is not threading.main_thread():
-        return  # started by the first point, as multiprocessing would
-    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if _FORK_SERVER or threading.current_thread() is not threading.main_thread():
+        return  # started already, or by the first point as multiprocessing would start it
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a signal in these milliseconds is lost: once a study
     try:
         forkserver.ensure_running()
+        _FORK_SERVER.append(True)
     finally:
         signal.signal(signal.SIGTERM, before)
 

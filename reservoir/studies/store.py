@@ -229,11 +229,18 @@ class PointRecords:
     def local_points(self) -> list[Path]:
         """The point folders on this machine that have a summary (a run folder elsewhere in the study's folder, a
         copy of another run put there, is none of its points)."""
-        return [p for p in self._run_folders() if POINT_KEY.fullmatch(self.key(p))]
+        return self._sorted_runs()[0]
 
     def strays(self) -> list[Path]:
         """Run folders inside the study's folder where none of its points lies: left out of its records."""
-        return [p for p in self._run_folders() if not POINT_KEY.fullmatch(self.key(p))]
+        return self._sorted_runs()[1]
+
+    def _sorted_runs(self) -> tuple[list[Path], list[Path]]:
+        """(the study's point folders here, the other run folders in its folder), from one scan of it."""
+        points, strays = [], []
+        for folder in self._run_folders():
+            (points if POINT_KEY.fullmatch(self.key(folder)) else strays).append(folder)
+        return points, strays
 
     def pack(self) -> Path | None:
         """points.jsonl anew from the point folders here and the records it held; written only when it changes.
@@ -241,12 +248,13 @@ class PointRecords:
         packed = self.packed()
         points = {key: {**point, "config": portable_config(point["config"])} for key, point in packed["points"].items()}
         tokenizers = dict(packed["tokenizers"])
-        for stray in self.strays():
+        here, strays = self._sorted_runs()
+        for stray in strays:
             if stray not in _SAID_STRAY:
                 _SAID_STRAY.add(stray)
                 warn(f"{stray} holds a run where none of the study's points lies (a point is <cell>/flops-<budget> "
                      f"or references/<run>): it is left out of {self.file.name}; move it out of {self.path}")
-        for folder in self.local_points():
+        for folder in here:
             key = self.key(folder)
             summary = self._folder_summary(folder, key in points)
             if key in points and len(points[key]["summary"]) > len(summary):

@@ -282,9 +282,6 @@ def format_generation(content: dict, report: dict, h: str, image: str) -> list[s
     return lines
 
 
-MARKERS = "osD^vP*Xh<>p"
-
-
 @figure(dpi=110)
 def plot_generation(content: dict):
     """Bits/char against FLOPs per generated character, at every context (a carried state: one point)."""
@@ -293,7 +290,7 @@ def plot_generation(content: dict):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from reservoir.run.plots import family_colour
+    from reservoir.run.plots import family_colour, nested_marker
     from reservoir.studies.curves import log_axes
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
@@ -303,10 +300,8 @@ def plot_generation(content: dict):
         colour = family_colour(row["family"])
         line = row.get("full_cache") or row
         xs = [line["flops_per_char"][c] for c in contexts]
-        # each family its own hollow marker, smaller the later it comes: one on another's stays visible
-        ax.plot(xs, [row["bpc"]] * len(xs), "-" if len(set(xs)) > 1 else "", marker=MARKERS[k % len(MARKERS)],
-                markersize=12 - 6 * k / max(1, len(rows) - 1), markerfacecolor="none",
-                markeredgewidth=1.5, color=colour, label=row["family"], zorder=2 + k)
+        ax.plot(xs, [row["bpc"]] * len(xs), "-" if len(set(xs)) > 1 else "", color=colour, label=row["family"],
+                **nested_marker(k, len(rows)))
         if len(set(xs)) > 1:
             for x, c in zip(xs, contexts, strict=True):
                 ax.annotate(f"{int(c):,}", (x, row["bpc"]), fontsize=6, color=colour, va="bottom")
