@@ -34,6 +34,14 @@ def trials(url):
     return study.get_trials(deepcopy=False)
 
 
+def started_trials(url):
+    """The shared study's trials, none before a host has created it."""
+    try:
+        return trials(url)
+    except KeyError:
+        return []
+
+
 def scores(points_jsonl):
     from reservoir.studies.store import PointRecords
 
@@ -43,10 +51,7 @@ def scores(points_jsonl):
 
 def recorded(url) -> int:
     """Points the shared study has recorded as finished (0 before a host has created it)."""
-    try:
-        return sum(t.state.name == "COMPLETE" for t in trials(url))
-    except KeyError:
-        return 0
+    return sum(t.state.name == "COMPLETE" for t in started_trials(url))
 
 
 @pytest.mark.slow
@@ -85,16 +90,19 @@ def test_two_hosts_share_a_study_each_point_once_and_score_as_one_host(tmp_path,
 @pytest.mark.slow
 def test_a_host_killed_mid_point_loses_it_to_the_other_and_a_stopped_database_is_continued(tmp_path,
                                                                                         postgres):  # noqa: F811
-    slow = host(tmp_path, "a", postgres, "BUDGETS=3e10,6e10")  # long points: one is caught mid-training
-    for line in slow.stdout:
-        if "flops-3.00e10" in line or "lstm: " in line or "(budget" in line:
-            break
-    time.sleep(2)
+    budgets = "BUDGETS=1e11,2e11"  # points of several seconds each: the host is caught while it holds one
+    slow = host(tmp_path, "a", postgres, budgets)
+    deadline = time.time() + 600
+    while not any(t.state.name == "RUNNING" for t in started_trials(postgres)):
+        assert slow.poll() is None, f"the host ended before it claimed a point: {slow.stdout.read()[-3000:]}"
+        assert time.time() < deadline, "the host claimed no point in 10 minutes"
+        time.sleep(0.1)
+    time.sleep(0.5)  # its point is forked and training
     os.kill(slow.pid, signal.SIGKILL)  # the host is gone; its point keeps no heartbeat
     slow.wait()
     running = [t for t in trials(postgres) if t.state.name == "RUNNING"]
     assert running, "the killed host held a point"
-    other = host(tmp_path, "b", postgres, "BUDGETS=3e10,6e10")
+    other = host(tmp_path, "b", postgres, budgets)
     for line in other.stdout:  # the other host has claimed a point and trains it ...
         if "(budget" in line:
             break
@@ -103,7 +111,7 @@ def test_a_host_killed_mid_point_loses_it_to_the_other_and_a_stopped_database_is
     assert other.returncode != 0 and "Traceback" not in stopped, stopped[-3000:]
     assert "error: the study storage postgresql" in stopped and "was lost mid-study" in stopped, stopped[-3000:]
     postgres.start()
-    again = host(tmp_path, "b", postgres, "BUDGETS=3e10,6e10")
+    again = host(tmp_path, "b", postgres, budgets)
     out = again.communicate(timeout=1800)[0]
     assert again.returncode == 0, out[-3000:]
     done = {}
