@@ -7,6 +7,8 @@ self-contained (nothing from reservoir/), at the same sizes, on the same device.
 Pre-LayerNorm blocks with fused causal attention, tied embeddings, AdamW (fused on CUDA), bf16
 autocast where the GPU has bf16 hardware, random tokens. Prints one JSON line: tokens/s over the
 steps after 10 warm-up steps, and the training FLOPs per token (6N + 12 L d T, as the runner counts).
+COMPILE=1: its compiled twin (nanoGPT's torch.compile of the model; the warm-up steps hold the compile,
+and its seconds are in the line).
 """
 
 import json
@@ -73,18 +75,22 @@ def measure(device: str, settings: dict) -> None:
     layers, width = settings.get("TRANSFORMER.n_layer", 6), settings.get("TRANSFORMER.n_embd", 384)
     heads, steps = settings.get("TRANSFORMER.n_head", 6), settings.get("STEPS", 300)
     model = GPT(layers, width, heads, seq).to(device)
+    compiled = bool(settings.get("COMPILE", 0))
+    forward = torch.compile(model) if compiled else model
     cuda = device == "cuda"
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=cuda)
     bf16 = cuda and torch.cuda.get_device_capability()[0] >= 8
     ids = torch.randint(0, VOCAB, (batch, seq + 1), device=device)
     warmup = min(10, steps // 2)
+    began = time.perf_counter()
     for step in range(steps):
         if step == warmup:
             if cuda:
                 torch.cuda.synchronize()
             start = time.perf_counter()
+            warmup_seconds = start - began
         with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
-            loss = F.cross_entropy(model(ids[:, :-1]).float().flatten(0, 1), ids[:, 1:].flatten())
+            loss = F.cross_entropy(forward(ids[:, :-1]).float().flatten(0, 1), ids[:, 1:].flatten())
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -93,7 +99,8 @@ def measure(device: str, settings: dict) -> None:
     seconds = time.perf_counter() - start
     n = sum(p.numel() for p in model.parameters()) - model.position.weight.numel()
     print(json.dumps({"tokens_per_second": (steps - warmup) * batch * seq / seconds,
-                      "flops_per_token": 6 * n + 12 * layers * width * seq, "bf16": bf16, "steps": steps}))
+                      "flops_per_token": 6 * n + 12 * layers * width * seq, "bf16": bf16, "steps": steps,
+                      "compiled": compiled, "warmup_seconds": round(warmup_seconds, 2)}))
 
 
 def main(argv: list[str]) -> int:

@@ -45,7 +45,7 @@ def test_cuda_gets_the_fused_optimizer_and_ddp_leaves_frozen_buffers_alone(monke
 
     cuda = dev.DeviceInfo("cuda", torch.device("cpu"), "fake GPU", "bf16")
     cpu = dev.DeviceInfo("cpu", torch.device("cpu"), "CPU", "fp32")
-    assert dev.optimizer_options(cuda) == {"fused": True} and dev.optimizer_options(cpu) == {}
+    assert dev.optimizer_options(cuda) == {"fused": True} and dev.optimizer_options(cpu) == {"foreach": True}
     model = build_model("linear_reservoir", 20, parse_overrides(["LINEAR_RESERVOIR.units=8"]))
     settings = model_settings(parse_overrides([]), "linear_reservoir")  # what a fit of it is given
     assert _optimizer(model, settings, 0.95, dev.optimizer_options(cuda)).defaults["fused"] is True
@@ -61,6 +61,31 @@ def test_cuda_gets_the_fused_optimizer_and_ddp_leaves_frozen_buffers_alone(monke
         assert resends is False  # the reservoir's λ and input weights: identical everywhere
     finally:
         torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", ["transformer", "lstm", "frozen_retention", "reservoir_attention"])
+def test_the_cpus_multi_tensor_adamw_trains_the_weights_the_for_loop_trains_bit_for_bit(name):
+    """The runner's AdamW on the CPU (foreach, for speed) against torch's default there (a Python loop over
+    the parameters), clipped as the runner clips: a recorded point trained again must repeat its scores."""
+    from reservoir.models.settings import model_settings
+    from reservoir.run.train import _optimizer
+
+    cpu = dev.DeviceInfo("cpu", torch.device("cpu"), "CPU", "fp32")
+    config = parse_overrides(["SEQ_LEN=32", "WEIGHT_DECAY=0.1"])
+    weights = []
+    for options in (dev.optimizer_options(cpu), {"foreach": False}):
+        model = build_model(name, 40, config)
+        optimizer = _optimizer(model, model_settings(config, name), 0.95, options)
+        batches = torch.Generator().manual_seed(0)
+        for _ in range(12):
+            ids = torch.randint(0, 40, (3, 33), generator=batches)
+            loss = torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+            loss.backward()
+            dev.optimizer_step(cpu, optimizer, dev.make_grad_scaler(cpu), max_grad_norm=0.5)
+            dev.zero_grad(cpu, optimizer)
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert optimizer.defaults["foreach"] is False and weights[0].abs().sum() > 0
+    torch.testing.assert_close(weights[0], weights[1], rtol=0, atol=0)
 
 
 def test_a_ridge_readout_is_evaluated_in_the_dtype_it_was_solved_in():
