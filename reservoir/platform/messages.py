@@ -32,6 +32,13 @@ def warn(message: str) -> None:
     print(f"{TAG} WARNING: {message}", file=sys.stderr, flush=True)
 
 
+def first_line(error: BaseException, width: int = 200) -> str:
+    """What an exception says, in one line for a message of ours: its first line, cut to ``width``
+    characters, or its type's name where it says nothing."""
+    text = str(error).strip()
+    return text.splitlines()[0][:width] if text else type(error).__name__
+
+
 class PlainProgress:
     """tqdm's small interface (update, n, set_postfix_str, close) as one plain line every ``every`` seconds."""
 

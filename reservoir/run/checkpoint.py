@@ -19,7 +19,7 @@ from reservoir.data.tokenizers import tokenizer_hash
 from reservoir.models.settings import PER_MODEL
 from reservoir.platform import device as dev
 from reservoir.platform.files import atomic_write
-from reservoir.platform.messages import OneLineError
+from reservoir.platform.messages import OneLineError, first_line
 
 FORMAT = 1
 SINCE_LATER = ("replicas", "seed")  # identity keys older checkpoints lack: checked only where present
@@ -69,8 +69,7 @@ def load_checkpoint(path: str | Path, expect: dict) -> dict:
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} does not exist") from None
     except Exception as e:  # torch raises many types for truncated or foreign files
-        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} is corrupt or not a ReservoirNLP checkpoint ({reason}); "
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a ReservoirNLP checkpoint ({first_line(e, 160)}); "
                               f"delete it to restart that model from scratch, or start a new run") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a ReservoirNLP checkpoint (format {FORMAT}); "

@@ -12,6 +12,8 @@ import inspect
 import time
 import warnings
 
+from reservoir.platform.messages import first_line
+
 
 def shown(url: str | None) -> str:
     """A storage URL as printed: its password masked (SQLAlchemy's own rendering), so a terminal line or a
@@ -81,6 +83,5 @@ def open_rdb(url: str, heartbeat_s: float, lost, error: type[Exception], what: s
             if "already exists" in str(e) or "UniqueViolation" in str(e) or "duplicate key" in str(e):
                 time.sleep(0.5 * (attempt + 1))
                 continue
-            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise error(f"cannot open the storage {shown(url)} ({reason}); check {what}") from None
+            raise error(f"cannot open the storage {shown(url)} ({first_line(e)}); check {what}") from None
     raise error(f"cannot create the storage's tables in {shown(url)}: other hosts keep racing; start again")
