@@ -4,9 +4,13 @@ self-contained (nothing from reservoir/), at the same sizes, on the same device.
     python bench/minimal_gpt.py cuda SEQ_LEN=256 BATCH_SIZE=64 TRANSFORMER.n_layer=6 \
         TRANSFORMER.n_embd=384 TRANSFORMER.n_head=6 STEPS=300
 
-Pre-LayerNorm blocks with fused causal attention, tied embeddings, AdamW (fused on CUDA), bf16
-autocast where the GPU has bf16 hardware, random tokens. Prints one JSON line: tokens/s over the
-steps after 10 warm-up steps, and the training FLOPs per token (6N + 12 L d T, as the runner counts).
+Pre-LayerNorm blocks with fused causal attention, tied embeddings, and nanoGPT's training step: AdamW
+(fused on CUDA) decaying the matrices only, the gradient norm clipped to GRAD_CLIP (1.0, nanoGPT's
+default; 0: no clipping), a batch per step drawn as nanoGPT's get_batch draws it (random windows of a
+token array, a stack of slices; DATA=0: one fixed batch, no data cost at all), bf16 autocast where the
+GPU has bf16 hardware. The runner trains with the same recipe (clipped at 1.0, matrices decayed, a new
+batch a step), so the two compare like for like. Prints one JSON line: tokens/s over the steps after 10
+warm-up steps, and the training FLOPs per token (6N + 12 L d T, as the runner counts).
 COMPILE=1: its compiled twin (nanoGPT's torch.compile of the model; the warm-up steps hold the compile,
 and its seconds are in the line).
 """
@@ -15,6 +19,7 @@ import json
 import sys
 import time
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -64,9 +69,10 @@ def settings_of(args: list[str]) -> dict:
                                  f"{arg} has no minimal loop to compare with")
             continue
         try:
-            settings[key] = int(value)
+            settings[key] = float(value) if key == "GRAD_CLIP" else int(value)
         except ValueError:
-            raise ValueError(f"bench/minimal_gpt.py takes whole numbers for its sizes; got {arg}") from None
+            raise ValueError(f"bench/minimal_gpt.py takes whole numbers for its sizes (GRAD_CLIP: a number); "
+                             f"got {arg}") from None
     return settings
 
 
@@ -78,9 +84,25 @@ def measure(device: str, settings: dict) -> None:
     compiled = bool(settings.get("COMPILE", 0))
     forward = torch.compile(model) if compiled else model
     cuda = device == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=cuda)
+    clip, drawn = settings.get("GRAD_CLIP", 1.0), bool(settings.get("DATA", 1))
+    matrices = [p for p in model.parameters() if p.dim() >= 2]  # nanoGPT's configure_optimizers
+    groups = [{"params": matrices, "weight_decay": 0.1},
+              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=1e-3, fused=cuda)
     bf16 = cuda and torch.cuda.get_device_capability()[0] >= 8
-    ids = torch.randint(0, VOCAB, (batch, seq + 1), device=device)
+    tokens = np.random.default_rng(0).integers(0, VOCAB, 1_000_000).astype(np.uint16)
+    fixed = torch.randint(0, VOCAB, (batch, seq + 1), device=device)
+
+    def get_batch():
+        if not drawn:
+            return fixed[:, :-1], fixed[:, 1:]
+        starts = torch.randint(len(tokens) - seq, (batch,))
+        x = torch.stack([torch.from_numpy(tokens[i:i + seq].astype(np.int64)) for i in starts])
+        y = torch.stack([torch.from_numpy(tokens[i + 1:i + 1 + seq].astype(np.int64)) for i in starts])
+        if cuda:
+            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        return x, y
+
     warmup = min(10, steps // 2)
     began = time.perf_counter()
     for step in range(steps):
@@ -89,9 +111,12 @@ def measure(device: str, settings: dict) -> None:
                 torch.cuda.synchronize()
             start = time.perf_counter()
             warmup_seconds = start - began
+        x, y = get_batch()
         with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
-            loss = F.cross_entropy(forward(ids[:, :-1]).float().flatten(0, 1), ids[:, 1:].flatten())
+            loss = F.cross_entropy(forward(x).float().flatten(0, 1), y.flatten())
         loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     if cuda:
@@ -100,7 +125,8 @@ def measure(device: str, settings: dict) -> None:
     n = sum(p.numel() for p in model.parameters()) - model.position.weight.numel()
     print(json.dumps({"tokens_per_second": (steps - warmup) * batch * seq / seconds,
                       "flops_per_token": 6 * n + 12 * layers * width * seq, "bf16": bf16, "steps": steps,
-                      "compiled": compiled, "warmup_seconds": round(warmup_seconds, 2)}))
+                      "compiled": compiled, "warmup_seconds": round(warmup_seconds, 2), "grad_clip": clip,
+                      "batches_drawn": drawn}))
 
 
 def main(argv: list[str]) -> int:

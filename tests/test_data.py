@@ -9,7 +9,7 @@ from reservoir.data.corpus import EOT, DataError, load_corpus, read_stories
 from reservoir.data.synthetic import synthetic_stories
 from reservoir.data.tokenizers import BPETokenizer, CharTokenizer
 from reservoir.data.tokens import TrainWindows, cached_tokens, eval_windows, prepare_data
-from reservoir.platform.device import DeviceInfo, build_loader
+from reservoir.platform.device import DeviceInfo, build_loader, loader_needed
 from tests.conftest import NO_TEXT, TINYSTORIES_TEXT, make_config
 
 SHARED = TINYSTORIES_TEXT  # real TinyStories text (tests/conftest.py: where the fetch writes it, or named)
@@ -155,6 +155,30 @@ def test_train_windows_are_fixed_shape_shifted_and_seeded():
     assert sorted(int(ds[i][0][0]) for i in range(len(ds))) == list(range(0, 62 * 16, 16))
     evals = eval_windows(ids, 16, 64)
     assert evals.shape == (4, 17) and torch.equal(evals[1, 0], evals[0, -1])
+
+
+@pytest.mark.parametrize("gathered", [3, 32])
+def test_one_cpu_process_gathers_the_batches_the_loader_would_give_across_epochs_and_from_a_resumed_offset(
+        monkeypatch, gathered):
+    """One CPU process gathers its batches itself, several at a time (no DataLoader: a call per window cost the
+    smallest presets 2% of a step): the same tensors, in the same order, over an epoch's end, and from a
+    checkpoint's offset."""
+    from reservoir.run import train
+    from reservoir.run.train import Progress, _batches
+
+    monkeypatch.setattr(train, "GATHERED_BATCHES", gathered)  # a gather that ends inside an epoch, or with it
+
+    ids = np.random.default_rng(0).integers(0, 300, 1000).astype(np.uint16)
+    windows, config = TrainWindows(ids, 16, seed=3), {"BATCH_SIZE": 5, "NUM_WORKERS": 0, "SEED": 3}
+    cpu = DeviceInfo("cpu", torch.device("cpu"), "test", "fp32")
+    assert not loader_needed(cpu, 0) and loader_needed(cpu, 2)  # workers: the loader's
+    for offset in (0, 35):
+        gathered, loaded = _batches(windows, cpu, config, Progress(offset=offset)), \
+            _batches(windows, cpu, {**config, "NUM_WORKERS": 1}, Progress(offset=offset))
+        for _ in range(2 * len(windows) // 5):  # two epochs, each ending on a part batch that is skipped
+            (x, y), (x_loaded, y_loaded) = next(gathered), next(loaded)
+            assert x.dtype == x_loaded.dtype == torch.int64 and x.shape == (5, 16)
+            assert torch.equal(x, x_loaded) and torch.equal(y, y_loaded)
 
 
 def test_sharded_loaders_read_disjoint_windows():
