@@ -47,6 +47,8 @@ SHARED_CONFIG = {
     "ADAM_BETA2": 0.95,  # AdamW's second-moment decay (nanoGPT's Shakespeare-char run uses 0.99)
     "ADAM_BETA2_REF_TOKENS": None,  # tokens per step at which ADAM_BETA2 holds; others: a fixed half-life in tokens
     "GRADIENT_CHECKPOINTING": False,  # recompute activations in backward (less memory, ~30% slower)
+    "COMPILE": False,  # torch.compile the training step on CPU/CUDA (XLA compiles every step already): its compile
+    # is held off the clock; where it wins, see docs/hardware.md
     # --- budget: training of each model stops at whichever comes first ----
     "MAX_STEPS": None,  # optimizer steps per model (None: no step limit)
     "TOKEN_BUDGET": None,  # training tokens per model, all devices together (None: no token limit)
@@ -184,7 +186,7 @@ _OPTIONAL = {"BATCH_SIZE": int, "LEARNING_RATE": float, "RUN_NAME": str, "TRAIN_
 # their defaults, which train as those runs trained (cosine, β2 0.95; tested; TRAIN_EVAL_TOKENS only adds a
 # score); any other key a saved run lacks is damage, refused.
 ADDED_KEYS = ("PLUGINS", "LR_SCHEDULE", "COOLDOWN_FRACTION", "COOLDOWN_SHAPE", "STABLE_FROM", "ADAM_BETA2",
-              "ADAM_BETA2_REF_TOKENS", "FROZEN_RETENTION", "RESERVOIR_ATTENTION", "TRAIN_EVAL_TOKENS")
+              "ADAM_BETA2_REF_TOKENS", "FROZEN_RETENTION", "RESERVOIR_ATTENTION", "TRAIN_EVAL_TOKENS", "COMPILE")
 
 
 def recorded_keys_missing(saved: dict) -> list[str]:

@@ -50,3 +50,12 @@ def test_all_reduce_runs_the_xla_collective(xla, monkeypatch):
     reduced = dev.all_reduce_sum(xla, t)
     assert "cross_replica_sum" in torch_xla._XLAC._get_xla_tensors_text([reduced])  # the collective, in the graph
     assert torch.equal(reduced.cpu(), torch.arange(4.0) * xla.world_size)
+
+
+def test_compile_true_leaves_an_xla_step_to_xla(xla, capsys):
+    """XLA compiles every step already: COMPILE=True there says so once and runs the step as it is."""
+    layer = torch.nn.Linear(4, 1).to(xla.device)
+    step = dev.CompiledStep(layer, xla, True, "linear")
+    out = step(torch.ones(2, 4, device=xla.device))
+    assert step.compiled is None and step.report() == {} and out.shape == (2, 1)
+    assert "COMPILE=True adds nothing on XLA" in capsys.readouterr().out

@@ -64,25 +64,33 @@ def test_cuda_gets_the_fused_optimizer_and_ddp_leaves_frozen_buffers_alone(monke
 
 
 @pytest.mark.parametrize("name", ["transformer", "lstm", "frozen_retention", "reservoir_attention"])
-def test_the_cpus_multi_tensor_adamw_trains_the_weights_the_for_loop_trains_bit_for_bit(name):
-    """The runner's AdamW on the CPU (foreach, for speed) against torch's default there (a Python loop over
-    the parameters), clipped as the runner clips: a recorded point trained again must repeat its scores."""
+def test_the_cpus_optimizer_step_trains_the_weights_torchs_defaults_train_bit_for_bit(name):
+    """The runner's step on the CPU (multi-tensor AdamW, a clip that skips its multiply by 1: for speed)
+    against torch's defaults there (clip_grad_norm_, AdamW's loop over the parameters), on steps that clip and
+    steps that do not: a recorded point trained again must repeat its scores."""
     from reservoir.models.settings import model_settings
     from reservoir.run.train import _optimizer
 
     cpu = dev.DeviceInfo("cpu", torch.device("cpu"), "CPU", "fp32")
     config = parse_overrides(["SEQ_LEN=32", "WEIGHT_DECAY=0.1"])
     weights = []
-    for options in (dev.optimizer_options(cpu), {"foreach": False}):
+    for runners in (True, False):
         model = build_model(name, 40, config)
-        optimizer = _optimizer(model, model_settings(config, name), 0.95, options)
+        optimizer = _optimizer(model, model_settings(config, name), 0.95,
+                               dev.optimizer_options(cpu) if runners else {"foreach": False})
         batches = torch.Generator().manual_seed(0)
-        for _ in range(12):
+        for step in range(12):
             ids = torch.randint(0, 40, (3, 33), generator=batches)
             loss = torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
             loss.backward()
-            dev.optimizer_step(cpu, optimizer, dev.make_grad_scaler(cpu), max_grad_norm=0.5)
-            dev.zero_grad(cpu, optimizer)
+            limit = 1e-3 if step % 2 else 1e3  # clipped, then within the limit
+            if runners:
+                dev.optimizer_step(cpu, optimizer, dev.make_grad_scaler(cpu), max_grad_norm=limit)
+            else:
+                in_order = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+                torch.nn.utils.clip_grad_norm_(in_order, limit)  # the order the runner's norm sums them in
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert optimizer.defaults["foreach"] is False and weights[0].abs().sum() > 0
     torch.testing.assert_close(weights[0], weights[1], rtol=0, atol=0)

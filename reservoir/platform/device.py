@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from reservoir.platform.machine import usable_cores
-from reservoir.platform.messages import TAG, OneLineError, warn
+from reservoir.platform.messages import TAG, OneLineError, first_line, say, warn
 
 _GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips appear on the PCI bus with Google's vendor id, and so does a GCE
 # VM's virtual NIC (gVNIC, device 0x0042): a chip is known by its device id too (v2/v3, an unnamed one, v4,
@@ -475,9 +475,22 @@ def optimizer_step(info: DeviceInfo, optimizer, scaler, max_grad_norm: float = 0
         return
     if max_grad_norm:
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if info.kind == "cpu":
+            _clip_on_the_cpu(params, max_grad_norm)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     scaler.step(optimizer)
     scaler.update()
+
+
+def _clip_on_the_cpu(params: list, max_grad_norm: float) -> None:
+    """torch's clip_grad_norm_, the same numbers, without its multiply by 1.0 where the norm is within the
+    limit (an operation per parameter tensor that changes nothing): reading the norm costs the CPU nothing,
+    where on a GPU it would wait for the step."""
+    grads = [p.grad for p in params]
+    total = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if not max_grad_norm / (total + 1e-6) >= 1.0:  # clip_grad_norm_'s coefficient; NaN (a diverged step) clips
+        torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, total, foreach=True)
 
 
 def all_reduce_sum(info: DeviceInfo, tensor: torch.Tensor) -> torch.Tensor:
@@ -538,6 +551,66 @@ def wrap_for_training(info: DeviceInfo, model: torch.nn.Module) -> torch.nn.Modu
     renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
     no_resend = {"forward_sync_buffers": False} if renamed else {"broadcast_buffers": False}
     return DistributedDataParallel(model, device_ids=device_ids, **no_resend)
+
+
+class CompiledStep:
+    """A training step's loss (the model's forward and the loss; through them, their backward) compiled by
+    ``torch.compile`` on CPU and CUDA (``COMPILE=True``), static shapes: a fit's batches are one shape, so once
+    warm it compiles nothing more (``recompiles`` counts what it did after warm-up). Where compilation fails
+    (no C++ compiler, an operation the compiler refuses), one line says so and the fit goes on eager; a model's
+    own error is still raised, by its eager call. Off (``COMPILE=False``, or XLA, which compiles every step
+    already): ``step`` itself. Compiled graphs are kept in torch's cache on disk (``TORCHINDUCTOR_CACHE_DIR``,
+    by default in the system's temporary folder), so a study's next point of the same shape compiles from it."""
+
+    def __init__(self, step, info: DeviceInfo, enabled: bool, name: str):
+        self.step, self.name = step, name
+        self.wanted = bool(enabled) and not info.is_xla
+        if enabled and info.is_xla:
+            say(f"{name}: COMPILE=True adds nothing on XLA, which compiles every step already", info.is_main_process)
+        self.compiled = None
+        if self.wanted:
+            # the fits before this one in the process are done: their graphs would count against dynamo's
+            # limit of graphs per function, past which it runs eager without a word (seeds, several models)
+            import torch._dynamo
+
+            torch._dynamo.reset()
+            self.compiled = torch.compile(step, dynamic=False)
+        self.failed: str | None = None
+        self.proven = False  # a compiled call has returned
+        self._frames_at_warm: int | None = None
+
+    def __call__(self, *args, **kwargs):
+        if self.compiled is None:
+            return self.step(*args, **kwargs)
+        try:
+            out = self.compiled(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - any compiler failure; after the first success: the model's
+            if self.proven:
+                raise
+            self.compiled, self.failed = None, f"{type(error).__name__}: {first_line(error)}"
+            warn(f"{self.name}: COMPILE=True could not compile its training step ({self.failed}); it trains "
+                 "eager (COMPILE=False says so and skips the attempt)")
+            return self.step(*args, **kwargs)
+        self.proven = True
+        return out
+
+    def warmed_up(self) -> None:
+        """Called as the fit's warm-up ends: what compiles after this is a recompilation."""
+        self._frames_at_warm = _frames_compiled()
+
+    def report(self) -> dict:
+        """How a COMPILE=True step ran, for the fit's record: compiled or eager (and why), the recompilations
+        after warm-up; nothing for an eager fit (a record without ``compiled`` trained eager)."""
+        if not self.wanted:
+            return {}
+        after = None if self._frames_at_warm is None else _frames_compiled() - self._frames_at_warm
+        return {"compiled": self.compiled is not None, "compile_failed": self.failed, "recompiles": after}
+
+
+def _frames_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["ok"])
 
 
 def optimizer_options(info: DeviceInfo) -> dict:
@@ -683,6 +756,12 @@ def xla_compile_count() -> int:
 # --------------------------------------------------------------------- data loaders
 
 
+def loader_needed(info: DeviceInfo, num_workers: int) -> bool:
+    """Whether training batches go through ``build_loader``: on XLA (MpDeviceLoader), CUDA (pinned memory),
+    with several processes (each its shard) or worker processes; one CPU process gathers them itself."""
+    return info.kind != "cpu" or info.world_size > 1 or num_workers > 0
+
+
 def build_loader(dataset, info: DeviceInfo, batch_size: int, *, shuffle: bool = True,
                  num_workers: int = 0, seed: int = 0, drop_last: bool = True):
     """A DataLoader tuned for the device.
@@ -740,13 +819,23 @@ class Slot:
     env: dict
 
 
-def point_slots(kind: str, devices: list[str], per_point: int, cores: int) -> list[Slot]:
+def point_slots(kind: str, devices: list[str], per_point: int, cores: int, sharing: int = 1) -> list[Slot]:
     """The places this host offers a study's points, one per concurrent point, from what is visible (a pure
     function: tested for hosts this machine is not). ``kind``: the points' device kind; ``devices``: the CUDA
     ordinals or TPU chips visible (for 'cpu', one entry per usable core); ``per_point``: devices one point takes
-    (DEVICES_PER_POINT); ``cores``: the host's usable CPU cores, shared out among the points."""
+    (DEVICES_PER_POINT); ``cores``: the host's usable CPU cores, shared out among the points; ``sharing``:
+    points each GPU (block) holds at once (POINTS_PER_DEVICE), each its own process: a small point's kernels
+    leave most of a GPU idle while its process launches the next (with CUDA MPS the processes' kernels also
+    run at once)."""
     if per_point < 1:
         raise DeviceError(f"DEVICES_PER_POINT must be at least 1, got {per_point}")
+    if sharing < 1:
+        raise DeviceError(f"POINTS_PER_DEVICE must be at least 1, got {sharing}")
+    if sharing > 1 and kind != "cuda":
+        where = "a TPU chip is held by one process" if kind == "tpu" and devices else \
+            "on the CPU each point takes a core of its own (WORKERS says how many run at once)"
+        raise DeviceError(f"POINTS_PER_DEVICE={sharing} shares a GPU among points; {where}: "
+                          "leave POINTS_PER_DEVICE=1 here")
     if kind == "cpu" or (kind == "tpu" and not devices):  # the CPU, or XLA:CPU (PJRT_DEVICE=CPU): a core each
         if per_point > cores:  # threads that wait on each other for cores: 25x slower measured (100 on 2 cores)
             raise DeviceError(f"DEVICES_PER_POINT={per_point} would give a point {per_point} threads on the {cores} "
@@ -762,9 +851,9 @@ def point_slots(kind: str, devices: list[str], per_point: int, cores: int) -> li
     if kind == "tpu" and per_point not in TPU_CHIP_BOUNDS:
         raise DeviceError(f"DEVICES_PER_POINT={per_point}: a TPU point takes a block of 1, 2, 4 or 8 chips")
     groups = [devices[k:k + per_point] for k in range(0, len(devices) - per_point + 1, per_point)]
-    threads = str(max(1, cores // len(groups)))  # the host's cores shared out: data loading, the CPU side
+    threads = str(max(1, cores // (len(groups) * sharing)))  # the host's cores shared out: the CPU side of a step
     slots = []
-    for k, group in enumerate(groups):
+    for k, group in [(k, group) for k, group in enumerate(groups) for _ in range(sharing)]:
         env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         if kind == "cuda":
             label = "cuda:" + ",".join(group)
@@ -807,11 +896,12 @@ def visible_devices(kind: str) -> list[str]:
     return [str(k) for k in range(usable_cores())]
 
 
-def study_slots(config: dict, workers, per_point: int = 1) -> list[Slot]:
-    """The slots a study's points run in on this host: ``workers`` 'auto' takes every one the devices give;
-    a number takes that many (on the CPU any number, said to oversubscribe where it does)."""
+def study_slots(config: dict, workers, per_point: int = 1, sharing: int = 1) -> list[Slot]:
+    """The slots a study's points run in on this host: ``workers`` 'auto' takes every one the devices give
+    (``sharing`` points to a GPU); a number takes that many (on the CPU any number, said to oversubscribe
+    where it does)."""
     kind = resolve_kind(config["DEVICE"], config["USE_TPU"])
-    slots = point_slots(kind, visible_devices(kind), per_point, usable_cores())
+    slots = point_slots(kind, visible_devices(kind), per_point, usable_cores(), sharing)
     if workers == "auto":
         return slots
     if kind == "cpu" or (kind == "tpu" and slots[0].label == "xla:cpu"):

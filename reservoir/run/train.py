@@ -493,13 +493,26 @@ def _check_beta2(name: str, config: dict, info: dev.DeviceInfo) -> None:
                           f"a reference near the {per_step:,} tokens of one step, or None")
 
 
+GATHERED_BATCHES = 32  # one CPU process's batches are gathered this many at a time
+
+
 def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress: Progress):
-    """Training batches forever, epoch after epoch, from the data position in ``progress``."""
+    """Training batches forever, epoch after epoch, from the data position in ``progress``: through the
+    device's DataLoader, or where a loader adds nothing (one CPU process, no workers) gathered directly,
+    the same batches without the loader's per-window calls (at the smallest presets 2% of a step)."""
     per_step = config["BATCH_SIZE"] * info.replicas
+    direct = not dev.loader_needed(info, config["NUM_WORKERS"])
     while True:
         windows.set_epoch(progress.epoch)
-        remaining = torch.utils.data.Subset(windows, range(progress.offset, len(windows)))
-        if len(remaining) >= per_step:
+        if direct:  # GATHERED_BATCHES at a time: one gather, then views of it
+            for first in range(progress.offset, len(windows) - per_step + 1, per_step * GATHERED_BATCHES):
+                count = min(GATHERED_BATCHES, (len(windows) - first) // per_step)
+                inputs, targets = windows.batch(first, per_step * count)
+                for k in range(count):
+                    progress.offset += per_step
+                    yield inputs[k * per_step:(k + 1) * per_step], targets[k * per_step:(k + 1) * per_step]
+        elif len(windows) - progress.offset >= per_step:
+            remaining = torch.utils.data.Subset(windows, range(progress.offset, len(windows)))
             loader = dev.build_loader(remaining, info, config["BATCH_SIZE"] * info.spmd_devices, shuffle=False,
                                       num_workers=config["NUM_WORKERS"], seed=config["SEED"])
             for inputs, targets in loader:
@@ -519,6 +532,12 @@ def _train_sgd(job: Fit) -> Outcome:
     if config["GRADIENT_CHECKPOINTING"]:
         model.use_gradient_checkpointing(dev.checkpoint_function(info))
     trained = dev.wrap_for_training(info, model)
+
+    def step_loss(inputs, targets):
+        logits = trained(inputs)
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    step_loss = dev.CompiledStep(step_loss, info, config["COMPILE"], job.name)
     accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
     beta2 = adam_beta2(config, per_step)
     optimizer = _optimizer(model, config, beta2, dev.optimizer_options(info))
@@ -569,10 +588,11 @@ def _train_sgd(job: Fit) -> Outcome:
                 inputs = inputs.to(info.device, non_blocking=True)  # already there on XLA (MpDeviceLoader)
                 targets = targets.to(info.device, non_blocking=True)
                 with dev.no_gradient_sync(trained, skip=micro < accum - 1), dev.autocast(info):
-                    logits = trained(inputs)
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-                scaler.scale(loss / accum).backward()
-                loss_sum += loss.detach() / accum
+                    loss = step_loss(inputs, targets)
+                if accum > 1:  # (a division by 1 was two more operations a step, at the smallest presets 1%)
+                    loss = loss / accum
+                scaler.scale(loss).backward()
+                loss_sum += loss.detach()
             dev.optimizer_step(info, optimizer, scaler, config["GRAD_CLIP"])
             dev.zero_grad(info, optimizer)  # here, not before the next batch: on XLA it joins this step's graph
             dev.mark_step(info)
@@ -583,6 +603,8 @@ def _train_sgd(job: Fit) -> Outcome:
                 dev.synchronize(info)
                 clock.set(progress.seconds)
                 warm.step_done(progress.step, progress.seconds)
+                if not warm.running:
+                    step_loss.warmed_up()
             checkpoint = bool(config["CHECKPOINT_EVERY"]) and progress.step % config["CHECKPOINT_EVERY"] == 0
             log = checkpoint or progress.step % config["LOG_EVERY"] == 0
             stop = False
@@ -634,7 +656,8 @@ def _train_sgd(job: Fit) -> Outcome:
     finally:
         bar.close()  # also when the model diverges or a signal stops it
     return job.finish(progress, info.device, {**warm.report(progress.step, progress.seconds), **schedule,
-                                              "bound_by": budget.bound(progress)}, optimizer, scaler, advice=advice)
+                                              **step_loss.report(), "bound_by": budget.bound(progress)},
+                      optimizer, scaler, advice=advice)
 
 
 def _check_wsd(job: Fit, stable_at: int, steps: int, progress: Progress) -> None:
