@@ -9,7 +9,9 @@ Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md:
   - a short `python TinyStories.py DEVICE=cuda` run of every model: bits/char, tokens/s, precision;
   - with 2 or more GPUs, the same run under torchrun (NCCL for the model, gloo for host sums);
   - the transformer's training tokens/s and MFU in the runner, against a minimal nanoGPT-style
-    loop (bench/minimal_gpt.py) at the same sizes on the same GPU;
+    loop (bench/minimal_gpt.py) at the same sizes on the same GPU; at the study's xs preset, the
+    runner eager and compiled (COMPILE=True) against the minimal loop;
+  - a micro frontier, one point per GPU and again with POINTS_PER_DEVICE=8 (eight points sharing it);
   - sampling tokens/s with and without the carried state / key-value cache (bench_sampling.py);
   - the ESN fit against reservoirpy, where reservoirpy is installed (bench_esn.py).
 A part that fails is recorded with its error and the rest still runs.
@@ -70,6 +72,24 @@ def runner_table(run_dir: Path) -> list[dict]:
         return []
     keep = ("model", "val_bpc", "tokens_per_second", "train_seconds", "precision", "device")
     return [{k: r.get(k) for k in keep} for r in json.loads(path.read_text())]
+
+
+def last_json(part: dict) -> dict:
+    """The JSON line a part printed last ({} if it printed none)."""
+    try:
+        return json.loads(part["tail"].strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return {}
+
+
+def step_rate(run_dir: Path) -> float | None:
+    """A run's training tokens/s after warm-up (its record's step_seconds), None if it wrote none."""
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())[0]
+    seconds = record["fit"].get("step_seconds")
+    return record["train_tokens"] / record["train_steps"] / seconds if seconds else None
 
 
 def peak_tflops(name: str | None) -> float | None:
@@ -134,10 +154,7 @@ def main(out: Path, dry_run: bool) -> int:
     ours = runner_table(out / "results" / "transformer")
     minimal = run([PY, "bench/minimal_gpt.py", device, *sizes, budget.replace("MAX_STEPS=", "STEPS=")])
     parts["transformer_minimal"] = minimal
-    try:
-        reference = json.loads(minimal["tail"].strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
-        reference = None
+    reference = last_json(minimal) or None
     if ours and reference:
         tps = ours[0]["tokens_per_second"]
         peak = peak_tflops(facts.get("name"))
@@ -148,16 +165,34 @@ def main(out: Path, dry_run: bool) -> int:
             "runner_mfu": None if peak is None else round(tps * reference["flops_per_token"] / (peak * 1e12), 4),
             "minimal_mfu": None if peak is None else round(
                 reference["tokens_per_second"] * reference["flops_per_token"] / (peak * 1e12), 4)}
-    # a micro frontier with WORKERS=auto: one point per visible GPU (per core on the CPU), each on its own device
-    parts["frontier"] = run([PY, "scaling.py", "FRONTIER=True", "STUDY=frontier", "FAMILIES=lstm,transformer++",
-                             "SIZES=xs", "LEARNING_RATES=2e-3,4e-3", "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "KEEP=2",
-                             "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1e9", "ENVELOPE_SEEDS=1", "WORKERS=auto",
-                             "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048",
-                             "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0", "WARMUP_STEPS=5", f"DEVICE={device}",
-                             f"RESULTS_DIR={out / 'results'}", f"CACHE_DIR={out / 'cache'}"])
-    placed = [r.get("point_device") for p in sorted((out / "results" / "frontier").glob("*/flops-*/summary.json"))
-              for r in json.loads(p.read_text())]
-    report["frontier"] = {"points": len(placed), "devices": sorted({str(d) for d in placed})}
+    # the transformer at the study's xs preset (2 x 48, batch 8, context 128): launch-bound; eager, compiled, and
+    # the minimal loop of the same recipe
+    xs = ["SEQ_LEN=128", "BATCH_SIZE=8", "TRANSFORMER.n_layer=2", "TRANSFORMER.n_embd=48", "TRANSFORMER.n_head=4",
+          "TRANSFORMER.recipe='gpt2'"]
+    xs_steps = "MAX_STEPS=10" if dry_run else "MAX_STEPS=1000"
+    for name, extra in (("xs_runner", []), ("xs_runner_compiled", ["COMPILE=True"])):
+        parts[name] = run([PY, "TinyStories.py", *data, *xs, xs_steps, *extra, "FLOP_BUDGET=None", "PLOTS=False",
+                           "MODELS=['transformer']", "EVAL_POINTS=1", "CHECKPOINT_EVERY=0", "CHECKPOINT_EVERY_S=0",
+                           "SAMPLE_TOKENS=0", f"DEVICE={device}", f"RESULTS_DIR={out / 'results'}",
+                           f"CACHE_DIR={out / 'cache'}", f"RUN_NAME={name}"])
+    xs_minimal = run([PY, "bench/minimal_gpt.py", device, *xs, xs_steps.replace("MAX_STEPS=", "STEPS=")])
+    parts["xs_minimal"] = xs_minimal
+    report["transformer_xs"] = {name: step_rate(out / "results" / name) for name in ("xs_runner", "xs_runner_compiled")}
+    report["transformer_xs"]["minimal"] = last_json(xs_minimal).get("tokens_per_second")
+    # a micro frontier with WORKERS=auto: one point per visible GPU (per core on the CPU), each on its own device;
+    # on a GPU again with POINTS_PER_DEVICE=8: eight points share each GPU
+    micro = [PY, "scaling.py", "FRONTIER=True", "FAMILIES=lstm,transformer++", "SIZES=xs", "LEARNING_RATES=2e-3,4e-3",
+             "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "KEEP=2", "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1e9",
+             "ENVELOPE_SEEDS=1", "WORKERS=auto", "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32",
+             "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0", "WARMUP_STEPS=5", f"DEVICE={device}",
+             f"RESULTS_DIR={out / 'results'}", f"CACHE_DIR={out / 'cache'}"]
+    report["frontier"] = {}
+    for name, extra in (("frontier", []), ("frontier_packed", ["POINTS_PER_DEVICE=8"]))[:1 if dry_run else 2]:
+        parts[name] = run([*micro, f"STUDY={name}", *extra])
+        placed = [r.get("point_device") for p in sorted((out / "results" / name).glob("*/flops-*/summary.json"))
+                  for r in json.loads(p.read_text())]
+        report["frontier"][name] = {"points": len(placed), "devices": sorted({str(d) for d in placed}),
+                                    "seconds": parts[name]["seconds"]}
     write_report(out, report)
     # 300 new tokens: about 40 s on an H200 for every model both ways, where 2,000 ran past the check's time
     parts["sampling"] = run([PY, "bench/bench_sampling.py", "100" if dry_run else "300", device])
@@ -188,9 +223,14 @@ def markdown(report: dict) -> str:
         lines += ["", "| model | bits/char | tokens/s | precision |", "| --- | --- | --- | --- |"]
         lines += [f"| {m['model']} | {_number(m['val_bpc'], '.3f')} | {_number(m['tokens_per_second'], ',.0f')} | "
                   f"{m['precision']} |" for m in models]
-    if "frontier" in report:
-        f = report["frontier"]
-        lines += ["", f"micro frontier (WORKERS=auto): {f['points']} points on {', '.join(f['devices']) or 'none'}"]
+    for name, f in report.get("frontier", {}).items():
+        packed = " (POINTS_PER_DEVICE=8)" if name == "frontier_packed" else ""
+        lines += ["", f"micro frontier (WORKERS=auto){packed}: {f['points']} points on "
+                  f"{', '.join(f['devices']) or 'none'} in {f['seconds']} s"]
+    if "transformer_xs" in report:
+        t = report["transformer_xs"]
+        lines += ["", "transformer at xs (2 x 48, batch 8, context 128), tok/s after warm-up: " + ", ".join(
+            f"{name} {_number(value, ',.0f') or 'failed'}" for name, value in t.items())]
     if "transformer" in report:
         t = report["transformer"]
         lines += ["", f"transformer: runner {t['runner_tokens_per_second']:,.0f} tok/s, minimal loop "

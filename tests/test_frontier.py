@@ -141,6 +141,7 @@ def test_the_compute_multiplier_is_the_reference_compute_for_the_same_loss():
     (["SIZES=xxl"], "size preset 'xxl' does not exist for transformer"),
     (["LEARNING_RATES=0,1e-3"], "LEARNING_RATES must be positive numbers, got '0'"),
     (["BATCH_SIZES=8.5"], "BATCH_SIZES must be positive integers"),
+    (["POINTS_PER_DEVICE=0"], "POINTS_PER_DEVICE must be positive integers"),
     (["LEARNING_RATES="], "LEARNING_RATES is empty"),
     (["BATCH_SIZES=8,8"], "BATCH_SIZES names 8 twice (8,8): give each value once"),
     (["LEARNING_RATES=4e-3,0.004"], "LEARNING_RATES names 0.004 twice (0.004,0.004)"),
@@ -154,6 +155,18 @@ def test_bad_frontier_input_is_one_line_and_makes_no_folder(tmp_path, args, mess
     proc = run_script("scaling.py", *args, f"RESULTS_DIR={tmp_path / 'results'}", "DATASET=synthetic", check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_points_sharing_a_device_on_the_cpu_is_one_line_before_any_point(tmp_path):
+    """POINTS_PER_DEVICE shares a GPU among points; a CPU point has its core (WORKERS): refused as the study
+    starts, with nothing of the study written."""
+    proc = run_script("scaling.py", *MICRO, "POINTS_PER_DEVICE=2", f"RESULTS_DIR={tmp_path / 'results'}",
+                      f"CACHE_DIR={tmp_path / 'cache'}", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: POINTS_PER_DEVICE=2 shares a GPU among points; on the CPU each point takes a core of its own "
+        "(WORKERS says how many run at once): leave POINTS_PER_DEVICE=1 here"]
     assert not (tmp_path / "results").exists()
 
 

@@ -18,6 +18,30 @@ def test_an_eight_gpu_host_gives_each_point_its_own_gpu():
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in narrowed] == ["2", "5"]
 
 
+def test_points_per_device_shares_each_gpu_among_that_many_point_processes_and_the_hosts_cores():
+    """POINTS_PER_DEVICE=4 on two GPUs: eight points at once, four confined to each GPU (a small point's kernels
+    leave a GPU mostly idle), the 16 cores shared among all eight."""
+    slots = point_slots("cuda", ["0", "1"], 1, 16, sharing=4)
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in slots] == ["0"] * 4 + ["1"] * 4
+    assert [s.label for s in slots] == ["cuda:0"] * 4 + ["cuda:1"] * 4
+    assert {s.env["OMP_NUM_THREADS"] for s in slots} == {"2"}
+    pairs = point_slots("cuda", [str(k) for k in range(4)], 2, 8, sharing=3)  # a point on two GPUs, three a pair
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in pairs] == ["0,1"] * 3 + ["2,3"] * 3
+    assert {s.env["OMP_NUM_THREADS"] for s in pairs} == {"1"}
+
+
+@pytest.mark.parametrize("kind, devices, message", [
+    ("cpu", ["0", "1"], "on the CPU each point takes a core of its own"),
+    ("tpu", [], "on the CPU each point takes a core of its own"),  # XLA:CPU
+    ("tpu", [str(k) for k in range(8)], "a TPU chip is held by one process"),
+])
+def test_points_per_device_off_a_gpu_is_refused_in_one_line(kind, devices, message):
+    with pytest.raises(DeviceError, match=f"POINTS_PER_DEVICE=2 shares a GPU among points; {message}"):
+        point_slots(kind, devices, 1, 2, sharing=2)
+    with pytest.raises(DeviceError, match="POINTS_PER_DEVICE must be at least 1, got 0"):
+        point_slots("cuda", ["0"], 1, 2, sharing=0)
+
+
 def test_an_eight_chip_tpu_host_gives_each_point_its_chips_bounds_and_port():
     slots = point_slots("tpu", [str(k) for k in range(8)], 1, 96)
     assert [s.env["TPU_VISIBLE_CHIPS"] for s in slots] == [str(k) for k in range(8)]

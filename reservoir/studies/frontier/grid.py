@@ -20,7 +20,8 @@ STAGE_KEYS = ("LEAD_BUDGET", "LEADERS", "REFERENCES", "CONTROLS", "CONTEXTS", "E
 
 
 FRONTIER_KEYS = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES", "KEEP", "WITHIN", "ENVELOPE_SEEDS",
-                 "MIN_STEPS", "MAX_TOKENS_PER_PARAM", "WORKERS", "DEVICES_PER_POINT", "STUDY_STORAGE", "HEARTBEAT",
+                 "MIN_STEPS", "MAX_TOKENS_PER_PARAM", "WORKERS", "DEVICES_PER_POINT", "POINTS_PER_DEVICE",
+                 "STUDY_STORAGE", "HEARTBEAT",
                  "PLAN", "HOSTS", "REPLAY", *STAGE_KEYS)
 
 
@@ -47,11 +48,12 @@ DEFAULTS = {"FAMILIES": ["transformer", "transformer++", "lstm", "frozen_retenti
                          "deep_linear_reservoir", "linear_reservoir"],
             "SIZES": ["xs", "s", "m", "l"], "LEARNING_RATES": [1.5e-3, 3e-3, 6e-3, 1.2e-2], "BATCH_SIZES": [8, 16],
             "KEEP": 3, "WITHIN": 0.03, "ENVELOPE_SEEDS": 3, "MIN_STEPS": 300, "MAX_TOKENS_PER_PARAM": 300,
-            "WORKERS": "auto", "DEVICES_PER_POINT": 1, "REPLAY": False}
+            "WORKERS": "auto", "DEVICES_PER_POINT": 1, "POINTS_PER_DEVICE": 1, "REPLAY": False}
 # WORKERS='auto': one point per device (platform/device.py study_slots): per core on a CPU (two one-thread points
 # beat one two-thread point on 2 cores, bench/README.md), per GPU, per TPU chip; DEVICES_PER_POINT: the devices
-# (cores, GPUs, chips) one point takes; REPLAY=True: points recorded on another machine trained again here where a
-# stage needs their checkpoints (the paired comparisons, CONTEXTS)
+# (cores, GPUs, chips) one point takes; POINTS_PER_DEVICE: points that share each GPU at once (a small point leaves
+# most of a GPU idle; CUDA only: a CPU point has its core, a TPU chip one process); REPLAY=True: points recorded on
+# another machine trained again here where a stage needs their checkpoints (the paired comparisons, CONTEXTS)
 
 
 DEFAULT_BUDGETS = (5e11, 1.25e12, 3.125e12, 7.8125e12, 1.953125e13)  # x2.5 apart
@@ -177,7 +179,7 @@ def parse_grid(own: dict[str, str]) -> dict:
     if str(own.get("WORKERS", "")).strip().lower() == "auto":
         own = {k: v for k, v in own.items() if k != "WORKERS"}  # the default
     for key, kind in (("KEEP", int), ("ENVELOPE_SEEDS", int), ("MIN_STEPS", int), ("MAX_TOKENS_PER_PARAM", float),
-                      ("WORKERS", int), ("DEVICES_PER_POINT", int), ("WITHIN", float)):
+                      ("WORKERS", int), ("DEVICES_PER_POINT", int), ("POINTS_PER_DEVICE", int), ("WITHIN", float)):
         if key in own:
             grid[key] = _number_list(key, own[key], kind)[0] if key != "WITHIN" else _fraction(own[key])
     if "REPLAY" in own:
@@ -272,7 +274,7 @@ def portable_settings(settings: list[str]) -> list[str]:
 GROWABLE = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES")  # new values: new cells, which join the study
 
 
-FREE = ("WORKERS", "DEVICES_PER_POINT", "REPLAY")  # how the study runs, not what it measures
+FREE = ("WORKERS", "DEVICES_PER_POINT", "POINTS_PER_DEVICE", "REPLAY")  # how the study runs, not what it measures
 
 
 def _grid_changes(before: dict, now: dict) -> list[str]:

@@ -247,7 +247,8 @@ class FrontierStudy:
         """Where this host runs the study's points at once: WORKERS of the slots its devices give (a core, a
         GPU or a TPU chip block each, DEVICES_PER_POINT devices a point), checked when the study starts."""
         if self._slots is None:
-            self._slots = study_slots(self.config, self.grid["WORKERS"], self.grid.get("DEVICES_PER_POINT", 1))
+            self._slots = study_slots(self.config, self.grid["WORKERS"], self.grid.get("DEVICES_PER_POINT", 1),
+                                      self.grid.get("POINTS_PER_DEVICE", 1))
         return self._slots
 
     def _point_finished(self, folder: Path) -> bool:
@@ -334,8 +335,10 @@ class FrontierStudy:
                                     "list may grow: FAMILIES, SIZES, LEARNING_RATES, BATCH_SIZES), or name a new STUDY")
             if "records" in recorded:
                 content["records"] = recorded["records"]
-            # how this host runs it (WORKERS and the like) is its own: the study's file keeps what it recorded
-            content["grid"] = {**content["grid"], **{k: v for k, v in recorded["grid"].items() if k in FREE}}
+            # how this host runs it (WORKERS and the like) is its own: the study's file keeps what it recorded, and
+            # no such setting added since it was written (POINTS_PER_DEVICE)
+            content["grid"] = {k: recorded["grid"][k] if k in FREE else v for k, v in content["grid"].items()
+                               if k not in FREE or k in recorded["grid"]}
             if "planned" in recorded and recorded["grid"] == content["grid"] and recorded["budgets"] == self.budgets:
                 content["planned"] = recorded["planned"]  # what was planned before it ran, until its grid grows
         write_signed_json(path, content)
