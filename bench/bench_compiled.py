@@ -96,9 +96,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     rows = measure(args.families, args.size, args.batch, args.steps)
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=2) + "\n")
     print(markdown(rows))
+    if args.out:  # every run's numbers, beside the table's
+        args.out.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
 
 

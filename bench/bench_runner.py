@@ -45,17 +45,17 @@ def minimal(shape: dict, steps: int, compiled: bool, extra: list[str]) -> dict:
     return {"tokens_per_second": line["tokens_per_second"], "warmup_seconds": line["warmup_seconds"]}
 
 
-def runner(shape: dict, steps: int, compiled: bool, where: Path) -> dict:
+def runner(shape: dict, steps: int, compiled: bool, where: Path, checkout: Path = ROOT) -> dict:
     name = f"run-{len(list(where.glob('run-*')))}"
-    subprocess.run([sys.executable, str(ROOT / "TinyStories.py"), "MODELS=['transformer']",
+    subprocess.run([sys.executable, str(checkout / "TinyStories.py"), "MODELS=['transformer']",
                     "TRANSFORMER.recipe='gpt2'", f"TRANSFORMER.n_layer={shape['layers']}",
                     f"TRANSFORMER.n_embd={shape['width']}", f"TRANSFORMER.n_head={shape['heads']}",
                     f"BATCH_SIZE={shape['batch']}", f"SEQ_LEN={shape['seq']}", f"MAX_STEPS={steps}",
                     "FLOP_BUDGET=None", "EVAL_POINTS=1", "EVAL_TOKENS=4096", "FINAL_EVAL_TOKENS=4096",
                     "TRAIN_EVAL_TOKENS=None", "CHECKPOINT_EVERY=0", "CHECKPOINT_EVERY_S=0", "PLOTS=False",
-                    "SAMPLE_TOKENS=0", "DATASET=synthetic", f"COMPILE={compiled}", f"RESULTS_DIR={where}",
-                    f"CACHE_DIR={where / 'cache'}", f"RUN_NAME={name}"],
-                   capture_output=True, text=True, env=_one_thread(), check=True, cwd=ROOT)
+                    "SAMPLE_TOKENS=0", "DATASET=synthetic", *([f"COMPILE={compiled}"] if compiled else []),
+                    f"RESULTS_DIR={where}", f"CACHE_DIR={where / 'cache'}", f"RUN_NAME={name}"],
+                   capture_output=True, text=True, env=_one_thread(), check=True, cwd=checkout)
     record = json.loads((where / name / "summary.json").read_text())[0]
     fit = record["fit"]
     return {"tokens_per_second": shape["batch"] * shape["seq"] / fit["step_seconds"],
@@ -63,7 +63,7 @@ def runner(shape: dict, steps: int, compiled: bool, where: Path) -> dict:
             "compiled": fit.get("compiled", False), "recompiles": fit.get("recompiles")}
 
 
-def measure(shapes: list[str], steps: int, repeats: int, variants: list[str]) -> dict:
+def measure(shapes: list[str], steps: int, repeats: int, variants: list[str], before: Path | None = None) -> dict:
     table = {}
     with tempfile.TemporaryDirectory() as tmp:
         for shape_name in shapes:
@@ -71,7 +71,9 @@ def measure(shapes: list[str], steps: int, repeats: int, variants: list[str]) ->
             for repeat in range(repeats):
                 for variant in variants:
                     compiled = variant.endswith("compiled")
-                    if variant.startswith("runner"):
+                    if variant == "runner before":
+                        result = runner(shape, steps, False, Path(tmp), before)
+                    elif variant.startswith("runner"):
                         result = runner(shape, steps, compiled, Path(tmp))
                     else:
                         result = minimal(shape, steps, compiled, BARE if variant.endswith("bare") else [])
@@ -108,8 +110,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS[:4]), choices=VARIANTS)
     parser.add_argument("--out", type=Path, help="write the runs and medians here as JSON")
+    parser.add_argument("--before", type=Path, help="another checkout (git worktree add DIR COMMIT) whose runner "
+                        "runs too, eager, as 'runner before'")
     args = parser.parse_args(argv)
-    table = measure(args.shapes, args.steps, args.repeats, args.variants)
+    variants = args.variants + (["runner before"] if args.before else [])
+    table = measure(args.shapes, args.steps, args.repeats, variants, args.before)
     if args.out:
         args.out.write_text(json.dumps(table, indent=2) + "\n")
     print(markdown(table))
