@@ -177,7 +177,7 @@ def test_one_cpu_process_gathers_the_batches_the_loader_would_give_across_epochs
             _batches(windows, cpu, {**config, "NUM_WORKERS": 1}, Progress(offset=offset))
         for _ in range(2 * len(windows) // 5):  # two epochs, each ending on a part batch that is skipped
             (x, y), (x_loaded, y_loaded) = next(gathered), next(loaded)
-            assert x.dtype == x_loaded.dtype == torch.int64 and x.shape == (5, 16)
+            assert x.dtype == x_loaded.dtype == torch.int64 and x.shape == (5, 16) and x.is_contiguous()
             assert torch.equal(x, x_loaded) and torch.equal(y, y_loaded)
 
 

@@ -226,11 +226,12 @@ class TrainWindows(torch.utils.data.Dataset):
 
     def batch(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Windows ``first`` .. ``first + count - 1`` as one batch (inputs, targets): what a DataLoader collates
-        from them, in one gather instead of a Python call per window."""
+        from them (contiguous tensors, as its stack makes them), in one gather instead of a Python call per
+        window."""
         starts = self.order[first:first + count] * self.seq_len
         windows = torch.from_numpy(np.asarray(self.ids)[starts[:, None] + np.arange(self.seq_len + 1)]
                                    .astype(np.int64))
-        return windows[:, :-1], windows[:, 1:]
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
 
 def eval_windows(ids: np.ndarray, seq_len: int, eval_tokens: int) -> torch.Tensor:
