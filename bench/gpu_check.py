@@ -128,7 +128,7 @@ def main(out: Path, dry_run: bool) -> int:
         print("no CUDA GPU here: run with --dry-run for the CPU-safe parts", file=sys.stderr)
         return 2
     sizes = TINY_SIZES if dry_run else GPU_SIZES
-    steps = "MAX_STEPS=5" if dry_run else f"TIME_BUDGET_S={os.environ.get('GPU_CHECK_SECONDS', '60')}"
+    steps = "MAX_STEPS=5" if dry_run else f"TIME_BUDGET_S={os.environ.get('GPU_CHECK_SECONDS', '10')}"
     data = ["DATASET=synthetic", "SYNTHETIC_STORIES=400"] if dry_run else []
     report: dict = {"device": facts}
     parts = PartsWrittenAsTheyEnd(out, report)

@@ -5,7 +5,7 @@
 #   bash bench/gpu_check.sh [OUT_DIR]            # on a CUDA machine (a session's device: see README "On a GPU")
 #   bash bench/gpu_check.sh [OUT_DIR] --dry-run  # the CPU-safe parts on tiny sizes (CI runs this)
 # GPU_CHECK_WHEELS=DIR installs from wheels alone (a machine with no index); GPU_CHECK_SECONDS=N trains
-# each model N seconds (60) in the every-model part.
+# each model N seconds (10: the whole check in under 10 minutes) in the every-model part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-gpu_check}"
