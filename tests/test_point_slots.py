@@ -23,7 +23,8 @@ def test_points_per_device_shares_each_gpu_among_that_many_point_processes_and_t
     leave a GPU mostly idle), the 16 cores shared among all eight."""
     slots = point_slots("cuda", ["0", "1"], 1, 16, sharing=4)
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in slots] == ["0"] * 4 + ["1"] * 4
-    assert [s.label for s in slots] == ["cuda:0"] * 4 + ["cuda:1"] * 4
+    assert [s.label for s in slots] == ["cuda:0 (shared by 4 points)"] * 4 + ["cuda:1 (shared by 4 points)"] * 4
+    assert all(s.env[POINT_DEVICE_VARIABLE] == s.label for s in slots)  # each point's record says it shared
     assert {s.env["OMP_NUM_THREADS"] for s in slots} == {"2"}
     pairs = point_slots("cuda", [str(k) for k in range(4)], 2, 8, sharing=3)  # a point on two GPUs, three a pair
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in pairs] == ["0,1"] * 3 + ["2,3"] * 3

@@ -856,7 +856,7 @@ def point_slots(kind: str, devices: list[str], per_point: int, cores: int, shari
     for k, group in [(k, group) for k, group in enumerate(groups) for _ in range(sharing)]:
         env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         if kind == "cuda":
-            label = "cuda:" + ",".join(group)
+            label = "cuda:" + ",".join(group) + (f" (shared by {sharing} points)" if sharing > 1 else "")
             env["CUDA_VISIBLE_DEVICES"] = ",".join(group)
         else:  # one process per chip block, as torch_xla's configure_topology and Cloud TPU's notes set them
             label, port = "tpu chips " + ",".join(group), TPU_FIRST_PORT + k
