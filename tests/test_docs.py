@@ -56,11 +56,13 @@ def test_the_readme_has_a_row_for_every_family_it_shows_and_counts_as_the_regist
     trains eight)" beside a headline of nine families and a study of ten."""
     from reservoir.config import parse_overrides
     from reservoir.models import build_model, model_names
-    from reservoir.models.registry import STUDY_FAMILIES
+    from reservoir.models.registry import STUDY_FAMILIES, class_of
 
     readme = (ROOT / "README.md").read_text()
     table = readme.split("<!-- families -->\n", 1)[1].split("<!-- /families -->", 1)[0].splitlines()[2:]
     rows = {cells[1].strip(): cells[3].strip() for cells in (line.split("|") for line in table)}
+    classes = {cells[1].strip(): cells[5].strip() for cells in (line.split("|") for line in table)}
+    assert classes == {family: class_of(family) for family in rows}  # as each family declares its class
     assert readme.index("<!-- families -->") < readme.index("## What we found")  # before the findings
     headline = readme.split("<!-- headline: results/frontier-tinystories -->\n", 1)[1].split("<!-- /headline -->")[0]
     shown = {line.split("|")[1].strip().split(" (")[0] for line in headline.splitlines()[2:] if line.strip()}

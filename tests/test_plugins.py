@@ -82,6 +82,12 @@ BAD_PLUGINS = {
                                     "LEAKY_TANH.units has no default: every setting needs one"),
     "a setting without its comment": (worked_family().replace('"units": (64, "reservoir units")', '"units": 64'),
                                       "LEAKY_TANH.units is declared as 64: declare each setting as (default, "),
+    "a class no one knows": (worked_family().replace("kind=RESERVOIR", 'kind="semi-frozen"'),
+                             "family 'leaky_tanh' has kind='semi-frozen'; one of 'reservoir', 'frozen transition', "
+                             "'trained' (reservoir: a trained readout"),
+    "a class for a family it does not make": (worked_family().replace("kind=RESERVOIR", 'kind={"gru": "trained"}'),
+                                              "family 'leaky_tanh' gives a class to 'gru', which is not one of its "
+                                              "study families (leaky_tanh)"),
 }
 
 
@@ -228,3 +234,27 @@ def test_size_presets_written_as_a_table_are_refused_when_a_row_misses_a_column(
                                                                      "s": {"units": 192, "width": 64}}
     with pytest.raises(PluginError, match="a value for each of units, width"):
         presets(("units", "width"), xs=(128,))
+
+
+def test_each_family_declares_what_it_leaves_untrained_and_a_study_compares_the_frozen_ones_as_reservoirs(
+        plugin, plugins_forgotten):
+    """Two classes answer to "reservoir": a trained readout over fixed features (the ESNs, NVAR, the linear
+    reservoir, reservoir attention) and a network that trains every projection and freezes only its recurrence's
+    transition (frozen retention, the deep linear reservoir). A forget gate trains the transition: a control. A
+    plugin's family declares its own class, and a study then compares it as the built-in ones."""
+    from reservoir.models.registry import FROZEN_TRANSITION, RESERVOIR, TRAINED, class_of, load_plugins
+    from reservoir.studies.frontier.grid import RESERVOIR_FAMILIES
+
+    assert {f: class_of(f) for f in ("esn", "deep_esn", "nvar", "linear_reservoir", "reservoir_attention",
+                                     "reservoir_attention+write")} == dict.fromkeys(
+        ("esn", "deep_esn", "nvar", "linear_reservoir", "reservoir_attention", "reservoir_attention+write"), RESERVOIR)
+    assert {f: class_of(f) for f in ("frozen_retention", "frozen_retention+write", "deep_linear_reservoir")} == \
+        dict.fromkeys(("frozen_retention", "frozen_retention+write", "deep_linear_reservoir"), FROZEN_TRANSITION)
+    assert {class_of(f) for f in ("frozen_retention+forget", "transformer", "transformer++", "lstm", "ngram")} == \
+        {TRAINED}
+    assert sorted(RESERVOIR_FAMILIES) == sorted(["frozen_retention", "reservoir_attention", "deep_linear_reservoir",
+                                                 "linear_reservoir", "frozen_retention+write",
+                                                 "reservoir_attention+write"])
+    assert "leaky_tanh" not in RESERVOIR_FAMILIES
+    load_plugins([str(plugin)])
+    assert class_of("leaky_tanh") == RESERVOIR and "leaky_tanh" in RESERVOIR_FAMILIES

@@ -10,7 +10,18 @@ import math
 from reservoir.models.attention_readout import ReservoirAttention
 from reservoir.models.base import LanguageModel
 from reservoir.models.baselines import LSTM, NGram, Transformer
-from reservoir.models.registry import FLOAT, INT, LOG, MODELS, Family, presets, register
+from reservoir.models.registry import (
+    FLOAT,
+    FROZEN_TRANSITION,
+    INT,
+    LOG,
+    MODELS,
+    RESERVOIR,
+    TRAINED,
+    Family,
+    presets,
+    register,
+)
 from reservoir.models.reservoirs import ESN, NVAR, DeepESN, DeepLinearReservoir, LinearReservoir, ReservoirLM
 from reservoir.models.retention import FrozenRetention
 from reservoir.platform.messages import OneLineError
@@ -18,7 +29,7 @@ from reservoir.platform.messages import OneLineError
 __all__ = ["LanguageModel", "ReservoirLM", "ESN", "DeepESN", "LinearReservoir", "DeepLinearReservoir",
            "NVAR", "FrozenRetention", "ReservoirAttention", "Transformer", "LSTM",
            "NGram", "build_model", "MODEL_NAMES", "model_names", "check_vocabulary", "ModelSettingsError", "trainer_of",
-           "Family", "register"]
+           "Family", "register", "RESERVOIR", "FROZEN_TRANSITION", "TRAINED"]
 
 
 def _ridge_or_sgd(block: dict) -> str:
@@ -42,10 +53,10 @@ def _gradient_search(block: str) -> dict:  # the transformer's keys: an equal se
 # contain its optimum. The ESNs, NVAR and the n-gram have no presets: they are references, not grid families.
 _BUILT_IN = [
     Family("esn", lambda v, b, c: ESN(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={},
-           search=_reservoir_search("ESN")),
+           search=_reservoir_search("ESN"), kind=RESERVOIR),
     Family("deep_esn", lambda v, b, c: DeepESN(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={},
-           search={**_reservoir_search("DEEP_ESN"), "DEEP_ESN.inter_scaling": (LOG, 1e-2, 10.0)}),
-    Family("linear_reservoir", lambda v, b, c: LinearReservoir(v, b, c["SEED"]),
+           search={**_reservoir_search("DEEP_ESN"), "DEEP_ESN.inter_scaling": (LOG, 1e-2, 10.0)}, kind=RESERVOIR),
+    Family("linear_reservoir", lambda v, b, c: LinearReservoir(v, b, c["SEED"]), kind=RESERVOIR,
            added_options={"train_recurrence": False},
            search={"LEARNING_RATE": (LOG, 1e-4, 1e-2), "LINEAR_RESERVOIR.r_min": (FLOAT, 0.0, 0.95),
                    "LINEAR_RESERVOIR.input_scaling": (LOG, 1e-2, 10.0), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
@@ -53,23 +64,26 @@ _BUILT_IN = [
         xxs=(96, 24, 96), xs=(128, 32, 128), s=(192, 48, 256),  # 28k, 50k, 135k
         m=(256, 64, 512), l=(384, 64, 1024), xl=(512, 96, 2048))),  # 341k, 939k, 2.4M
     Family("deep_linear_reservoir", lambda v, b, c: DeepLinearReservoir(v, b, c["SEED"], c["SEQ_LEN"]),
+           kind=FROZEN_TRANSITION,
            added_options={"train_recurrence": False}, search=_gradient_search("DEEP_LINEAR_RESERVOIR"), sizes=presets(
         ("layers", "units", "width", "mix_hidden"),
         xxs=(2, 48, 48, 96), xs=(2, 64, 64, 128), s=(3, 96, 96, 192),  # 56k, 93k, 260k
         m=(4, 128, 128, 256), l=(4, 192, 192, 384), xl=(5, 256, 256, 512))),  # 575k, 1.25M, 2.7M
-    Family("nvar", lambda v, b, c: NVAR(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={}, search={
+    Family("nvar", lambda v, b, c: NVAR(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={}, kind=RESERVOIR, search={
         "NVAR.delays": (INT, 1, 8), "NVAR.input_dim": (INT, 4, 16), "NVAR.ridge": (LOG, 1e-8, 10.0)}),
     Family("frozen_retention", lambda v, b, c: FrozenRetention(v, b, c["SEQ_LEN"]),
            # a trained gate on what enters the frozen state (still a reservoir), and the control that trains what
            # the state forgets (content-dependent decays: no longer a reservoir)
            variants={"frozen_retention": {}, "frozen_retention+write": {"write_gate": True},
                      "frozen_retention+forget": {"forget_gate": True}}, added_options={"forget_gate": False},
+           kind={"frozen_retention": FROZEN_TRANSITION, "frozen_retention+write": FROZEN_TRANSITION,
+                 "frozen_retention+forget": TRAINED},  # its decays trained: a control, no longer frozen
            search=_gradient_search("FROZEN_RETENTION"), sizes=presets(
         ("layers", "width", "ffn_hidden"),
         xxs=(2, 32, 128), xs=(2, 48, 192), s=(3, 64, 256),  # 28k, 65k, 167k
         m=(4, 96, 384), l=(4, 128, 512), xl=(4, 192, 768))),  # 491k, 868k, 1.94M
     Family("reservoir_attention", lambda v, b, c: ReservoirAttention(v, b, c["SEED"], c["SEQ_LEN"]),
-           variants={"reservoir_attention": {}, "reservoir_attention+write": {"write_gate": True}},
+           variants={"reservoir_attention": {}, "reservoir_attention+write": {"write_gate": True}}, kind=RESERVOIR,
            added_options={"train_recurrence": False, "write_gate": False},
            search=_gradient_search("RESERVOIR_ATTENTION"), sizes=presets(
         ("units", "width", "layers"),

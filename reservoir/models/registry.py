@@ -35,6 +35,17 @@ FITS = ("sgd", "ridge", "counts")  # gradient steps, a closed-form ridge solve, 
 PRESETS = ("xxs", "xs", "s", "m", "l", "xl")  # every family's size presets, smallest first
 ALWAYS_OPTIONAL = ("learning_rate", "batch_size")  # None: the run's LEARNING_RATE / BATCH_SIZE
 
+# What a family leaves untrained: the two classes the word "reservoir" covers, and the rest
+RESERVOIR, FROZEN_TRANSITION, TRAINED = "reservoir", "frozen transition", "trained"
+CLASSES = {
+    RESERVOIR: "a trained readout over fixed, randomly drawn features: reservoir computing's own sense (the ESNs, "
+               "NVAR, the linear reservoir, reservoir attention)",
+    FROZEN_TRANSITION: "every projection and layer trained, only the recurrence's transition (its decays, angles, "
+                       "eigenvalues) left as drawn, as RetNet's decays are (frozen retention, the deep linear "
+                       "reservoir)",
+    TRAINED: "nothing frozen: the baselines, and the controls that train what a reservoir keeps fixed",
+}
+
 
 class PluginError(OneLineError, ValueError):
     """A plugin that cannot load or declares a family wrongly: reported as one line."""
@@ -63,6 +74,7 @@ class Family:
     # builds the model as those runs built it (their config.json lacks them)
     flops: dict | None = None  # {aten op name: formula}: the cost of an op it calls that torch's counter counts as
     # 0 (a formula takes the op's arguments, raw tensors, and returns FLOPs; reservoir/run/flops.py's own are alike)
+    kind: str | dict = TRAINED  # its class (CLASSES), or {study family: class} where its variants differ
     source: str | None = None  # the plugin it came from; None: built in
 
     @property
@@ -71,6 +83,12 @@ class Family:
 
     def study_families(self) -> dict[str, dict]:
         return self.variants if self.variants is not None else {self.name: {}}
+
+    def class_of(self, study_family: str | None = None) -> str:
+        """The class (CLASSES) of one of its study families (None: the family's own, as a run of it names it)."""
+        if isinstance(self.kind, dict):
+            return self.kind.get(study_family or self.name, self.kind.get(self.name, TRAINED))
+        return self.kind
 
     def trainer(self, block: dict) -> str:
         return self.fit(block) if callable(self.fit) else self.fit
@@ -125,6 +143,7 @@ def register(family: Family) -> Family:
                           "of its settings block that names one")
     if family.settings is not None:
         _check_settings(family, where)
+    _check_kind(family, where)
     if family.state_size is not None and not callable(family.state_size):
         raise PluginError(f"{where}family {name!r} has state_size={family.state_size!r}: a function (model, length) "
                           "-> the numbers it holds to read on")
@@ -134,6 +153,24 @@ def register(family: Family) -> Family:
     for study_family, options in family.study_families().items():
         STUDY_FAMILIES[study_family] = (name, dict(options))
     return family
+
+
+def _check_kind(family: Family, where: str) -> None:
+    kinds = family.kind if isinstance(family.kind, dict) else {family.name: family.kind}
+    named = {family.name, *family.study_families()}
+    for study_family, kind in kinds.items():
+        if kind not in CLASSES:
+            raise PluginError(f"{where}family {family.name!r} has kind={kind!r}; one of "
+                              f"{', '.join(map(repr, CLASSES))} ({'; '.join(f'{k}: {v}' for k, v in CLASSES.items())})")
+        if study_family not in named:
+            raise PluginError(f"{where}family {family.name!r} gives a class to {study_family!r}, which is not one of "
+                              f"its study families ({', '.join(sorted(named))})")
+
+
+def class_of(study_family: str) -> str:
+    """The class (CLASSES) of a study family (``frozen_retention+forget``) or a model (``esn``)."""
+    model = STUDY_FAMILIES[study_family][0] if study_family in STUDY_FAMILIES else study_family
+    return MODELS[model].class_of(study_family)
 
 
 def family_of(model: str, block: dict, defaults: dict | None = None) -> str:

@@ -7,10 +7,17 @@ TinyStories.py is given for it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from reservoir.models.registry import MODELS, PRESETS, STUDY_FAMILIES  # noqa: F401 - PRESETS: the studies' too
+from reservoir.models.registry import (  # noqa: F401 - PRESETS: the studies' too
+    FROZEN_TRANSITION,
+    MODELS,
+    PRESETS,
+    RESERVOIR,
+    STUDY_FAMILIES,
+    class_of,
+)
 from reservoir.platform.files import portable_path, portable_paths_in
 from reservoir.platform.messages import OneLineError
 from reservoir.studies.budgets import positive_numbers
@@ -74,10 +81,23 @@ OWN_SETTINGS = ("MODELS", "LEARNING_RATE", "BATCH_SIZE", "FLOP_BUDGET", "RUN_NAM
 REFERENCE_FAMILIES = ("transformer", "transformer++")  # the better envelope of the two is "the transformer"
 
 
-# a write gate learns what enters the frozen state and leaves the transition frozen: still a reservoir (a forget
-# gate trains the transition itself: frozen_retention+forget is a control, not one of these)
-RESERVOIR_FAMILIES = ("frozen_retention", "reservoir_attention", "deep_linear_reservoir", "linear_reservoir",
-                      "frozen_retention+write", "reservoir_attention+write")
+class _ReservoirFamilies(Sequence):
+    """The study families compared with "the transformer" as reservoirs, as each family declares its class
+    (models/registry.py CLASSES): the readout-only reservoirs and the frozen-transition networks, a plugin's
+    among them. A write gate learns what enters the frozen state and leaves the transition frozen: still one of
+    these; a forget gate trains the transition itself (frozen_retention+forget is a control, not one of these)."""
+
+    def _families(self) -> list[str]:
+        return [f for f in STUDY_FAMILIES if class_of(f) in (RESERVOIR, FROZEN_TRANSITION)]
+
+    def __getitem__(self, index):
+        return self._families()[index]
+
+    def __len__(self) -> int:
+        return len(self._families())
+
+
+RESERVOIR_FAMILIES = _ReservoirFamilies()
 
 
 # REFERENCES=True: reference lines beside the envelopes, each one pass over the training data (no FLOP cap):
