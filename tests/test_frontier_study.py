@@ -60,8 +60,10 @@ def test_report_md_is_rebuilt_from_the_committed_records_with_every_section(stud
     seeds = _seed_scores(cell / "flops-1.20e10") + _seed_scores(cell / "flops-1.20e10-seeds")
     assert len(seeds) == 2
     mean = f"{statistics.fmean(seeds):.3f} ± {statistics.stdev(seeds):.3f}"
-    assert f"| linear_reservoir | {mean} (2) |" in text  # the headline row (the README quotes this table)
-    assert f"linear_reservoir: {mean} |" in text  # the goal table
+    assert f"| linear_reservoir | reservoir | {mean} (2) |" in text  # the headline row (the README quotes it)
+    assert f"linear_reservoir: {mean} |" in text  # the goal table, in the reservoirs' columns
+    assert "| budget | the transformer (transformer++) | best reservoir | gap | best frozen-transition network | " \
+           "gap | within 5% |" in text
     for section in ("The goal", "Lower envelopes", "Compute multiplier", "N_opt", "Train against validation",
                     "Paired comparison at 1.2e+10 FLOPs: linear_reservoir − transformer++", "Reference lines",
                     "recall k=4", "python scaling.py FRONTIER=True STUDY=micro", "LEAD_BUDGET=1.2e+10"):
