@@ -64,6 +64,9 @@ def test_report_md_is_rebuilt_from_the_committed_records_with_every_section(stud
     assert f"linear_reservoir: {mean} |" in text  # the goal table, in the reservoirs' columns
     assert "| budget | the transformer (transformer++) | best reservoir | gap | best frozen-transition network | " \
            "gap | within 5% |" in text
+    # the gap's slope for each class apart: the fixture's one reservoir family, and no frozen-transition network
+    assert "Each class apart: the best reservoir's (linear_reservoir) **" in text
+    assert "the best frozen-transition network's: too few budgets for a slope." in text
     for section in ("The goal", "Lower envelopes", "Compute multiplier", "N_opt", "Train against validation",
                     "Paired comparison at 1.2e+10 FLOPs: linear_reservoir − transformer++", "Reference lines",
                     "recall k=4", "python scaling.py FRONTIER=True STUDY=micro", "LEAD_BUDGET=1.2e+10"):

@@ -9,6 +9,7 @@ import math
 import statistics
 from pathlib import Path
 
+from reservoir.models.registry import FROZEN_TRANSITION, RESERVOIR, class_of
 from reservoir.run.records import ResultsError
 from reservoir.studies.curves import fit_curve, gap_slope
 from reservoir.studies.frontier.contexts import context_table
@@ -113,6 +114,8 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
                                                              for p in pts} for f, pts in envelope.items()},
             "isoflop": isoflop, "lr_sensitivity": lr_sensitivity, "reference": reference,
             "compute_multiplier": multipliers, "gap_growth": _gap_growth(envelope, reference),
+            "gap_growth_by_class": {kind: _gap_growth(envelope, reference, of_class(kind))
+                                    for kind in (RESERVOIR, FROZEN_TRANSITION)},
             "grid_points": rows, "references": references,
             "controls": _against_envelope(controls, rows), **({"contexts": contexts} if contexts else {}),
             **({"edges": edges} if edges else {}),
@@ -121,23 +124,31 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
             "not_run_pruned": pruned, "spent": spent, **({"planned": study["planned"]} if "planned" in study else {})}
 
 
-def best_reservoirs(envelope: dict, reference: str | None) -> list[tuple[float, str, dict, dict]]:
+def of_class(kind: str) -> list[str]:
+    """The study's reservoir families of one class (models/registry.py CLASSES)."""
+    return [f for f in RESERVOIR_FAMILIES if class_of(f) == kind]
+
+
+def best_reservoirs(envelope: dict, reference: str | None, families: list[str] | None = None
+                    ) -> list[tuple[float, str, dict, dict]]:
     """(budget, the best reservoir family there, its envelope point, the reference's) at each budget both reached,
-    smallest budget first (a tie goes to the family named first alphabetically)."""
+    smallest budget first (a tie goes to the family named first alphabetically); of ``families`` (None: every
+    reservoir family, of either class)."""
     by = {f: {p["budget"]: p for p in points} for f, points in envelope.items()}
     rows = []
     for budget, ref in sorted(by.get(reference, {}).items()):
-        present = [f for f in RESERVOIR_FAMILIES if budget in by.get(f, {})]
+        present = [f for f in (RESERVOIR_FAMILIES if families is None else families) if budget in by.get(f, {})]
         if present:
             best = min(present, key=lambda f: (by[f][budget]["bpc_mean"], f))
             rows.append((budget, best, by[best][budget], ref))
     return rows
 
 
-def _gap_growth(envelope: dict, reference: str | None) -> dict | None:
+def _gap_growth(envelope: dict, reference: str | None, families: list[str] | None = None) -> dict | None:
     """The best reservoir family's gap to the reference at each budget both reached, and its slope against
-    compute with a bootstrap interval over seeds (curves.gap_slope): does the gap grow with compute?"""
-    rows = best_reservoirs(envelope, reference)
+    compute with a bootstrap interval over seeds (curves.gap_slope): does the gap grow with compute? Of
+    ``families`` (None: either class)."""
+    rows = best_reservoirs(envelope, reference, families)
     slope = gap_slope([(budget, best["bpc_per_seed"], ref["bpc_per_seed"]) for budget, _, best, ref in rows])
     if slope is None:
         return None

@@ -598,7 +598,23 @@ def _gap_growth(report: dict, h: str) -> list[str]:
             f"budget: {gaps}. Its least-squares slope against log10 compute is **{slope:+.3f} per decade**; 95% "
             f"intervals: {_interval(seeds)} over seeds (a bootstrap, {growth['resamples']:,} resamples of each "
             f"budget's seeds, seed {growth['seed']}) and {_interval(spread)} from the budgets' scatter about the "
-            f"line (Student's t, {len(growth['gaps']) - 2} degrees of freedom). So {verdict}.", ""]
+            f"line (Student's t, {len(growth['gaps']) - 2} degrees of freedom). So {verdict}.", "",
+            *_gap_growth_by_class(report), ""]
+
+
+def _gap_growth_by_class(report: dict) -> list[str]:
+    """The same slope for the best of each class apart (a readout-only reservoir, a frozen-transition network)."""
+    parts = []
+    for kind, name in GOAL_CLASSES.items():
+        growth = (report.get("gap_growth_by_class") or {}).get(kind)
+        if growth is None:
+            parts.append(f"the {name}'s: too few budgets for a slope")
+            continue
+        families = ", ".join(sorted(set(growth["families"])))
+        parts.append(f"the {name}'s ({families}) **{growth['slope_per_decade']:+.3f} per decade**, "
+                     f"{_interval(growth['ci95_seeds'])} over seeds and {_interval(growth['ci95_residuals'])} from "
+                     "the scatter")
+    return ["Each class apart: " + "; ".join(parts) + "."]
 
 
 GATES = {"write": "+ write gate (a reservoir)", "forget": "+ forget gate (trained: not a reservoir)"}
