@@ -37,10 +37,11 @@ def train(cell_settings: list[str], steps: int, compiled: bool, where: Path, nam
                     "CHECKPOINT_EVERY=0", "CHECKPOINT_EVERY_S=0", "PLOTS=False", "SAMPLE_TOKENS=0",
                     f"COMPILE={compiled}", f"RESULTS_DIR={where}", f"CACHE_DIR={where / 'cache'}", f"RUN_NAME={name}"],
                    capture_output=True, text=True, env=env, check=True, cwd=ROOT)
+    from reservoir.run.records import steady_rate
+
     record = json.loads((where / name / "summary.json").read_text())[0]
     fit = record["fit"]
-    tokens_per_step = record["train_tokens"] / record["train_steps"]
-    return {"tokens_per_second": tokens_per_step / fit["step_seconds"], "compile_seconds": fit["compile_seconds"],
+    return {"tokens_per_second": steady_rate(record), "compile_seconds": fit["compile_seconds"],
             "val_bpc": record["val_bpc"], "compiled": fit.get("compiled", False), "recompiles": fit.get("recompiles"),
             "compile_failed": fit.get("compile_failed"), "flops_per_token": record["flops_per_token"]}
 

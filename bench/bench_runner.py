@@ -25,6 +25,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from reservoir.run.records import steady_rate  # noqa: E402
+
 SHAPES = {"xs": {"layers": 2, "width": 48, "heads": 4, "batch": 4, "seq": 128},
           "wide": {"layers": 4, "width": 128, "heads": 4, "batch": 32, "seq": 128}}
 VARIANTS = ("minimal", "runner", "minimal compiled", "runner compiled", "minimal bare")
@@ -58,7 +62,7 @@ def runner(shape: dict, steps: int, compiled: bool, where: Path, checkout: Path 
                    capture_output=True, text=True, env=_one_thread(), check=True, cwd=checkout)
     record = json.loads((where / name / "summary.json").read_text())[0]
     fit = record["fit"]
-    return {"tokens_per_second": shape["batch"] * shape["seq"] / fit["step_seconds"],
+    return {"tokens_per_second": steady_rate(record),
             "warmup_seconds": fit["warmup_seconds"], "val_bpc": record["val_bpc"],
             "compiled": fit.get("compiled", False), "recompiles": fit.get("recompiles")}
 

@@ -83,13 +83,11 @@ def last_json(part: dict) -> dict:
 
 
 def step_rate(run_dir: Path) -> float | None:
-    """A run's training tokens/s after warm-up (its record's step_seconds), None if it wrote none."""
+    """A run's training tokens/s after warm-up, None if it wrote no record."""
+    from reservoir.run.records import steady_rate
+
     path = run_dir / "summary.json"
-    if not path.exists():
-        return None
-    record = json.loads(path.read_text())[0]
-    seconds = record["fit"].get("step_seconds")
-    return record["train_tokens"] / record["train_steps"] / seconds if seconds else None
+    return steady_rate(json.loads(path.read_text())[0]) if path.exists() else None
 
 
 def peak_tflops(name: str | None) -> float | None:

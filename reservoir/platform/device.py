@@ -589,7 +589,7 @@ class CompiledStep:
                 raise
             self.compiled, self.failed = None, f"{type(error).__name__}: {first_line(error)}"
             warn(f"{self.name}: COMPILE=True could not compile its training step ({self.failed}); it trains "
-                 "eager (COMPILE=False says so and skips the attempt)")
+                 "eager (COMPILE=False trains eager without the attempt)")
             return self.step(*args, **kwargs)
         self.proven = True
         return out

@@ -34,6 +34,13 @@ SCORE_FIELDS = {"seed": "seed", "status": "status", "val_bpc": "val_bpc", "val_b
 SPENT = 0.95  # a budget this far spent ended its fit (a closed-form fit stops one chunk short of its FLOPs)
 
 
+def steady_rate(record: dict) -> float | None:
+    """A fit's training tokens/s after its warm-up (the fit's step_seconds: compiling and caches left out), None
+    where it has none (a closed-form fit, or one that ended inside its warm-up)."""
+    seconds = (record.get("fit") or {}).get("step_seconds")
+    return record["train_tokens"] / record["train_steps"] / seconds if seconds and record.get("train_steps") else None
+
+
 def cut_short(record: dict) -> bool:
     """Whether TIME_BUDGET_S ended a fit before the step, token or FLOP budget it was given."""
     share = record.get("budget_spent")

@@ -533,11 +533,10 @@ def _train_sgd(job: Fit) -> Outcome:
         model.use_gradient_checkpointing(dev.checkpoint_function(info))
     trained = dev.wrap_for_training(info, model)
 
-    def step_loss(inputs, targets):
-        logits = trained(inputs)
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    def loss_of(inputs, targets):
+        return F.cross_entropy(trained(inputs).float().flatten(0, 1), targets.flatten())
 
-    step_loss = dev.CompiledStep(step_loss, info, config["COMPILE"], job.name)
+    step_loss = dev.CompiledStep(loss_of, info, config["COMPILE"], job.name)  # loss_of itself unless COMPILE
     accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
     beta2 = adam_beta2(config, per_step)
     optimizer = _optimizer(model, config, beta2, dev.optimizer_options(info))

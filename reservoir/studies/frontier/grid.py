@@ -93,6 +93,9 @@ class _ReservoirFamilies(Sequence):
     def __getitem__(self, index):
         return self._families()[index]
 
+    def __iter__(self):  # one pass over the registry (Sequence's own would make one an item)
+        return iter(self._families())
+
     def __len__(self) -> int:
         return len(self._families())
 

@@ -24,7 +24,7 @@ from reservoir.models.registry import FROZEN_TRANSITION, RESERVOIR, class_of
 from reservoir.platform.files import atomic_write_text, repository_path
 from reservoir.run.records import write_json_atomic
 from reservoir.studies.curves import curve, figure
-from reservoir.studies.frontier.analysis import BOUNDS, best_reservoirs, report_from_records
+from reservoir.studies.frontier.analysis import BOUNDS, best_reservoirs, of_class, report_from_records
 from reservoir.studies.frontier.generation import GENERATION_PLOT, format_generation, plot_generation
 from reservoir.studies.frontier.grid import (
     PRESETS,
@@ -120,19 +120,21 @@ GOAL_CLASSES = {RESERVOIR: "best reservoir", FROZEN_TRANSITION: "best frozen-tra
 
 def goal_rows(report: dict) -> list[dict]:
     """Per budget: "the transformer", the best reservoir family of either class, the gap (reservoir /
-    transformer - 1), and ``classes``: each class's best family there, its point and gap (None where none ran)."""
-    by, rows = _by_budget(report), []
-    for budget, family, best, ref in best_reservoirs(report["envelope"], report["reference"]):
+    transformer - 1), and ``classes``: each class's best family there, its point, gap and whether it met the
+    goal (None where none of the class ran)."""
+    envelope, reference = report["envelope"], report["reference"]
+    by_class = {kind: {budget: {"family": family, "best": best, "gap": best["bpc_mean"] / ref["bpc_mean"] - 1}
+                       for budget, family, best, ref in best_reservoirs(envelope, reference, of_class(kind))}
+                for kind in GOAL_CLASSES}
+    for rows in by_class.values():
+        for row in rows.values():
+            row["met"] = row["gap"] <= GOAL
+    goal = []
+    for budget, family, best, ref in best_reservoirs(envelope, reference):
         gap = best["bpc_mean"] / ref["bpc_mean"] - 1
-        classes = {}
-        for kind in GOAL_CLASSES:
-            present = [f for f in RESERVOIR_FAMILIES if class_of(f) == kind and budget in by.get(f, {})]
-            top = min(present, key=lambda f: (by[f][budget]["bpc_mean"], f)) if present else None
-            classes[kind] = None if top is None else {
-                "family": top, "best": by[top][budget], "gap": by[top][budget]["bpc_mean"] / ref["bpc_mean"] - 1}
-        rows.append({"budget": budget, "reference": ref, "family": family, "best": best, "gap": gap,
-                     "met": gap <= GOAL, "classes": classes})
-    return rows
+        goal.append({"budget": budget, "reference": ref, "family": family, "best": best, "gap": gap,
+                     "met": gap <= GOAL, "classes": {kind: by_class[kind].get(budget) for kind in GOAL_CLASSES}})
+    return goal
 
 
 def _goal_table(goal: list[dict], reference: str, h: str, lead_budget) -> list[str]:
@@ -148,7 +150,7 @@ def _goal_table(goal: list[dict], reference: str, h: str, lead_budget) -> list[s
         for kind in GOAL_CLASSES:
             c = g["classes"][kind]
             cells += ["–", "–"] if c is None else [f"{c['family']}: {_bpc(c['best'])}", f"{c['gap']:+.1%}"]
-        within = [kind for kind in GOAL_CLASSES if g["classes"][kind] is not None and g["classes"][kind]["gap"] <= GOAL]
+        within = [kind for kind, c in g["classes"].items() if c is not None and c["met"]]
         lines.append(f"| {g['budget']:.3g} | {_bpc(g['reference'])} | " + " | ".join(cells) +
                      f" | {' and '.join(within) if within else 'no'} |")
     met = sum(g["met"] for g in goal)
@@ -160,7 +162,7 @@ def _goal_table(goal: list[dict], reference: str, h: str, lead_budget) -> list[s
 
 
 def _met_by(goal: list[dict], kind: str) -> int:
-    return sum(1 for g in goal if g["classes"][kind] is not None and g["classes"][kind]["gap"] <= GOAL)
+    return sum(1 for g in goal if g["classes"][kind] is not None and g["classes"][kind]["met"])
 
 
 def headline(report: dict) -> str:
