@@ -41,14 +41,14 @@ def test_gpus_sum_host_tensors_with_gloo_and_device_tensors_with_nccl():
 
 def test_cuda_gets_the_fused_optimizer_and_ddp_leaves_frozen_buffers_alone(monkeypatch):
     from reservoir.models.settings import model_settings
-    from reservoir.run.train import _optimizer
+    from reservoir.run.train import adamw
 
     cuda = dev.DeviceInfo("cuda", torch.device("cpu"), "fake GPU", "bf16")
     cpu = dev.DeviceInfo("cpu", torch.device("cpu"), "CPU", "fp32")
     assert dev.optimizer_options(cuda) == {"fused": True} and dev.optimizer_options(cpu) == {"foreach": True}
     model = build_model("linear_reservoir", 20, parse_overrides(["LINEAR_RESERVOIR.units=8"]))
     settings = model_settings(parse_overrides([]), "linear_reservoir")  # what a fit of it is given
-    assert _optimizer(model, settings, 0.95, dev.optimizer_options(cuda)).defaults["fused"] is True
+    assert adamw(model, settings, 0.95, dev.optimizer_options(cuda)).defaults["fused"] is True
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
@@ -69,14 +69,14 @@ def test_the_cpus_optimizer_step_trains_the_weights_torchs_defaults_train_bit_fo
     against torch's defaults there (clip_grad_norm_, AdamW's loop over the parameters), on steps that clip and
     steps that do not: a recorded point trained again must repeat its scores."""
     from reservoir.models.settings import model_settings
-    from reservoir.run.train import _optimizer
+    from reservoir.run.train import adamw
 
     cpu = dev.DeviceInfo("cpu", torch.device("cpu"), "CPU", "fp32")
     config = parse_overrides(["SEQ_LEN=32", "WEIGHT_DECAY=0.1"])
     weights = []
     for runners in (True, False):
         model = build_model(name, 40, config)
-        optimizer = _optimizer(model, model_settings(config, name), 0.95,
+        optimizer = adamw(model, model_settings(config, name), 0.95,
                                dev.optimizer_options(cpu) if runners else {"foreach": False})
         batches = torch.Generator().manual_seed(0)
         for step in range(12):

@@ -430,7 +430,7 @@ class Fit:
 # --------------------------------------------------------------------- gradient training
 
 
-def _optimizer(model, config: dict, beta2: float, options: dict):
+def adamw(model, config: dict, beta2: float, options: dict):
     """AdamW, decaying matrices only (not biases, norms or embeddings: nanoGPT's choice)."""
     decay, no_decay, seen = [], [], set()
     for module in model.modules():
@@ -539,7 +539,7 @@ def _train_sgd(job: Fit) -> Outcome:
     step_loss = dev.CompiledStep(loss_of, info, config["COMPILE"], job.name)  # loss_of itself unless COMPILE
     accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
     beta2 = adam_beta2(config, per_step)
-    optimizer = _optimizer(model, config, beta2, dev.optimizer_options(info))
+    optimizer = adamw(model, config, beta2, dev.optimizer_options(info))
     scaler = dev.make_grad_scaler(info)
     progress = Progress()
     if job.saved is not None:
