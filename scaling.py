@@ -12,6 +12,7 @@
     python scaling.py EXPORT=results/big STUDY_STORAGE=postgresql+psycopg2://me@db/studies   # records -> files
     python scaling.py FRONTIER=True PLAN=True HOSTS=4 ...     # what it costs here, before anything trains
     python scaling.py GENERATION=results/frontier          # what generating costs each envelope configuration
+    python scaling.py ELEMENTWISE=results/frontier         # each grid configuration's step, element-wise work too
 
 The ladder: study keys BUDGETS (FLOP budgets, at least two, increasing; default 2.5e12,5e12,1e13,2e13,4e13)
 and STUDY (the folder under RESULTS_DIR, default 'scaling'). Everything else is a TinyStories.py
@@ -43,6 +44,7 @@ from reservoir.platform.messages import TAG, OneLineError, say
 from reservoir.platform.stopping import ended_by_a_signal
 from reservoir.run.records import read_json
 from reservoir.studies.budgets import StudyError, positive_numbers
+from reservoir.studies.frontier.accounting import count_study, write_counts
 from reservoir.studies.frontier.analysis import report_from_records
 from reservoir.studies.frontier.generation import measure_study, read_generation, write_generation
 from reservoir.studies.frontier.grid import FRONTIER_KEYS
@@ -74,6 +76,21 @@ def generation_cost(folder: str) -> int:
     measured = measure_study(path, report, f"python scaling.py GENERATION={repository_path(path)}")
     say(f"wrote {write_generation(path, measured)}")
     for written in write_study({**report, "generation": read_generation(path)}, path):
+        say(f"wrote {written}")
+    return 0
+
+
+def elementwise_cost(folder: str) -> int:
+    """One training step of every configuration the grid trained, counted with its element-wise work, into the
+    study's records and report."""
+    path = Path(folder)
+    if not (path / STUDY_FILE).is_file():
+        raise StudyError(f"{path} is not a frontier study's folder (it holds no {STUDY_FILE}): "
+                         "ELEMENTWISE=results/<study>")
+    report = report_from_records(path)
+    counted = count_study(path, report["grid_points"], f"python scaling.py ELEMENTWISE={repository_path(path)}")
+    say(f"wrote {write_counts(path, counted)}")
+    for written in write_study(report_from_records(path), path):
         say(f"wrote {written}")
     return 0
 
@@ -127,7 +144,7 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         own, settings = split_arguments(argv, (*STUDY_KEYS, *FRONTIER_KEYS, "FRONTIER", "REPORT", "EXPORT",
-                                                "GENERATION"))
+                                                "GENERATION", "ELEMENTWISE"))
         if "EXPORT" in own:  # a shared study's records, from its database into committable files
             if set(own) != {"EXPORT", "STUDY_STORAGE"} or settings:
                 raise StudyError("EXPORT=results/<study> STUDY_STORAGE=<url> writes a shared study's records and "
@@ -139,6 +156,11 @@ def main(argv: list[str]) -> int:
                 raise StudyError("GENERATION=<study folder> measures what generating costs for each family's envelope "
                                  "configuration at the top grid budget: give it alone")
             return generation_cost(own["GENERATION"])
+        if "ELEMENTWISE" in own:
+            if len(own) > 1 or settings:
+                raise StudyError("ELEMENTWISE=<study folder> counts each grid configuration's training step with its "
+                                 "element-wise work: give it alone")
+            return elementwise_cost(own["ELEMENTWISE"])
         if "REPORT" in own:
             if len(own) > 1 or settings:
                 raise StudyError("REPORT=<study folder> rebuilds a study's tables and plots from its records: "

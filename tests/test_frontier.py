@@ -558,3 +558,127 @@ def test_the_study_compares_the_best_reservoir_and_every_write_gated_one_with_th
           "linear_reservoir": 1.49}
     assert compared_families(at) == ["reservoir_attention+write", "frozen_retention+write"]
     assert compared_families({"frozen_retention": 1.415, "linear_reservoir": 1.49}) == ["frozen_retention"]
+
+
+def _timed(family, seconds, bpc, processor="Intel(R) Xeon(R) Processor", cell=None, oversubscribed=False):
+    return {**_row(family, 1e12, bpc), "cell": cell or f"{family}-{seconds}", "train_seconds": seconds,
+            "processor": processor, "oversubscribed": oversubscribed}
+
+
+def test_by_time_each_processor_is_a_view_of_its_own_and_a_class_is_read_within_the_reference_s_seconds():
+    from reservoir.studies.frontier.timing import NOT_RECORDED, by_time, time_envelope
+
+    slow = [_timed("linear_reservoir", 10, 2.0), _timed("linear_reservoir", 30, 2.1),  # slower and worse: off
+            _timed("linear_reservoir", 50, 1.8), _timed("linear_reservoir", 80, 1.75, oversubscribed=True)]
+    assert [p["seconds"] for p in time_envelope(slow)] == [10, 50, 80]
+    rows = [*slow, _timed("transformer++", 20, 2.2), _timed("transformer++", 60, 1.7),
+            _timed("frozen_retention", 40, 1.9), _timed("frozen_retention", 70, 2.5),  # slow, worse: reach alone
+            _timed("transformer++", 100, 1.6),  # longer than any reservoir point here trained: not compared
+            {**_timed("transformer++", 60, 1.0), "envelope_seed": True},  # an extra seed: not a grid point
+            _timed("frozen_retention", 5, 1.0, processor="AMD EPYC"),  # as fast as can be, but on another processor
+            _timed("transformer++", 7, 3.0, processor=None)]
+    timed = by_time(rows, ["transformer++", "frozen_retention", "linear_reservoir"], "transformer++")
+    views = timed["processors"]
+    assert list(views) == ["AMD EPYC", "Intel(R) Xeon(R) Processor", NOT_RECORDED]
+    intel = views["Intel(R) Xeon(R) Processor"]
+    assert intel["points"] == 9 and intel["oversubscribed"] == 1
+    at_20, at_60, at_100 = intel["matched"]
+    assert at_100["classes"] == {"reservoir": {"beyond": 80}, "frozen transition": {"beyond": 70}}
+    assert at_20["classes"]["reservoir"]["bpc"] == 2.0 and at_20["classes"]["frozen transition"] is None
+    assert at_60["classes"]["reservoir"] == pytest.approx(
+        {"family": "linear_reservoir", "bpc": 1.8, "cell": "linear_reservoir-50", "seconds": 50, "gap": 1.8 / 1.7 - 1})
+    assert at_60["classes"]["frozen transition"]["bpc"] == 1.9  # the AMD machine's 1.0 in 5 s is not this one's
+    assert views["AMD EPYC"]["matched"] == [] and views[NOT_RECORDED]["matched"][0]["classes"]["reservoir"] is None
+    text = format_study(build_frontier(rows, {"study": "t", "budgets": [1e12], "grid": {
+        "FAMILIES": ["transformer++", "frozen_retention", "linear_reservoir"], "LEARNING_RATES": [1e-3],
+        "SIZES": ["xs"], "BATCH_SIZES": [8]}, "settings": [], "plan": {}}), "frontier.png")
+    section = text.split("# By training time")[1].split("# N_opt")[0]
+    assert "**AMD EPYC**: 1 points" in section and "No transformer++ point trained on this processor" in section
+    assert "the best reservoir at 1 of 2 (at the longest it reached, 60 s: +5.9%, linear_reservoir)" in section
+    assert "| 100 | 1.600 | beyond its longest (80 s) | – | beyond its longest (70 s) | – |" in section
+    assert "| 60 | 1.700 | linear_reservoir: 1.800 (50 s) | +5.9% | frozen_retention: 1.900 (40 s) | +11.8% |" \
+        in section
+    assert "![each family's lower envelope against training seconds](frontier-time.png)" in section
+
+
+def _costed(family, budget, bpc):
+    """A grid point whose step does 1e9 FLOPs by the FLOP convention (batch 8): budget / 1e9 steps."""
+    return {**_row(family, budget, bpc), "cell": f"{family}-xs", "train_steps": int(budget / 1e9)}
+
+
+def _counts(**ratios):
+    """Element-wise counts in which each family's step costs ``ratio`` x its products (all of it per sequence)."""
+    return {"command": "python scaling.py ELEMENTWISE=t", "convention": "every float op", "torch": "x",
+            "configurations": {f"{f.replace('_pp', '++')}/xs": {
+                "products_per_sequence": 1e9 / 8, "elementwise_per_sequence": (r - 1) * 1e9 / 8,
+                "elementwise_per_step": 0.0, "uncounted": {}, "micro_batches": 1} for f, r in ratios.items()}}
+
+
+def test_under_the_element_wise_convention_each_point_costs_its_step_s_ratio_and_the_ranking_may_change():
+    from reservoir.studies.frontier.accounting import elementwise_view
+
+    budgets = [1e12, 2e12, 4e12, 8e12]
+
+    def loss(compute):
+        return 2.0 + 10.0 * (compute / 1e12) ** -0.5
+
+    rows = [*(_costed("transformer++", b, loss(b)) for b in budgets),
+            *(_costed("linear_reservoir", b, loss(b)) for b in budgets),  # level with it by FLOPs
+            *(_costed("frozen_retention", b, loss(0.9 * b)) for b in budgets)]  # worth 0.9 of its FLOPs
+    families = ["transformer++", "linear_reservoir", "frozen_retention"]
+    study = {"study": "t", "budgets": budgets, "settings": [], "plan": {},
+             "grid": {"FAMILIES": families, "LEARNING_RATES": [1e-3], "SIZES": ["xs"], "BATCH_SIZES": [8]}}
+    report = build_frontier(rows, study)
+    view = elementwise_view(rows, _counts(transformer_pp=1.1, linear_reservoir=1.5, frozen_retention=1.0), report)
+    assert [p["cost"] for p in view["envelopes"]["linear_reservoir"]] == pytest.approx([1.5 * b for b in budgets])
+    multipliers = {f: [r["multiplier"] for r in rows] for f, rows in view["compute_multiplier"].items()}
+    assert multipliers["linear_reservoir"][1:] == pytest.approx([1.1 / 1.5] * 3, rel=1e-3)  # the first extrapolated
+    assert multipliers["frozen_retention"][1:] == pytest.approx([0.9 * 1.1] * 3, rel=1e-2)
+    at_4e12 = next(c for c in view["ranking_changes"] if c["budget"] == 4e12)
+    assert ["linear_reservoir", "frozen_retention"] in at_4e12["swapped"]  # 1.0 against 0.9 by FLOPs; 0.73 to 0.99
+    gap = view["gaps"][2]["classes"]["reservoir"]  # at the reference's cost, 1.1 x 4e12: the reservoir's fit there
+    assert gap["family"] == "linear_reservoir" and gap["gap"] == pytest.approx(loss(4e12 * 1.1 / 1.5) / loss(4e12) - 1,
+                                                                              rel=1e-3)
+    assert gap["flop_convention"]["gap"] == pytest.approx(0, abs=1e-6) and gap["ci95"][0] < gap["gap"] < gap["ci95"][1]
+    stale = _counts(transformer_pp=1.1, linear_reservoir=1.5, frozen_retention=1.0)
+    stale["configurations"]["frozen_retention/xs"]["products_per_sequence"] *= 2  # the model's code changed since
+    with pytest.raises(FrontierError, match="the counts are stale; count again"):
+        elementwise_view(rows, stale, report)
+    text = format_study({**report, "elementwise": view}, "frontier.png")
+    section = text.split("# Under the element-wise convention")[1].split("# By training time")[0]
+    assert "| linear_reservoir | 1.500–1.500 | 0.73 | 0.73 | 0.73 | 0.73 |" in section
+    assert "at 4e+12, transformer++ now above linear_reservoir, frozen_retention now above linear_reservoir" in section
+
+
+def test_the_committed_element_wise_counts_are_what_the_counter_says_today():
+    """elementwise-cost.json is counted, not typed: one configuration counted again gives its numbers (under the torch
+    that counted them: another release may dispatch other ops)."""
+    import torch
+
+    from reservoir.models import build_model, with_added_options
+    from reservoir.run.elementwise import training_step
+    from reservoir.studies.frontier.accounting import read_counts
+    from reservoir.studies.store import PointRecords
+
+    study = ROOT / "results" / "frontier-shakespeare"
+    counts = read_counts(study)
+    if counts["torch"] != torch.__version__:
+        pytest.skip(f"counted under torch {counts['torch']}, this is {torch.__version__}")
+    name, entry = min(counts["configurations"].items(), key=lambda kv: kv[1]["products_per_sequence"])
+    recorded = PointRecords(study).config(ROOT / entry["point"])
+    config = with_added_options(dict(recorded["effective_config"]))
+    model = build_model(config["MODELS"][0], recorded["data"]["vocab_size"], config)
+    again = training_step(model, recorded["data"]["vocab_size"], config["SEQ_LEN"], config["WEIGHT_DECAY"],
+                          config["GRAD_CLIP"])
+    assert {**again.__dict__, "point": entry["point"], "micro_batches": 1} == entry, name
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ELEMENTWISE=results/frontier-shakespeare", "SEEDS=1"], "give it alone"),
+    (["ELEMENTWISE=docs"], "is not a frontier study's folder"),
+])
+def test_bad_element_wise_input_is_one_line(args, message):
+    from tests.conftest import run_in_process
+
+    proc = run_in_process("scaling.py", args)
+    assert proc.returncode != 0 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -248,6 +248,39 @@ def test_the_readme_quotes_the_committed_study_as_the_report_generates_it():
     assert quoted == headline(report_from_records(ROOT / "results" / "frontier-tinystories"))
 
 
+def test_the_readme_s_line_on_other_accountings_is_what_the_committed_reports_say():
+    """Element-wise work counted: each family's cost ratio and how far a gap at matched cost moves; by time: at how
+    many of the reference's times the best reservoir is within the goal, per processor."""
+    import re
+
+    from reservoir.studies.frontier.analysis import report_from_records
+    from reservoir.studies.frontier.report import GOAL
+
+    line = " ".join((ROOT / "README.md").read_text().split("**Under other accountings")[1].split("\n- ")[0].split())
+    reports = {c: report_from_records(ROOT / "results" / f"frontier-{c}") for c in ("tinystories", "shakespeare")}
+    ratios = [(f, r) for report in reports.values() for f, r in report["elementwise"]["ratio"].items()]
+    low, high, lstm = map(int, re.search(r"steps (\d+)-(\d+)% dearer, the LSTM's up to (\d+)%", line).groups())
+    others = [r for f, r in ratios if f != "lstm"]
+    assert round(100 * (min(r[0] for r in others) - 1)) == low and round(100 * (max(r[1] for r in others) - 1)) == high
+    assert round(100 * (max(r[1] for f, r in ratios if f == "lstm") - 1)) == lstm
+    moved = max(abs(c["gap"] - c["flop_convention"]["gap"]) for report in reports.values()
+                for g in report["elementwise"]["gaps"] for c in g["classes"].values() if c and c["flop_convention"])
+    assert "no gap at matched cost moves by over 0.11 points" in line and moved <= 0.0011
+
+    def within(report):
+        out = []
+        for view in report["by_time"]["processors"].values():
+            rows = [m["classes"]["reservoir"] for m in view["matched"]]
+            rows = [c for c in rows if c is None or "beyond" not in c]
+            if rows:
+                out.append((sum(1 for c in rows if c is not None and c["gap"] <= GOAL), len(rows)))
+        return out
+
+    tiny, shakespeare = within(reports["tinystories"]), within(reports["shakespeare"])
+    assert f"at {' and '.join(f'{k} of {n}' for k, n in tiny)} of Transformer++'s times on TinyStories" in line
+    assert all(k == n for k, n in shakespeare) and f"all {sum(n for _, n in shakespeare)} on Shakespeare" in line
+
+
 def test_a_grid_list_may_grow_and_its_new_cells_join_the_study(tmp_path):
     base = ["STUDY=grow", "FAMILIES=lstm", "SIZES=xs", "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "KEEP=1", "WITHIN=0",
             "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=1", "DATASET=synthetic",

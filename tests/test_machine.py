@@ -77,7 +77,8 @@ def test_a_walk_its_records_end_is_finished_on_a_processor_no_record_names(tmp_p
 def test_an_open_walk_sets_its_next_step_against_a_score_of_this_processor(tmp_path, monkeypatch):
     """While a walk is open, a step and the point it is set against share a processor: where the point's record
     names another, the point is trained again beside its steps; where it names this one, the step alone trains."""
-    from reservoir.studies.frontier.edges import edge_folder, parse_cell, processor_of
+    from reservoir.studies.frontier.edges import edge_folder, parse_cell
+    from reservoir.studies.frontier.records import processor_of
 
     study = _committed_study(tmp_path, *COMMITTED[0])
     walk = next(w for w in study.edge_walks() if not w["trained_beside"] and w["steps"])

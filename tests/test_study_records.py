@@ -217,9 +217,9 @@ def test_the_committed_studies_rebuild_their_report_byte_for_byte_from_points_js
     proc = run_in_process("scaling.py", ["REPORT=results"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     outputs = ["REPORT.md", *(f"{study.name}/{name}" for study in sorted(copy.glob("frontier-*"))
-                              for name in ("frontier.json", "frontier.md", "frontier.png",
+                              for name in ("frontier.json", "frontier.md", "frontier.png", "frontier-time.png",
                                            PointRecords(study).file.name))]
-    assert len(outputs) == 9
+    assert len(outputs) == 11
     changed = [name for name in outputs if (copy / name).read_bytes() != (committed / name).read_bytes()]
     assert changed == []
 

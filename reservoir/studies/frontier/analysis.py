@@ -12,6 +12,7 @@ from pathlib import Path
 from reservoir.models.registry import FROZEN_TRANSITION, RESERVOIR, class_of
 from reservoir.run.records import ResultsError
 from reservoir.studies.curves import fit_curve, gap_slope
+from reservoir.studies.frontier.accounting import elementwise_view, read_counts
 from reservoir.studies.frontier.contexts import context_table
 from reservoir.studies.frontier.edges import edges_report
 from reservoir.studies.frontier.generation import read_generation
@@ -26,6 +27,7 @@ from reservoir.studies.frontier.records import (
     read_study_file,
     study_budgets,
 )
+from reservoir.studies.frontier.timing import by_time
 from reservoir.studies.store import PointRecords
 
 BOUNDS = {"at least": "≥ ", "at most": "≤ "}
@@ -114,6 +116,7 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
                                                              for p in pts} for f, pts in envelope.items()},
             "isoflop": isoflop, "lr_sensitivity": lr_sensitivity, "reference": reference,
             "compute_multiplier": multipliers, "gap_growth": _gap_growth(envelope, reference),
+            "by_time": by_time(rows, families, reference),
             "gap_growth_by_class": {kind: _gap_growth(envelope, reference, of_class(kind))
                                     for kind in (RESERVOIR, FROZEN_TRANSITION)},
             "grid_points": rows, "references": references,
@@ -238,5 +241,8 @@ def study_report(folder: Path, study: dict, rows: list[dict], records: PointReco
     report = build_frontier(rows, study, collect_references(records), collect_comparisons(folder),
                             collect_controls(records, study["cells"], study["budgets"]),
                             context_table(folder, records), edges_report(study, rows, records))
+    counts = read_counts(folder)
+    if counts:
+        report["elementwise"] = elementwise_view(rows, counts, report)
     generation = read_generation(folder)
     return {**report, "generation": generation} if generation else report

@@ -32,6 +32,7 @@ from reservoir.data.tokens import corpus_label
 from reservoir.run.records import point_scores, read_signed_json, write_signed_json
 from reservoir.studies.budgets import point_name
 from reservoir.studies.frontier.grid import FAMILIES, PRESETS, SIZES, Cell, FrontierError
+from reservoir.studies.frontier.records import processor_of
 from reservoir.studies.store import PointRecords
 
 EDGE_FOLDER = "edges"
@@ -175,11 +176,6 @@ def collect_edge_steps(records: PointRecords, budgets: list[float]) -> list[dict
                 rows.append({**point_scores(r, point), "cell": name, **cell.record(), "budget": budget,
                              "train_tokens": r.get("train_tokens"), "corpus": corpus, "processor": scored_on})
     return rows
-
-
-def processor_of(config: dict) -> str | None:
-    """The processor a point's recorded config names (None: recorded before records named one)."""
-    return (config.get("device") or {}).get("processor")
 
 
 def read_edge_file(study_path: Path) -> dict:

@@ -91,8 +91,14 @@ def corpus_of(records: PointRecords, folder: Path) -> str:
     return corpus_label(records.config(folder)["data"])
 
 
+def processor_of(config: dict) -> str | None:
+    """The processor a point's recorded config names (None: recorded before records named one)."""
+    return (config.get("device") or {}).get("processor")
+
+
 def collect_records(records: PointRecords, cells: list[dict], budgets: list[float]) -> list[dict]:
-    """One row per point and seed that has a record: the cell, the budget, the scores, what it cost."""
+    """One row per point and seed that has a record: the cell, the budget, the scores, what it cost, and where it
+    trained (the processor its record names, and whether the machine was oversubscribed while it did)."""
     rows = []
     for cell in cells:
         for budget in budgets:
@@ -101,7 +107,8 @@ def collect_records(records: PointRecords, cells: list[dict], budgets: list[floa
                 summary = records.summary(folder)
                 if summary is None:
                     continue
-                corpus = corpus_of(records, folder)
+                config = records.config(folder)
+                corpus, trained_on = corpus_label(config["data"]), processor_of(config)
                 for r in summary:
                     fit = r.get("fit") or {}
                     rows.append({**point_scores(r, folder), "cell": cell["name"], "family": cell["family"],
@@ -111,7 +118,8 @@ def collect_records(records: PointRecords, cells: list[dict], budgets: list[floa
                                  "train_steps": r.get("train_steps"), "corpus": corpus,
                                  "spent_flops": (r.get("train_flops") or 0) - (fit.get("branched_at_flops") or 0),
                                  "spent_seconds": (r.get("train_seconds") or 0) - (fit.get("branched_at_seconds") or 0),
-                                 "branched": bool(fit.get("branched_at_flops"))})
+                                 "branched": bool(fit.get("branched_at_flops")), "processor": trained_on,
+                                 "oversubscribed": (r.get("machine_load") or {}).get("oversubscribed")})
     return rows
 
 

@@ -33,12 +33,14 @@ from reservoir.studies.frontier.grid import (
     study_command,
 )
 from reservoir.studies.frontier.records import STUDY_FILE, note_records
+from reservoir.studies.frontier.timing import NOT_RECORDED
 from reservoir.studies.probes import PROBES_FOLDER, format_probes, read_records, write_probe_report
 from reservoir.studies.store import PointRecords
 
 GOAL = 0.05  # the goal the study measures: the best reservoir envelope within 5% of the transformer's
 REPEATED = 2.0  # epochs from which train against validation is a claim's caveat (Muennighoff et al. 2023)
 REPORT_FILE = "REPORT.md"
+TIME_PLOT = "frontier-time.png"
 # published numbers on a corpus's standard split, by its split sizes in characters (the corpora's own READMEs):
 # (what, validation nats per character)
 PUBLISHED = {
@@ -96,6 +98,9 @@ def write_study(report: dict, folder: Path) -> list[Path]:
                plot_lr_sensitivity(report, folder / "frontier-lr.png")]
     if report.get("generation"):
         written.append(plot_generation(report["generation"], folder / GENERATION_PLOT))
+    if report.get("by_time"):
+        written.append(plot_time({"study": report["study"], "corpus": report["corpus"], **report["by_time"]},
+                                 folder / TIME_PLOT))
     return written
 
 
@@ -248,7 +253,8 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
                 f"{rate_edge.get(p['learning_rate'], '')}, {p['batch_size']}{batch_edge.get(p['batch_size'], '')})")
 
     lines += ["", "(* extrapolated along the reference's fitted curve; ≥ / ≤: beyond the reference's measured "
-              "envelope.)", "", f"{h}# N_opt: the configuration each family chose", "",
+              "envelope.)", "", *_elementwise(report, h), *_by_time(report, h, detail_plot(plot, TIME_PLOT)),
+              f"{h}# N_opt: the configuration each family chose", "",
               "Trained parameters of the envelope's configuration (size preset, peak learning rate, batch). ↑ / ↓: "
               "the preset, the rate or the batch is the grid's largest / smallest, so a wider grid might still lower "
               "that point.", "", head, rule]
@@ -602,6 +608,166 @@ def _gap_growth(report: dict, h: str) -> list[str]:
             f"budget's seeds, seed {growth['seed']}) and {_interval(spread)} from the budgets' scatter about the "
             f"line (Student's t, {len(growth['gaps']) - 2} degrees of freedom). So {verdict}.", "",
             *_gap_growth_by_class(report), ""]
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def elementwise_verdict(view: dict) -> str:
+    """At how many budgets each class's best was within GOAL at matched cost under the element-wise convention, and
+    on the FLOP convention's fits at the same budgets."""
+    parts = []
+    for kind, name in GOAL_CLASSES.items():
+        rows = [g["classes"][kind] for g in view["gaps"] if g["classes"][kind] is not None]
+        within = sum(1 for c in rows if c["gap"] <= GOAL)
+        flop = sum(1 for c in rows if c["flop_convention"] and c["flop_convention"]["gap"] <= GOAL)
+        parts.append(f"the {name} at {within} of {len(rows)} budgets (on the FLOP convention's fits: {flop})")
+    return f"within {GOAL:.0%} at matched cost: " + "; ".join(parts)
+
+
+def _elementwise(report: dict, h: str) -> list[str]:
+    """The study under the element-wise convention (accounting.py): costs, gaps on the fits, multipliers."""
+    view = report.get("elementwise")
+    if not view:
+        return []
+    reference, budgets = report["reference"], report["budgets"]
+    lines = [f"{h}# Under the element-wise convention", "",
+             "Every float op a training step executes counted, element-wise work (recurrences, scans, gates, "
+             "activations, norms, the clip and AdamW's update) as well as products, by the rules in "
+             "docs/configuration.md (\"Counting compute\"), from one step of every configuration the grid "
+             f"trained (`elementwise-cost.json`, torch {view['torch']}), made by", "", f"    {view['command']}", "",
+             "No point trained again: each point's cost is its step's cost times its steps. The envelope's "
+             "configurations at that cost (bits/char: mean over seeds) and the curve fitted through them; the gap "
+             "at matched cost is read on both fitted envelopes at the cost of the reference's envelope point, with "
+             "±1.96 x the two fits' residual RMS combined, beside the same gap on the FLOP convention's fits at "
+             "that budget. A cell the FLOP convention passed over at a budget could cost less under this one by at "
+             "most the spread of its family's ratio (the first column).", "",
+             f"{_sentence(elementwise_verdict(view))}.", ""]
+    head = " | ".join(f"{name} | gap [95%] | FLOP convention" for name in GOAL_CLASSES.values())
+    lines += [f"| budget | {reference}'s cost | {head} |",
+              "| --- | --- |" + " --- | --- | --- |" * len(GOAL_CLASSES)]
+    for g in view["gaps"]:
+        cells = []
+        for kind in GOAL_CLASSES:
+            c = g["classes"][kind]
+            if c is None:
+                cells += ["–", "–", "–"]
+                continue
+            flop = c["flop_convention"]
+            cells += [c["family"], f"{c['gap']:+.1%} [{c['ci95'][0]:+.1%}, {c['ci95'][1]:+.1%}]",
+                      "–" if flop is None else f"{flop['gap']:+.1%}"]
+        lines.append(f"| {g['budget']:.3g} | {g['cost']:.3g} | " + " | ".join(cells) + " |")
+    lines += ["", "Compute multiplier under it (the element-wise cost the reference needs to reach the family's "
+              "envelope loss, over the family's): ", "",
+              "| family | cost / FLOP convention's | " + " | ".join(f"{b:.3g}" for b in budgets) + " |",
+              "| --- | --- |" + " --- |" * len(budgets)]
+    for family, rows in view["compute_multiplier"].items():
+        at = {r["budget"]: r for r in rows}
+        low, high = view["ratio"].get(family, [None, None])
+        ratio = "–" if low is None else f"{low:.3f}–{high:.3f}"
+        lines.append(f"| {family} | {ratio} | " + " | ".join(
+            "–" if at.get(b) is None or at[b]["multiplier"] is None else
+            f"{at[b]['multiplier']:.2f}{'*' if at[b]['how'] == 'extrapolated' else ''}" for b in budgets) + " |")
+    changes = view["ranking_changes"]
+    swaps = "; ".join(f"at {c['budget']:.3g}, " + ", ".join(f"{b} now above {a}" for a, b in c["swapped"])
+                      for c in changes)
+    lines += ["", "(* extrapolated along the reference's fitted curve.) The families' order by compute multiplier "
+              + (f"changes: {swaps}." if changes else "is the FLOP convention's at every budget.")
+              + (f" Not counted (no recorded configuration): {', '.join(view['missing'])}." if view["missing"] else ""),
+              ""]
+    return lines
+
+
+def time_verdict(view: dict, reference: str) -> str:
+    """One processor's view at matched time in a sentence: at how many of the reference's times each class's best
+    was within GOAL, and its gap at the longest."""
+    matched = view["matched"]
+    if not matched:
+        return f"no {reference} point trained on this processor: no gap at matched time"
+    parts = []
+    for kind, name in GOAL_CLASSES.items():
+        rows = [(m["seconds"], m["classes"][kind]) for m in matched if m["classes"][kind] is None
+                or "beyond" not in m["classes"][kind]]
+        if not rows:
+            parts.append(f"the {name} trained no point here as long as any of {reference}'s")
+            continue
+        within = sum(1 for _, c in rows if c is not None and c["gap"] <= GOAL)
+        seconds, last = rows[-1]
+        parts.append(f"the {name} at {within} of {len(rows)} (at the longest it reached, {seconds:.0f} s: "
+                     + ("none trained" if last is None else f"{last['gap']:+.1%}, {last['family']}") + ")")
+    return f"within {GOAL:.0%} at matched time: " + "; ".join(parts)
+
+
+def _by_time(report: dict, h: str, plot: str) -> list[str]:
+    """The frontier against training seconds, a view per processor (timing.py), with the gap at matched time."""
+    timed = report.get("by_time")
+    if not timed or not timed["processors"]:
+        return []
+    reference = timed["reference"]
+    lines = [f"{h}# By training time", "",
+             "The same grid points against the seconds each trained (`train_seconds`: the training loop on one CPU "
+             "thread; evaluation and compilation not counted). Time measures this implementation on one processor, "
+             "not the models, so points are never pooled across processors: each processor the records name is a "
+             f"view of its own (\"{NOT_RECORDED}\": records written before records named their processor), with how "
+             "many of its points trained while the machine was oversubscribed (their steps ran about 1.5x slower). "
+             f"At each of {reference}'s envelope points, each class's best point trained within as many seconds, and "
+             "its gap (– : none of the class trained that fast; \"beyond\": none of its points on this processor "
+             "trained as long, so the two are not compared there). No curve is fitted through times that scatter "
+             "with the load.", "", f"![each family's lower envelope against training seconds]({plot})", ""]
+    for processor, view in timed["processors"].items():
+        families = ", ".join(f"{f} {n}" for f, n in view["families"].items())
+        lines += [f"**{processor}**: {view['points']} points, {view['hours']:.1f} training hours "
+                  f"({view['oversubscribed']} oversubscribed): {families}. "
+                  f"{_sentence(time_verdict(view, reference))}.", ""]
+        if not view["matched"]:
+            continue
+        head = " | ".join(f"{name} | gap" for name in GOAL_CLASSES.values())
+        lines += [f"| seconds | {reference} | {head} |", "| --- | --- |" + " --- | --- |" * len(GOAL_CLASSES)]
+        for m in view["matched"]:
+            cells = []
+            for kind in GOAL_CLASSES:
+                c = m["classes"][kind]
+                if c is None or "beyond" in c:
+                    cells += ["–" if c is None else f"beyond its longest ({c['beyond']:.0f} s)", "–"]
+                else:
+                    cells += [f"{c['family']}: {c['bpc']:.3f} ({c['seconds']:.0f} s)", f"{c['gap']:+.1%}"]
+            lines.append(f"| {m['seconds']:.0f} | {m['reference_bpc']:.3f} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+@figure(dpi=100)
+def plot_time(timed: dict):
+    """A panel per processor: each family's lower envelope of bits/char against training seconds, as steps (the
+    best reached within each time)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    from reservoir.run.plots import family_colour
+
+    views = list(timed["processors"].items())
+    fig, axes = plt.subplots(1, len(views), figsize=(5.2 * len(views) + 1.5, 4.6), squeeze=False)
+    for ax, (processor, view) in zip(axes.flat, views, strict=True):
+        for family, front in view["envelopes"].items():
+            ax.step([p["seconds"] for p in front], [p["bpc"] for p in front], where="post", marker="o",
+                    markersize=3, lw=1.3, color=family_colour(family), label=family)
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # a short axis labels its minor ticks, crowded
+        ax.set_title(f"{processor} ({view['points']} points)", fontsize=9)
+        ax.set_xlabel("training seconds (one CPU thread)", fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.tick_params(labelsize=7)
+    axes[0, 0].set_ylabel("validation bits/char (lower is better)", fontsize=8)
+    handles = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels(),
+                                                                            strict=True)}
+    axes[0, -1].legend(handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8,
+                       frameon=False)
+    fig.suptitle(f"lower envelope by training time, per processor · frontier study {timed['study']}", fontsize=10)
+    return fig
 
 
 def _gap_growth_by_class(report: dict) -> list[str]:

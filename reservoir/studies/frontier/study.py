@@ -62,7 +62,6 @@ from reservoir.studies.frontier.edges import (
     edge_folder,
     edge_walks,
     parse_cell,
-    processor_of,
     read_edge_file,
     write_edge_file,
 )
@@ -101,6 +100,7 @@ from reservoir.studies.frontier.records import (
     collect_records,
     collect_references,
     note_records,
+    processor_of,
     read_study_file,
 )
 from reservoir.studies.runner import hold_study
