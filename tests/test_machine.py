@@ -115,7 +115,7 @@ def test_everything_a_study_writes_is_its_committed_records_or_ignored_by_git(tm
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     committed = {"points.jsonl", "points.jsonl.gz", "frontier-study.json", "frontier.json", "frontier.md",
                  "frontier.png", "frontier-isoflop.png", "frontier-lr.png", "context-scores.json", "edge-steps.json",
-                 "generation-cost.json",
+                 "generation-cost.json", "elementwise-cost.json", "frontier-time.png",
                  "generation-cost.png", "comparisons/flops-1.95e13-a-vs-b.json"}
     cell = Cell("frozen_retention+write", "xs", 3e-3, 4)
     for results in (repo / "results", repo / "results" / "growing"):
