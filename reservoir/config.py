@@ -26,6 +26,7 @@ SHARED_CONFIG = {
     "PRECISION": "auto",  # 'auto' (TPU bf16, CUDA bf16/fp16, CPU fp32) | 'fp32' | 'bf16' | 'fp16' (CUDA only)
     "SEED": 1337,  # seeds every random choice: data order, weights, reservoirs, sampling
     "SEEDS": None,  # train every model once per seed, e.g. SEEDS=1337,1338,1339 (mean ± sd reported); None: SEED
+    "DRAW_SEED": None,  # seeds a reservoir's random draw alone (its frozen matrices, eigenvalues); None: each seed
     # --- optimisation -----------------------------------------------------
     "BATCH_SIZE": None,  # sequences per step per device (before the TPU multiplier); None: each model's batch_size
     "LEARNING_RATE": None,  # peak rate of gradient-trained models (before the TPU multiplier); None: each model's
@@ -159,8 +160,8 @@ _POSITIVE = {"BATCH_SIZE", "LEARNING_RATE", "SEQ_LEN", "TPU_BATCH_MULTIPLIER", "
              "GRAD_ACCUM", "MAX_STEPS", "TOKEN_BUDGET", "TIME_BUDGET_S", "EVAL_EVERY", "LOG_EVERY",
              "FLOP_BUDGET", "EVAL_POINTS", "ADAM_BETA2_REF_TOKENS",
              "SAMPLE_TOP_K"}
-_NON_NEGATIVE = {"NUM_WORKERS", "SEED", "GRAD_CLIP", "WEIGHT_DECAY", "WARMUP_STEPS", "CHECKPOINT_EVERY",
-                 "CHECKPOINT_EVERY_S", "SAMPLE_TOKENS", "SAMPLE_TEMPERATURE"}
+_NON_NEGATIVE = {"NUM_WORKERS", "SEED", "DRAW_SEED", "GRAD_CLIP", "WEIGHT_DECAY", "WARMUP_STEPS",
+                 "CHECKPOINT_EVERY", "CHECKPOINT_EVERY_S", "SAMPLE_TOKENS", "SAMPLE_TEMPERATURE"}
 _LOGGERS = ("csv", "tensorboard", "wandb")
 _FRACTION = {"VAL_FRACTION", "COOLDOWN_FRACTION", "ADAM_BETA2"}  # strictly between 0 and 1
 _UNIT_INTERVAL = {"MIN_LR_FRACTION"}  # 0 to 1 inclusive
@@ -179,14 +180,15 @@ _OPTIONAL = {"BATCH_SIZE": int, "LEARNING_RATE": float, "RUN_NAME": str, "TRAIN_
              "XLA_CACHE_DIR": str, "FINAL_EVAL_TOKENS": int, "TRAIN_EVAL_TOKENS": int, "EVAL_STRIDE": int,
              "EVAL_EVERY": int,
              "FLOP_BUDGET": float, "SEEDS": list, "TOKENIZER_TRAIN_CHARS": int, "STABLE_FROM": str,
-             "ADAM_BETA2_REF_TOKENS": int}
+             "ADAM_BETA2_REF_TOKENS": int, "DRAW_SEED": int}
 
 
 # Keys added after runs began to record their configs: RESUME fills them into an older run's settings from
 # their defaults, which train as those runs trained (cosine, β2 0.95; tested; TRAIN_EVAL_TOKENS only adds a
 # score); any other key a saved run lacks is damage, refused.
 ADDED_KEYS = ("PLUGINS", "LR_SCHEDULE", "COOLDOWN_FRACTION", "COOLDOWN_SHAPE", "STABLE_FROM", "ADAM_BETA2",
-              "ADAM_BETA2_REF_TOKENS", "FROZEN_RETENTION", "RESERVOIR_ATTENTION", "TRAIN_EVAL_TOKENS", "COMPILE")
+              "ADAM_BETA2_REF_TOKENS", "FROZEN_RETENTION", "RESERVOIR_ATTENTION", "TRAIN_EVAL_TOKENS", "COMPILE",
+              "DRAW_SEED")
 
 
 def recorded_keys_missing(saved: dict) -> list[str]:

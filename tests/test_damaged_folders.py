@@ -296,13 +296,16 @@ def test_a_run_recorded_before_the_new_optimizer_keys_resumes_as_it_trained(tmp_
     assert "lstm: finished in the checkpoint" in resumed.stdout
 
 
-def test_a_truncated_signed_study_file_says_how_to_restore_or_measure_it_again(tmp_path):
-    """A truncated generation-cost.json was "the run folder is damaged", with no way out."""
+@pytest.mark.parametrize("name, command", [("generation-cost.json", "GENERATION"),
+                                           ("elementwise-cost.json", "ELEMENTWISE")])
+def test_a_truncated_measurement_of_a_study_is_one_line_that_says_how_to_make_it_again(tmp_path, name, command):
+    """A truncated generation-cost.json was "the run folder is damaged", with no way out; the element-wise counts
+    are read the same way."""
     study = tmp_path / "frontier-shakespeare"
     shutil.copytree(ROOT / "results" / "frontier-shakespeare", study)
-    file = study / "generation-cost.json"
+    file = study / name
     file.write_bytes(file.read_bytes()[:500])
     proc = run_script("scaling.py", f"REPORT={study}", check=False)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "is not valid JSON" in proc.stderr and "it is damaged (cut short, or edited); restore it (git checkout), " \
-        "or measure it again: python scaling.py GENERATION=" in proc.stderr
+        f"or make it again: python scaling.py {command}=" in proc.stderr

@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from reservoir.studies.frontier.analysis import build_frontier
 from reservoir.studies.frontier.grid import FrontierError, parse_grid
@@ -682,3 +683,70 @@ def test_bad_element_wise_input_is_one_line(args, message):
 
     proc = run_in_process("scaling.py", args)
     assert proc.returncode != 0 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_chi2_quantiles_are_the_tables_and_an_odd_df_has_none():
+    from reservoir.studies.frontier.draws import chi2_quantile
+
+    assert chi2_quantile(0.975, 2) == pytest.approx(7.3778, abs=1e-4)  # -2 ln 0.025
+    assert chi2_quantile(0.025, 2) == pytest.approx(0.050636, abs=1e-6)
+    assert chi2_quantile(0.975, 4) == pytest.approx(11.1433, abs=1e-4)
+    assert chi2_quantile(0.025, 4) == pytest.approx(0.484419, abs=1e-6)
+    assert chi2_quantile(0.5, 1) is None
+
+
+def test_a_square_of_draws_and_seeds_splits_into_each_source_s_sd():
+    """Additive effects alone leave no residual, and each source's sd is the sd of its effects; noise lands in the
+    residual; a missing run leaves no split."""
+    from reservoir.studies.frontier.draws import variance_split
+
+    draw, seed = {1: -0.02, 2: 0.0, 3: 0.02}, {1: 0.001, 2: -0.001, 3: 0.0}
+    square = {(d, s): 1.4 + draw[d] + seed[s] for d in draw for s in seed}
+    split = variance_split(square)
+    assert split["draw"]["sd"] == pytest.approx(0.02, rel=1e-9) and split["training"]["sd"] == pytest.approx(
+        0.001, rel=1e-9) and split["residual"]["sd"] == pytest.approx(0, abs=1e-12)
+    assert split["draw"]["df"] == 2 and split["residual"]["df"] == 4 and split["runs"] == 9
+    low, high = split["draw"]["ci95"]
+    assert low < 0.02 < high
+    square[2, 2] += 0.01  # one run off: the interaction's, not the draw's or the seed's alone
+    noisy = variance_split(square)
+    assert noisy["residual"]["sd"] > 0 and noisy["draw"]["sd"] < split["draw"]["sd"] + 0.005
+    del square[3, 3]
+    assert variance_split(square) is None
+
+
+def test_a_draw_seed_fixes_the_reservoir_across_seeds_and_the_seed_alone_the_training():
+    from reservoir.config import ConfigError, parse_overrides
+    from reservoir.models import build_model, draws_at_random
+
+    one, two, own = (build_model("linear_reservoir", 30, parse_overrides(args)) for args in
+                     (["SEED=1", "DRAW_SEED=7"], ["SEED=2", "DRAW_SEED=7"], ["SEED=1"]))
+    assert torch.equal(one.lam_re, two.lam_re) and not torch.equal(one.lam_re, own.lam_re)
+    assert not torch.equal(one.embed.weight, two.embed.weight) and torch.equal(one.embed.weight, own.embed.weight)
+    assert draws_at_random("linear_reservoir", 30, parse_overrides([]))
+    assert not draws_at_random("frozen_retention", 30, parse_overrides([]))  # decays set, not drawn
+    with pytest.raises(ConfigError, match="DRAW_SEED must be >= 0"):
+        parse_overrides(["DRAW_SEED=-1"])
+
+
+@pytest.mark.slow
+def test_draws_train_each_draw_on_each_seed_split_the_spread_and_train_nothing_again(tmp_path):
+    """DRAWS=True on a micro study: the best readout-only reservoir's configuration drawn twice and trained twice
+    (a 2 x 2 square, from step 0), the frozen-transition family and the transformer drawing nothing; the report
+    splits the spread; the same command again trains nothing."""
+    args = [a for a in MICRO if not a.startswith(("FAMILIES=", "SIZES=", "LEARNING_RATES="))]
+    study = [*args, "FAMILIES=transformer++,linear_reservoir,frozen_retention", "SIZES=xs", "LEARNING_RATES=4e-3",
+             "DRAWS=True", f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}"]
+    first = run_script("scaling.py", *study, timeout=900)
+    assert "the draw against the seed at 6e+09 FLOPs: 2 runs to train" in first.stdout
+    report = json.loads((tmp_path / "results" / "micro" / "frontier.json").read_text())
+    rows = {r["family"]: r for r in report["draws"]["families"]}
+    assert set(rows) == {"linear_reservoir", "frozen_retention", "transformer++"}
+    split = rows["linear_reservoir"]["split"]
+    assert split["runs"] == 4 and split["draws"] == split["seeds"] == [1337, 1338] and split["draw"]["ci95"] is None
+    assert rows["frozen_retention"]["why"] == "its frozen part is set, not drawn"
+    assert rows["transformer++"]["why"] == "nothing frozen" and set(rows["linear_reservoir"]["diagonal_minus_record"])
+    text = (tmp_path / "results" / "micro" / "frontier.md").read_text()
+    assert "# The draw against the seed" in text and "| draw \\ seed | 1337 | 1338 |" in text
+    again = run_script("scaling.py", *study, timeout=900)
+    assert "the draw against the seed at 6e+09 FLOPs: 0 runs to train" in again.stdout

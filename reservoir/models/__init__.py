@@ -29,7 +29,7 @@ from reservoir.platform.messages import OneLineError
 __all__ = ["LanguageModel", "ReservoirLM", "ESN", "DeepESN", "LinearReservoir", "DeepLinearReservoir",
            "NVAR", "FrozenRetention", "ReservoirAttention", "Transformer", "LSTM",
            "NGram", "build_model", "MODEL_NAMES", "model_names", "check_vocabulary", "ModelSettingsError", "trainer_of",
-           "Family", "register", "RESERVOIR", "FROZEN_TRANSITION", "TRAINED"]
+           "Family", "register", "RESERVOIR", "FROZEN_TRANSITION", "TRAINED", "draw_seed", "draws_at_random"]
 
 
 def _ridge_or_sgd(block: dict) -> str:
@@ -48,28 +48,36 @@ def _gradient_search(block: str) -> dict:  # the transformer's keys: an equal se
     return {"LEARNING_RATE": (LOG, 1e-4, 1e-2), f"{block}.dropout": (FLOAT, 0.0, 0.3), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)}
 
 
+def draw_seed(config: dict) -> int:
+    """The seed of a reservoir's random draw (its frozen matrices and eigenvalues): DRAW_SEED, or the run's seed;
+    its trained weights and data order follow SEED alone, so the two vary apart. A record made before DRAW_SEED
+    drew with its seed."""
+    drawn = config.get("DRAW_SEED")
+    return config["SEED"] if drawn is None else drawn
+
+
 # The built-in families. Size presets: trained parameters on TinyStories' 77 characters in the comments; the
 # studies' grids default to xs to l, and xxs and xl are the steps beyond its edges, for a grid that grows to
 # contain its optimum. The ESNs, NVAR and the n-gram have no presets: they are references, not grid families.
 _BUILT_IN = [
-    Family("esn", lambda v, b, c: ESN(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={},
+    Family("esn", lambda v, b, c: ESN(v, b, draw_seed(c)), fit=_ridge_or_sgd, variants={},
            search=_reservoir_search("ESN"), kind=RESERVOIR),
-    Family("deep_esn", lambda v, b, c: DeepESN(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={},
+    Family("deep_esn", lambda v, b, c: DeepESN(v, b, draw_seed(c)), fit=_ridge_or_sgd, variants={},
            search={**_reservoir_search("DEEP_ESN"), "DEEP_ESN.inter_scaling": (LOG, 1e-2, 10.0)}, kind=RESERVOIR),
-    Family("linear_reservoir", lambda v, b, c: LinearReservoir(v, b, c["SEED"]), kind=RESERVOIR,
+    Family("linear_reservoir", lambda v, b, c: LinearReservoir(v, b, draw_seed(c)), kind=RESERVOIR,
            added_options={"train_recurrence": False},
            search={"LEARNING_RATE": (LOG, 1e-4, 1e-2), "LINEAR_RESERVOIR.r_min": (FLOAT, 0.0, 0.95),
                    "LINEAR_RESERVOIR.input_scaling": (LOG, 1e-2, 10.0), "WEIGHT_DECAY": (LOG, 1e-4, 0.3)},
            sizes=presets(("units", "embed_dim", "readout_hidden"),
         xxs=(96, 24, 96), xs=(128, 32, 128), s=(192, 48, 256),  # 28k, 50k, 135k
         m=(256, 64, 512), l=(384, 64, 1024), xl=(512, 96, 2048))),  # 341k, 939k, 2.4M
-    Family("deep_linear_reservoir", lambda v, b, c: DeepLinearReservoir(v, b, c["SEED"], c["SEQ_LEN"]),
+    Family("deep_linear_reservoir", lambda v, b, c: DeepLinearReservoir(v, b, draw_seed(c), c["SEQ_LEN"]),
            kind=FROZEN_TRANSITION,
            added_options={"train_recurrence": False}, search=_gradient_search("DEEP_LINEAR_RESERVOIR"), sizes=presets(
         ("layers", "units", "width", "mix_hidden"),
         xxs=(2, 48, 48, 96), xs=(2, 64, 64, 128), s=(3, 96, 96, 192),  # 56k, 93k, 260k
         m=(4, 128, 128, 256), l=(4, 192, 192, 384), xl=(5, 256, 256, 512))),  # 575k, 1.25M, 2.7M
-    Family("nvar", lambda v, b, c: NVAR(v, b, c["SEED"]), fit=_ridge_or_sgd, variants={}, kind=RESERVOIR, search={
+    Family("nvar", lambda v, b, c: NVAR(v, b, draw_seed(c)), fit=_ridge_or_sgd, variants={}, kind=RESERVOIR, search={
         "NVAR.delays": (INT, 1, 8), "NVAR.input_dim": (INT, 4, 16), "NVAR.ridge": (LOG, 1e-8, 10.0)}),
     Family("frozen_retention", lambda v, b, c: FrozenRetention(v, b, c["SEQ_LEN"]),
            # a trained gate on what enters the frozen state (still a reservoir), and the control that trains what
@@ -82,7 +90,7 @@ _BUILT_IN = [
         ("layers", "width", "ffn_hidden"),
         xxs=(2, 32, 128), xs=(2, 48, 192), s=(3, 64, 256),  # 28k, 65k, 167k
         m=(4, 96, 384), l=(4, 128, 512), xl=(4, 192, 768))),  # 491k, 868k, 1.94M
-    Family("reservoir_attention", lambda v, b, c: ReservoirAttention(v, b, c["SEED"], c["SEQ_LEN"]),
+    Family("reservoir_attention", lambda v, b, c: ReservoirAttention(v, b, draw_seed(c), c["SEQ_LEN"]),
            variants={"reservoir_attention": {}, "reservoir_attention+write": {"write_gate": True}}, kind=RESERVOIR,
            added_options={"train_recurrence": False, "write_gate": False},
            search=_gradient_search("RESERVOIR_ATTENTION"), sizes=presets(
@@ -147,6 +155,22 @@ def with_added_options(config: dict) -> dict:
     next, which would otherwise fill them with today's defaults: the transformer's recipe is '++' now)."""
     return {key: {**ADDED_OPTIONS[key], **value} if key in ADDED_OPTIONS and isinstance(value, dict) else value
             for key, value in config.items()}
+
+
+def draws_at_random(name: str, vocab_size: int, config: dict) -> bool:
+    """Whether the model's frozen part (its buffers and untrained parameters) is drawn at random: built with two
+    DRAW_SEEDs, does any differ? A set transition (frozen retention's decays) or a model with nothing frozen draws
+    nothing, and its seeds' spread is all training."""
+    import torch
+
+    def frozen(draw: int) -> dict:
+        model = build_model(name, vocab_size, {**config, "DRAW_SEED": draw})
+        return {**{k: b for k, b in model.named_buffers()},
+                **{k: p for k, p in model.named_parameters() if not p.requires_grad}}
+
+    one, two = frozen(1), frozen(2)
+    return any(not torch.equal(one[k].to_dense() if one[k].layout != torch.strided else one[k],
+                               two[k].to_dense() if two[k].layout != torch.strided else two[k]) for k in one)
 
 
 def build_model(name: str, vocab_size: int, config: dict) -> LanguageModel:

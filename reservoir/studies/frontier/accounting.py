@@ -4,8 +4,8 @@ The FLOP convention counts products only, so a frozen recurrence's element-wise 
 one training step of every configuration the grid trained (a family at a size preset: its step's cost does not
 depend on the rate, and its batch scales the part that grows with the batch) under both conventions, on the model
 built from a recorded point's settings, and writes ``<study>/elementwise-cost.json`` (committed, signed). The report
-then gives each grid point its cost under the element-wise convention, its cost by the FLOP convention times its
-step's ratio of the two (no retraining: a point's cost is its step's cost times its steps), and from those:
+then gives each grid point its cost under the element-wise convention, its recorded FLOPs times its step's ratio of
+the two conventions (no retraining: a point's cost is its step's cost times its steps), and from those:
 
 - each family's lower envelope under it: the configurations the FLOP convention chose at each budget, each at its
   cost under this one (bits/char: their mean over seeds), and the curve L(C) = E + A·(C/C0)^−α fitted through
@@ -28,11 +28,12 @@ from reservoir.models import build_model, with_added_options
 from reservoir.models.registry import FROZEN_TRANSITION, RESERVOIR, class_of
 from reservoir.platform.files import repository_path
 from reservoir.run.elementwise import CONVENTION, StepCount, training_step
-from reservoir.run.records import ResultsError, read_signed_json, write_signed_json
+from reservoir.run.records import ResultsError, write_signed_json
 from reservoir.run.trained import load_run_plugins
 from reservoir.studies.budgets import point_name
-from reservoir.studies.curves import curve, fit_curve
+from reservoir.studies.curves import fit_curve
 from reservoir.studies.frontier.grid import RESERVOIR_FAMILIES, FrontierError
+from reservoir.studies.frontier.records import read_measured
 from reservoir.studies.store import PointRecords
 
 ELEMENTWISE_FILE = "elementwise-cost.json"
@@ -46,12 +47,7 @@ def configuration(family: str, size: str) -> str:
 
 def read_counts(study_path: Path) -> dict | None:
     """The study's element-wise counts, checked; None where they have not been counted."""
-    file = Path(study_path) / ELEMENTWISE_FILE
-    if not file.exists():
-        return None
-    return read_signed_json(file, "the study's element-wise counts",
-                            f"restore it (git checkout), or count again: python scaling.py "
-                            f"ELEMENTWISE={repository_path(study_path)}")
+    return read_measured(study_path, ELEMENTWISE_FILE, "the study's element-wise counts", "ELEMENTWISE")
 
 
 def count_study(folder: Path, rows: list[dict], command: str) -> dict:
@@ -118,7 +114,8 @@ def cost_envelope(points: list[tuple[float, float, str]]) -> list[dict]:
 
 
 def _fitted(fit: dict, cost: float) -> float | None:
-    return float(curve(cost, fit["E"], fit["A"], fit["alpha"], fit["C0"])) if fit.get("converged") else None
+    """L(C) on a fitted envelope, in Python's floats (numpy's SIMD power may move its last digit by machine)."""
+    return fit["E"] + fit["A"] * (cost / fit["C0"]) ** -fit["alpha"] if fit.get("converged") else None
 
 
 def _within(front: list[dict], cost: float) -> bool:

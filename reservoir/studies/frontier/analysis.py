@@ -14,6 +14,7 @@ from reservoir.run.records import ResultsError
 from reservoir.studies.curves import fit_curve, gap_slope
 from reservoir.studies.frontier.accounting import elementwise_view, read_counts
 from reservoir.studies.frontier.contexts import context_table
+from reservoir.studies.frontier.draws import draws_report
 from reservoir.studies.frontier.edges import edges_report
 from reservoir.studies.frontier.generation import read_generation
 from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, RESERVOIR_FAMILIES, FrontierError
@@ -22,6 +23,7 @@ from reservoir.studies.frontier.records import (
     check_records_file,
     collect_comparisons,
     collect_controls,
+    collect_draws,
     collect_records,
     collect_references,
     read_study_file,
@@ -130,6 +132,14 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
 def of_class(kind: str) -> list[str]:
     """The study's reservoir families of one class (models/registry.py CLASSES)."""
     return [f for f in RESERVOIR_FAMILIES if class_of(f) == kind]
+
+
+def draw_families(report: dict, budget: float) -> list[str]:
+    """The families DRAWS=True asks of at ``budget``: the best of each reservoir class there, and the reference."""
+    best = [next((family for b, family, _, _ in best_reservoirs(report["envelope"], report["reference"],
+                                                                of_class(kind)) if b == budget), None)
+            for kind in (RESERVOIR, FROZEN_TRANSITION)]
+    return [f for f in (*best, report["reference"]) if f is not None]
 
 
 def best_reservoirs(envelope: dict, reference: str | None, families: list[str] | None = None
@@ -241,6 +251,10 @@ def study_report(folder: Path, study: dict, rows: list[dict], records: PointReco
     report = build_frontier(rows, study, collect_references(records), collect_comparisons(folder),
                             collect_controls(records, study["cells"], study["budgets"]),
                             context_table(folder, records), edges_report(study, rows, records))
+    if (study.get("stages") or {}).get("draws"):
+        top = max(study["budgets"])
+        report["draws"] = {"budget": top, "families": draws_report(folder, report, collect_draws(
+            records, study["cells"], [top]), top, draw_families(report, top))}
     counts = read_counts(folder)
     if counts:
         report["elementwise"] = elementwise_view(rows, counts, report)

@@ -30,15 +30,14 @@ from pathlib import Path
 import torch
 
 from reservoir.models import build_model, with_added_options
-from reservoir.platform.files import repository_path
 from reservoir.platform.machine import processor, usable_cores
 from reservoir.run.evaluation import carries_state
 from reservoir.run.flops import step_flops
-from reservoir.run.records import ResultsError, read_signed_json, write_signed_json
+from reservoir.run.records import ResultsError, write_signed_json
 from reservoir.run.trained import load_run_plugins
 from reservoir.studies.budgets import point_name
 from reservoir.studies.curves import figure
-from reservoir.studies.frontier.records import read_study_file, study_budgets
+from reservoir.studies.frontier.records import read_measured, read_study_file, study_budgets
 from reservoir.studies.probes import state_size
 from reservoir.studies.store import PointRecords
 
@@ -51,12 +50,7 @@ BYTES_PER_NUMBER = 4  # fp32, as the studies train and generate on the CPU
 
 def read_generation(study_path: Path) -> dict | None:
     """The study's generation costs, checked; None where they have not been measured."""
-    file = Path(study_path) / GENERATION_FILE
-    if not file.exists():
-        return None
-    return read_signed_json(file, "the study's generation costs",
-                            f"restore it (git checkout), or measure it again: python scaling.py "
-                            f"GENERATION={repository_path(study_path)}")
+    return read_measured(study_path, GENERATION_FILE, "the study's generation costs", "GENERATION")
 
 
 def top_grid_budget(study: dict) -> float:

@@ -23,7 +23,7 @@ from reservoir.platform.messages import OneLineError
 from reservoir.studies.budgets import positive_numbers
 
 # stages after the grid's: a running study may add them
-STAGE_KEYS = ("LEAD_BUDGET", "LEADERS", "REFERENCES", "CONTROLS", "CONTEXTS", "EDGES")
+STAGE_KEYS = ("LEAD_BUDGET", "LEADERS", "REFERENCES", "CONTROLS", "CONTEXTS", "EDGES", "DRAWS")
 
 
 FRONTIER_KEYS = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES", "KEEP", "WITHIN", "ENVELOPE_SEEDS",
@@ -227,9 +227,9 @@ def parse_stages(own: dict[str, str], budgets: list[float], grid: dict) -> dict:
     """LEAD_BUDGET (a budget above the grid's: the leaders' top-budget envelope configurations carried there,
     every seed), LEADERS ('auto': the better transformer recipe and the best reservoir family at the top budget;
     or family names), REFERENCES (True: n-grams and the ESN as reference lines) and CONTROLS (True: each
-    reservoir family's controls at the grid's top budget), CONTEXTS and EDGES (True: their stages)."""
+    reservoir family's controls at the grid's top budget), CONTEXTS, EDGES and DRAWS (True: their stages)."""
     stages = {"lead_budget": None, "leaders": "auto", "references": False, "controls": False, "contexts": False,
-              "edges": False}
+              "edges": False, "draws": False}
     if "LEAD_BUDGET" in own and str(own["LEAD_BUDGET"]).strip().lower() not in ("none", ""):
         lead = positive_numbers("LEAD_BUDGET", own["LEAD_BUDGET"], "4e13", FrontierError)
         if len(lead) != 1 or lead[0] <= budgets[-1]:
@@ -243,7 +243,7 @@ def parse_stages(own: dict[str, str], budgets: list[float], grid: dict) -> dict:
             raise FrontierError(f"LEADERS names {unknown[0]!r}, not one of the study's FAMILIES "
                                 f"({', '.join(grid['FAMILIES'])}); or LEADERS=auto")
         stages["leaders"] = leaders
-    for key in ("REFERENCES", "CONTROLS", "CONTEXTS", "EDGES"):
+    for key in ("REFERENCES", "CONTROLS", "CONTEXTS", "EDGES", "DRAWS"):
         if key in own:
             stages[key.lower()] = _switch(key, own[key])
     return stages
@@ -341,5 +341,7 @@ def study_command(report: dict) -> str:
         parts.append("CONTEXTS=True")
     if stages.get("edges"):
         parts.append("EDGES=True")
+    if stages.get("draws"):
+        parts.append("DRAWS=True")
     parts += [a for a in portable_settings(report["settings"]) if a not in defaults]  # older files named RESULTS_DIR
     return " ".join(parts)

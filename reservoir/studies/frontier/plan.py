@@ -409,8 +409,8 @@ def after_grid_stages(study, measure, seconds_per_step, besides, known: bool) ->
 
     stages = study.stages
     rows = [priced("references", study.reference_jobs())] if stages.get("references") else []
-    later = [name for key, name in (("controls", "controls"), ("contexts", "contexts"), ("edges", "edge walks"))
-             if stages.get(key)]
+    later = [name for key, name in (("controls", "controls"), ("contexts", "contexts"), ("edges", "edge walks"),
+                                    ("draws", "draws")) if stages.get(key)]
     if not known:
         if later:
             rows.append({**priced(f"{', '.join(later)}: planned once the grid is recorded", []),
@@ -426,6 +426,8 @@ def after_grid_stages(study, measure, seconds_per_step, besides, known: bool) ->
         open_walks = sum(w["next"] is not None for w in walks)
         rows.append(priced(f"edge walks ({len(walks) - open_walks} of {len(walks)} ended", jobs,
                            f"; {open_walks} open: their next steps)" if open_walks else ")"))
+    if stages.get("draws"):
+        rows.append(priced("draws (each draw on the other seeds)", study.draw_jobs(study.report())))
     return rows
 
 

@@ -8,6 +8,7 @@ import hashlib
 from pathlib import Path
 
 from reservoir.data.tokens import corpus_label
+from reservoir.platform.files import repository_path
 from reservoir.platform.messages import warn
 from reservoir.run.records import ResultsError, point_scores, read_json, read_signed_json, write_signed_json
 from reservoir.studies.budgets import point_name
@@ -15,6 +16,7 @@ from reservoir.studies.frontier.grid import CONTROLS, REFERENCE_RUNS, FrontierEr
 from reservoir.studies.store import POINTS_FILE, PointRecords
 
 CONTROL_FOLDER = "controls"  # CONTROLS=True: <study>/controls/<cell>+<control>/flops-<top budget>
+DRAW_FOLDER = "draws"  # DRAWS=True: <study>/draws/<cell>+draw<seed>/flops-<top budget>, one draw on other seeds
 REPLAYS = "replays"  # REPLAY=True: <study>/replays/<point>, a point recorded elsewhere trained again for its checkpoint
 COMPARISONS = "comparisons"  # the paired comparison at the top budget: <study>/comparisons/<budget>-<A>-vs-<B>.json
 STUDY_FILE = "frontier-study.json"  # the study's grid and settings: what REPORT rebuilds from, and re-runs check
@@ -28,6 +30,16 @@ def read_study_file(folder: Path) -> dict:
     """A study's frontier-study.json, trusted only as the study wrote it: it says which families, cells and
     budgets the report shows, so an edit (a family removed, another KEEP) would change the study silently."""
     return read_signed_json(Path(folder) / STUDY_FILE, "the study's grid", STUDY_FILE_REMEDY)
+
+
+def read_measured(study_path: Path, name: str, what: str, again: str) -> dict | None:
+    """A study's file measured apart from its points (``name``: generation-cost.json, elementwise-cost.json),
+    checked; None where it has not been made. ``again``: the command that makes it, as the remedy says it."""
+    file = Path(study_path) / name
+    if not file.exists():
+        return None
+    return read_signed_json(file, what, f"restore it (git checkout), or make it again: python scaling.py "
+                                        f"{again}={repository_path(study_path)}")
 
 
 def records_note(records: PointRecords) -> dict | None:
@@ -153,6 +165,37 @@ def collect_comparisons(path: Path) -> list[dict]:
                                 "study's command again to redo it")
         found.append({**content, "file": file.name})
     return sorted(found, key=lambda c: c.get("budget") or 0)
+
+
+def draw_folder(study_path: Path, cell: str, draw: int, budget: float) -> Path:
+    return Path(study_path) / DRAW_FOLDER / f"{cell}+draw{draw}" / point_name(budget)
+
+
+def collect_draws(records: PointRecords, cells: list[dict], budgets: list[float]) -> list[dict]:
+    """One row per finished run of DRAWS=True and seed: the cell, its draw (DRAW_SEED) and training seed, the scores.
+    A folder under draws/ that names no cell of the study, or whose runs drew with another seed, is one line."""
+    where = records.path / DRAW_FOLDER
+    by_name = {c["name"]: c for c in cells}
+    rows = []
+    for folder in (where / name for name in records.names_under(where)):
+        name, _, draw = folder.name.rpartition("+draw")
+        cell = by_name.get(name)
+        if cell is None or not draw.isdigit():
+            raise FrontierError(f"{folder} is not a draw of this study (<cell>+draw<seed>, as DRAWS=True names them); "
+                                "move it out")
+        for budget in budgets:
+            point = folder / point_name(budget)
+            summary = records.summary(point, "a draw's summary")
+            if summary is None:
+                continue
+            config = records.config(point)
+            if config["effective_config"].get("DRAW_SEED") != int(draw):
+                raise FrontierError(f"{point} drew with DRAW_SEED={config['effective_config'].get('DRAW_SEED')}, "
+                                    f"its folder says {draw}: move it out, and the study's command trains it again")
+            for r in summary:
+                rows.append({**point_scores(r, point), "cell": name, "family": cell["family"], "budget": budget,
+                             "draw": int(draw), "corpus": corpus_label(config["data"])})
+    return rows
 
 
 def collect_controls(records: PointRecords, cells: list[dict], budgets: list[float]) -> list[dict]:

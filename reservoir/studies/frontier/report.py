@@ -338,6 +338,7 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
                          + f" | {_fmt(c['envelope_bpc'])} | {_fmt(c['val_bpc'])}{ci} | {_fmt(c['difference'], '+.3f')} "
                          f"| {_fmt(c['params_trained'], ',')}, {_fmt(c['envelope_params_trained'], ',')} |")
     lines += _random_transformer(report, h)
+    lines += _draws(report, h)
     lines += _gap_split(report, h)
     lines += _contexts(report, h)
     if report.get("generation"):
@@ -608,6 +609,44 @@ def _gap_growth(report: dict, h: str) -> list[str]:
             f"budget's seeds, seed {growth['seed']}) and {_interval(spread)} from the budgets' scatter about the "
             f"line (Student's t, {len(growth['gaps']) - 2} degrees of freedom). So {verdict}.", "",
             *_gap_growth_by_class(report), ""]
+
+
+def _draws(report: dict, h: str) -> list[str]:
+    """DRAWS=True (draws.py): each family's spread at the top budget split into its draw's and its training's."""
+    content = report.get("draws")
+    if not content:
+        return []
+    lines = [f"{h}# The draw against the seed", "",
+             f"At {content['budget']:.3g} FLOPs, the best family of each reservoir class and the reference, on their "
+             "envelope configuration: each drawn with each envelope seed (`DRAW_SEED`: its frozen matrices and "
+             "eigenvalues) and trained on each (`SEED`: its trained weights' start and its data order), from step 0 "
+             "(DRAWS=True; `draws/`), all on one machine: the square's diagonal is the envelope's own runs trained "
+             "again, set against their records below. A "
+             "two-way analysis of variance without replication: the sd each source adds, with its 95% interval from "
+             "the χ² distribution of its mean square (the residual's taken at its estimate). The envelope's ± is "
+             "over seeds that vary both.", "",
+             "| family | runs | mean bits/char | the draw's sd [95%] | the training's sd [95%] | residual sd [95%] | "
+             "the envelope's sd (seeds) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    squares, verdicts = [], []
+    for row in content["families"]:
+        envelope = f"{_fmt(row['bpc_sd'], '.4f')} ({len(row['seeds'])})"
+        split = row["split"]
+        if split is None:
+            why = row.get("why") or f"an incomplete square ({row['runs']} runs)"
+            cells = ("0 (draws nothing: " + why + ")", "all of it", "–") if not row["drawn"] else (why, "–", "–")
+            lines.append(f"| {row['family']} | {row['runs']} | – | " + " | ".join(cells) + f" | {envelope} |")
+            continue
+        cells = [f"{split[s]['sd']:.4f}" + ("" if split[s]["ci95"] is None else
+                                            f" [{split[s]['ci95'][0]:.4f}, {split[s]['ci95'][1]:.4f}]")
+                 for s in ("draw", "training", "residual")]
+        lines.append(f"| {row['family']} | {split['runs']} | {split['mean']:.4f} | " + " | ".join(cells)
+                     + f" | {envelope} |")
+        first, second = sorted(("draw", "training", "residual"), key=lambda source: -split[source]["sd"])[:2]
+        part = (f"the largest part of its envelope's ± is the {first}'s" if split[first]["sd"] > 1.2 * split[second][
+            "sd"] else f"the {first}'s and the {second}'s parts of its envelope's ± are about level")
+        verdicts.append(f"{row['family']}'s draw adds an sd of {split['draw']['sd']:.4f}, its training "
+                        f"{split['training']['sd']:.4f} and the rest {split['residual']['sd']:.4f}: {part}")
+    return [*lines, *(["", "So " + "; ".join(verdicts) + "."] if verdicts else []), *squares, ""]
 
 
 def _sentence(text: str) -> str:

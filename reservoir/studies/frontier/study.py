@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from reservoir.config import load_plugins, named_plugins, parse_overrides
+from reservoir.models import draws_at_random
 from reservoir.models.registry import MODELS, PLUGINS
 from reservoir.models.settings import model_settings
 from reservoir.platform.device import study_slots
@@ -47,7 +48,7 @@ from reservoir.run.checkpoint import CheckpointError, checkpoint_file
 from reservoir.run.evaluation import CONTEXTS
 from reservoir.run.records import ResultsError, read_json, write_json_atomic, write_signed_json
 from reservoir.studies.budgets import parse_budgets, point_name, positive_numbers, step_cost, study_name
-from reservoir.studies.frontier.analysis import envelope_cells, study_report
+from reservoir.studies.frontier.analysis import draw_families, envelope_cells, study_report
 from reservoir.studies.frontier.contexts import (
     LONG_CONTEXT_FACTOR,
     long_context_folder,
@@ -99,6 +100,7 @@ from reservoir.studies.frontier.records import (
     check_records_file,
     collect_records,
     collect_references,
+    draw_folder,
     note_records,
     processor_of,
     read_study_file,
@@ -133,7 +135,8 @@ class FrontierStudy:
     settings: list[str]  # TinyStories.py KEY=VALUE held for every point (the study's defaults first)
     config: dict  # the validated settings of the first cell's first point
     stages: dict = field(default_factory=lambda: {"lead_budget": None, "leaders": "auto", "references": False,
-                                                  "controls": False, "contexts": False, "edges": False})
+                                                  "controls": False, "contexts": False, "edges": False,
+                                                  "draws": False})
     path: Path = field(init=False)
     store: PointRecords = field(init=False, repr=False)
     corpus: str | None = field(default=None, init=False)  # the data's corpus_label, once measure_cells read it
@@ -420,6 +423,8 @@ class FrontierStudy:
         self.compare_at_the_top(run_points=run_points)
         if self.stages.get("edges"):
             self._run_edges(run_points, measure)
+        if self.stages.get("draws"):
+            self._run_draws(run_points)
         self._pack_records()
 
     def reference_jobs(self) -> list[StageJob]:
@@ -464,6 +469,41 @@ class FrontierStudy:
     def _run_controls(self, run_points) -> None:
         jobs = self.control_jobs()
         say(f"frontier {self.name}: the controls at {self.budgets[-1]:.3g} FLOPs: {len(jobs)} runs to train")
+        self._run_all(jobs, run_points, self.budgets[-1])
+
+    def draw_jobs(self, report: dict) -> list[StageJob]:
+        """DRAWS=True: for each of ``draw_families`` whose frozen part is drawn at random, its envelope configuration
+        at the top budget drawn with each envelope seed (DRAW_SEED) and trained on each (SEED), from step 0 (a draw
+        of its own has no stable phase to branch off): a draws x seeds square, all of it trained on one machine
+        (its diagonal is the envelope's own runs trained again: a record from another processor may score up to
+        0.05 bits/char apart, more than a draw moves it). A family that draws nothing (a set transition, or nothing
+        frozen) trains none."""
+        top, seeds = self.budgets[-1], [self.config["SEED"], *self.extra_seeds()]
+        at_top = {f: p for f, points in report["envelope"].items() for p in points if p["budget"] == top}
+        cells, jobs = {c.name: c for c in self.cells()}, []
+        for family in draw_families(report, top):
+            cell = cells[at_top[family]["cell"]]
+            if not self.draws(cell, top):
+                continue
+            for draw in seeds:
+                folder = draw_folder(self.path, cell.name, draw, top)
+                if not self.finished(folder, seeds):
+                    jobs.append(StageJob(folder, [*self.settings, *cell.settings(), f"FLOP_BUDGET={top!r}",
+                                                  f"DRAW_SEED={draw}", f"SEEDS={','.join(map(str, seeds))}",
+                                                  *_continue_or_start(folder)], cell, top, len(seeds)))
+        return jobs
+
+    def draws(self, cell: Cell, budget: float) -> bool:
+        """Whether ``cell``'s model draws its frozen part at random (built twice with two draws, on the vocabulary
+        its record at ``budget`` trained on)."""
+        vocab = self.store.config(self.folder(cell, budget))["data"]["vocab_size"]
+        config = parse_overrides([*self.settings, *cell.settings(), f"FLOP_BUDGET={budget!r}"])
+        return draws_at_random(cell.model, vocab, model_settings(config, cell.model))
+
+    def _run_draws(self, run_points) -> None:
+        jobs = self.draw_jobs(self.report())
+        say(f"frontier {self.name}: the draw against the seed at {self.budgets[-1]:.3g} FLOPs: {len(jobs)} runs to "
+            "train")
         self._run_all(jobs, run_points, self.budgets[-1])
 
     def context_leaders(self, report: dict) -> tuple[dict, list[str]]:
