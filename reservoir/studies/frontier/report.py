@@ -646,6 +646,15 @@ def _draws(report: dict, h: str) -> list[str]:
             "sd"] else f"the {first}'s and the {second}'s parts of its envelope's ± are about level")
         verdicts.append(f"{row['family']}'s draw adds an sd of {split['draw']['sd']:.4f}, its training "
                         f"{split['training']['sd']:.4f} and the rest {split['residual']['sd']:.4f}: {part}")
+        squares += ["", f"{row['family']} ({row['cell']}), bits/char by draw (rows) and training seed (columns):", "",
+                    "| draw \\ seed | " + " | ".join(map(str, split["seeds"])) + " |",
+                    "| --- |" + " --- |" * len(split["seeds"])]
+        squares += [f"| {d} | " + " | ".join(f"{split['square'][f'{d}/{s}']:.4f}" for s in split["seeds"]) + " |"
+                    for d in split["draws"]]
+        again = row.get("diagonal_minus_record") or {}
+        if again:
+            squares += ["", "The diagonal (each seed drawn as its own seed draws) against the envelope's records: "
+                        + ", ".join(f"seed {s}: {v:+.4f}" for s, v in again.items()) + "."]
     return [*lines, *(["", "So " + "; ".join(verdicts) + "."] if verdicts else []), *squares, ""]
 
 
