@@ -97,11 +97,12 @@ def draws_report(folder, report: dict, draw_rows: list[dict], budget: float, fam
             out.append({**row, "drawn": True, "split": variance_split(square), "runs": len(square),
                         "diagonal_minus_record": {str(s): v for s, v in sorted(again.items())}})
             continue
+        if class_of(family) == TRAINED:  # the transformer: nothing frozen, nothing to build to know it
+            out.append({**row, "drawn": False, "split": None, "runs": 0, "why": "nothing frozen"})
+            continue
         config_json = records.config(folder / point["cell"] / point_name(budget))
         config = with_added_options(dict(config_json["effective_config"]))
-        model, vocab = config["MODELS"][0], config_json["data"]["vocab_size"]
-        drawn = draws_at_random(model, vocab, config)
+        drawn = draws_at_random(config["MODELS"][0], config_json["data"]["vocab_size"], config)
         out.append({**row, "drawn": drawn, "split": None, "runs": 0,
-                    "why": "not trained yet" if drawn else "nothing frozen" if class_of(family) == TRAINED
-                    else "its frozen part is set, not drawn"})
+                    "why": "not trained yet" if drawn else "its frozen part is set, not drawn"})
     return out
