@@ -13,7 +13,7 @@ import torch
 
 from reservoir.config import ConfigError, parse_overrides
 from reservoir.platform.messages import PlainProgress
-from tests.conftest import ROOT, TINY, run_cli, run_script, summary_of
+from tests.conftest import ROOT, TINY, run_cli, run_in_process, run_script, summary_of
 
 
 def _unshare_works() -> bool:
@@ -305,7 +305,7 @@ def test_a_truncated_measurement_of_a_study_is_one_line_that_says_how_to_make_it
     shutil.copytree(ROOT / "results" / "frontier-shakespeare", study)
     file = study / name
     file.write_bytes(file.read_bytes()[:500])
-    proc = run_script("scaling.py", f"REPORT={study}", check=False)
+    proc = run_in_process("scaling.py", [f"REPORT={study}"])
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "is not valid JSON" in proc.stderr and "it is damaged (cut short, or edited); restore it (git checkout), " \
         f"or make it again: python scaling.py {command}=" in proc.stderr

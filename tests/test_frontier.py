@@ -11,7 +11,7 @@ import torch
 from reservoir.studies.frontier.analysis import build_frontier
 from reservoir.studies.frontier.grid import FrontierError, parse_grid
 from reservoir.studies.frontier.report import format_study
-from tests.conftest import ROOT, run_script
+from tests.conftest import ROOT, run_in_process, run_script
 
 # 2 families x 2 sizes x 2 rates x 2 budgets on the synthetic corpus: seconds per point
 MICRO = ["FAMILIES=transformer++,lstm", "SIZES=xs,s", "LEARNING_RATES=2e-3,4e-3", "BATCH_SIZES=8", "BUDGETS=3e9,6e9",
@@ -679,8 +679,6 @@ def test_the_committed_element_wise_counts_are_what_the_counter_says_today():
     (["ELEMENTWISE=docs"], "is not a frontier study's folder"),
 ])
 def test_bad_element_wise_input_is_one_line(args, message):
-    from tests.conftest import run_in_process
-
     proc = run_in_process("scaling.py", args)
     assert proc.returncode != 0 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -737,7 +735,8 @@ def test_draws_train_each_draw_on_each_seed_split_the_spread_and_train_nothing_a
     args = [a for a in MICRO if not a.startswith(("FAMILIES=", "SIZES=", "LEARNING_RATES="))]
     study = [*args, "FAMILIES=transformer++,linear_reservoir,frozen_retention", "SIZES=xs", "LEARNING_RATES=4e-3",
              "DRAWS=True", f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}"]
-    first = run_script("scaling.py", *study, timeout=900)
+    first = run_in_process("scaling.py", study)
+    assert first.returncode == 0, first.stderr[-2000:]
     assert "the draw against the seed at 6e+09 FLOPs: 2 runs to train" in first.stdout
     report = json.loads((tmp_path / "results" / "micro" / "frontier.json").read_text())
     rows = {r["family"]: r for r in report["draws"]["families"]}
@@ -748,5 +747,5 @@ def test_draws_train_each_draw_on_each_seed_split_the_spread_and_train_nothing_a
     assert rows["transformer++"]["why"] == "nothing frozen" and set(rows["linear_reservoir"]["diagonal_minus_record"])
     text = (tmp_path / "results" / "micro" / "frontier.md").read_text()
     assert "# The draw against the seed" in text and "| draw \\ seed | 1337 | 1338 |" in text
-    again = run_script("scaling.py", *study, timeout=900)
+    again = run_in_process("scaling.py", study)
     assert "the draw against the seed at 6e+09 FLOPs: 0 runs to train" in again.stdout

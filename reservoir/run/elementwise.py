@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from reservoir.run.flops import FORMULAS, _host_copy, counter
+from reservoir.run.flops import FORMULAS, counter, host_copy
 from reservoir.run.train import adamw
 
 CONVENTION = ("every float op: products as the FLOP convention counts them, plus element-wise work by a rule per op "
@@ -177,7 +177,7 @@ def _counted_step(model, vocab_size: int, seq_len: int, weight_decay: float, gra
                   ) -> tuple[float, float, float, Counter]:
     """(products, element-wise work of the forward and backward, of the clip and update, uncounted ops) of one
     step on ``sequences`` sequences, on a fresh CPU copy of ``model``."""
-    twin = _host_copy(model)
+    twin = host_copy(model)
     twin.train()
     ids = torch.randint(0, vocab_size, (sequences, seq_len + 1), generator=torch.Generator().manual_seed(0))
     optimizer = adamw(twin, {"WEIGHT_DECAY": weight_decay, "LEARNING_RATE": 1e-3}, 0.95, {"foreach": False})
@@ -186,11 +186,8 @@ def _counted_step(model, vocab_size: int, seq_len: int, weight_decay: float, gra
         logits = twin(ids[:, :-1])
         F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
     with ElementwiseCounter() as update:
-        if grad_clip:  # the clip's norm and its multiply, as if it clipped
-            total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
-            coefficient = torch.clamp(grad_clip / (total + 1e-6), max=1.0)
-            for p in params:
-                p.grad.mul_(coefficient)
+        if grad_clip:  # torch's clip multiplies by its coefficient whether or not it clips: its norm and multiply
+            torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=False)
         optimizer.step()
     return products.get_total_flops(), elementwise.flops, update.flops, elementwise.uncounted + update.uncounted
 

@@ -227,7 +227,7 @@ def _counted(fn, model=None) -> float:
     return float(count.get_total_flops())
 
 
-def _host_copy(model):
+def host_copy(model):
     """A CPU copy in which every product is visible to the counter: parts built on a fused recurrent
     kernel (nn.LSTM) loop over time in plain PyTorch; the rest keep their own loops (a reservoir's
     sparse recurrence stays sparse)."""
@@ -241,8 +241,8 @@ def _host_copy(model):
 
 def step_flops(model, step) -> float:
     """FLOPs of ``step(model)`` (one generation step, say) by the convention, counted on a CPU copy in which every
-    product is visible (``_host_copy``)."""
-    twin = _host_copy(model).eval()
+    product is visible (``host_copy``)."""
+    twin = host_copy(model).eval()
     with torch.no_grad():
         return _counted(lambda: step(twin), twin)
 
@@ -256,7 +256,7 @@ def sgd_step(model, vocab_size: int, batch_size: int, seq_len: int, steps_per_ba
     counted on ``count_batch`` sequences (None: the whole batch) and scaled: a GPU-sized batch is not
     run on the host just to be counted (equal either way, tested)."""
     counted = batch_size if count_batch is None else min(batch_size, count_batch)
-    twin = _host_copy(model)
+    twin = host_copy(model)
     twin.train()
     ids = torch.randint(0, vocab_size, (counted, seq_len + 1), generator=torch.Generator().manual_seed(0))
 
@@ -273,7 +273,7 @@ def ridge_fit(model, chunk: tuple[torch.Tensor, torch.Tensor], calibration: list
     calibration = [tuple(t.cpu() for t in pair) for pair in calibration]
 
     def fit(chunks: int) -> float:
-        twin = _host_copy(model)
+        twin = host_copy(model)
         return _counted(lambda: twin.fit_ridge([chunk] * chunks, calibration, washout=washout, carry_state=True),
                         twin)
 

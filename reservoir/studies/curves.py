@@ -40,6 +40,41 @@ def curve(compute, e: float, a: float, alpha: float, c0: float):
     return e + a * (np.asarray(compute, dtype=float) / c0) ** (-alpha)
 
 
+def lower_front(items: list, cost, loss) -> list:
+    """The ``items`` no cheaper one beats (``cost(item)``, ``loss(item)``), cheapest first: each lower in loss than
+    every one before it (a tie in cost goes to the lower loss)."""
+    front, best = [], None
+    for item in sorted(items, key=lambda i: (cost(i), loss(i))):
+        if best is None or loss(item) < best:
+            best = loss(item)
+            front.append(item)
+    return front
+
+
+def interpolated_compute(points: list[tuple[float, float]], loss: float) -> float | None:
+    """The compute at which a decreasing envelope (compute, loss) reaches ``loss``, log-log interpolated
+    between its points; None outside their range."""
+    for (c1, l1), (c2, l2) in zip(points, points[1:], strict=False):
+        if min(l1, l2) <= loss <= max(l1, l2) and l1 != l2:
+            t = (math.log(loss) - math.log(l1)) / (math.log(l2) - math.log(l1))
+            return math.exp(math.log(c1) + t * (math.log(c2) - math.log(c1)))
+    return None
+
+
+def compute_on_curve(fit: dict, loss: float) -> float | None:
+    """The compute at which a fitted L(C) reaches ``loss``; None where it never does (no fit, or ``loss`` at or below
+    its floor E)."""
+    if not fit.get("converged") or loss <= fit["E"] or fit["A"] <= 0:
+        return None
+    return fit["C0"] * ((loss - fit["E"]) / fit["A"]) ** (-1 / fit["alpha"])
+
+
+def loss_on_curve(fit: dict, compute: float) -> float | None:
+    """L(C) on a fitted curve in Python's floats (numpy's SIMD power may move the last digit by machine); None
+    without a fit."""
+    return fit["E"] + fit["A"] * (compute / fit["C0"]) ** -fit["alpha"] if fit.get("converged") else None
+
+
 def fit_curve(compute: list[float], bpc: list[float], c0: float) -> dict:
     """E, A, α (± one standard error, as ``curve_fit`` estimates it) of L(C) through the points, with residuals;
     or why not. The same points give the same bytes on any machine (the module's docstring says how)."""

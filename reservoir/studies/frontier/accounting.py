@@ -25,19 +25,17 @@ from pathlib import Path
 import torch
 
 from reservoir.models import build_model, with_added_options
-from reservoir.models.registry import FROZEN_TRANSITION, RESERVOIR, class_of
 from reservoir.platform.files import repository_path
 from reservoir.run.elementwise import CONVENTION, StepCount, training_step
 from reservoir.run.records import ResultsError, write_signed_json
 from reservoir.run.trained import load_run_plugins
 from reservoir.studies.budgets import point_name
-from reservoir.studies.curves import fit_curve
-from reservoir.studies.frontier.grid import RESERVOIR_FAMILIES, FrontierError
+from reservoir.studies.curves import compute_on_curve, fit_curve, interpolated_compute, loss_on_curve, lower_front
+from reservoir.studies.frontier.grid import RESERVOIR_CLASSES, FrontierError, of_class
 from reservoir.studies.frontier.records import read_measured
 from reservoir.studies.store import PointRecords
 
 ELEMENTWISE_FILE = "elementwise-cost.json"
-CLASSES = (RESERVOIR, FROZEN_TRANSITION)
 Z95 = 1.96
 
 
@@ -102,29 +100,13 @@ def elementwise_cost(counts: dict, row: dict) -> float | None:
     return row["train_flops"] * step.flops(row["batch_size"], micro) / products
 
 
-def cost_envelope(points: list[tuple[float, float, str]]) -> list[dict]:
-    """(cost, bits/char, cell) points that no cheaper point beats, cheapest first: a family's FLOP-envelope points,
-    each at its element-wise cost (one a larger budget chose that a smaller one beats is left out)."""
-    front, best = [], None
-    for cost, bpc, cell in sorted(points):
-        if best is None or bpc < best:
-            best = bpc
-            front.append({"cost": cost, "bpc": bpc, "cell": cell})
-    return front
-
-
-def _fitted(fit: dict, cost: float) -> float | None:
-    """L(C) on a fitted envelope, in Python's floats (numpy's SIMD power may move its last digit by machine)."""
-    return fit["E"] + fit["A"] * (cost / fit["C0"]) ** -fit["alpha"] if fit.get("converged") else None
-
-
 def _within(front: list[dict], cost: float) -> bool:
     return bool(front) and front[0]["cost"] <= cost <= front[-1]["cost"]
 
 
 def _gap(fits: dict, f: str, ref: str, at: float) -> dict | None:
     """``f``'s gap to ``ref`` at ``at`` on their fitted curves, with the interval their residuals give."""
-    mine, theirs = _fitted(fits.get(f, {}), at), _fitted(fits.get(ref, {}), at)
+    mine, theirs = loss_on_curve(fits.get(f, {}), at), loss_on_curve(fits.get(ref, {}), at)
     if mine is None or theirs is None:
         return None
     spread = Z95 * math.hypot(fits[f]["rms_residual"], fits[ref]["rms_residual"]) / theirs
@@ -134,17 +116,16 @@ def _gap(fits: dict, f: str, ref: str, at: float) -> dict | None:
 
 def _needed(front: list[dict], fit: dict, loss: float) -> tuple[float | None, str]:
     """The cost at which the reference reaches ``loss``: log-log between its envelope points, else on its fit."""
-    for a, b in zip(front, front[1:], strict=False):
-        if min(a["bpc"], b["bpc"]) <= loss <= max(a["bpc"], b["bpc"]) and a["bpc"] != b["bpc"]:
-            t = (math.log(loss) - math.log(a["bpc"])) / (math.log(b["bpc"]) - math.log(a["bpc"]))
-            return math.exp(math.log(a["cost"]) + t * (math.log(b["cost"]) - math.log(a["cost"]))), "interpolated"
-    if fit.get("converged") and loss > fit["E"] and fit["A"] > 0:
-        return fit["C0"] * ((loss - fit["E"]) / fit["A"]) ** (-1 / fit["alpha"]), "extrapolated"
-    return None, "beyond"
+    between = interpolated_compute([(p["cost"], p["bpc"]) for p in front], loss)
+    if between is not None:
+        return between, "interpolated"
+    on_fit = compute_on_curve(fit, loss)
+    return (on_fit, "extrapolated") if on_fit is not None else (None, "beyond")
 
 
-def _ranking(multipliers: dict, budget: float, key: str) -> list[str]:
-    values = {f: {r["budget"]: r for r in rows}.get(budget, {}).get(key) for f, rows in multipliers.items()}
+def _ranking(multipliers: dict, budget: float) -> list[str]:
+    """The families by their compute multiplier at ``budget``, largest first."""
+    values = {f: {r["budget"]: r for r in rows}.get(budget, {}).get("multiplier") for f, rows in multipliers.items()}
     return sorted((f for f, v in values.items() if v is not None), key=lambda f: (-values[f], f))
 
 
@@ -157,8 +138,8 @@ def elementwise_view(rows: list[dict], counts: dict, report: dict) -> dict:
     cost_of = {(r["cell"], r["budget"]): c for r, c in costed}
     moved = {f: [{**p, "cost": cost_of.get((p["cell"], p["budget"]))} for p in points]
              for f, points in report["envelope"].items()}  # the FLOP envelope's points at their element-wise cost
-    envelopes = {f: cost_envelope([(p["cost"], p["bpc_mean"], p["cell"]) for p in points if p["cost"]])
-                 for f, points in moved.items()}
+    envelopes = {f: [{"cost": p["cost"], "bpc": p["bpc_mean"], "cell": p["cell"]} for p in lower_front(
+        [p for p in points if p["cost"]], lambda p: p["cost"], lambda p: p["bpc_mean"])] for f, points in moved.items()}
     envelopes = {f: front for f, front in envelopes.items() if front}
     fits = {f: fit_curve([p["cost"] for p in front], [p["bpc"] for p in front], budgets[0])
             for f, front in envelopes.items()}
@@ -167,15 +148,13 @@ def elementwise_view(rows: list[dict], counts: dict, report: dict) -> dict:
         if ref["cost"] is None:
             continue
         row = {"budget": ref["budget"], "cost": ref["cost"], "classes": {}}
-        for kind in CLASSES:
-            present = [f for f in RESERVOIR_FAMILIES if class_of(f) == kind and f in envelopes
-                       and _within(envelopes[f], ref["cost"]) and _gap(fits, f, reference, ref["cost"])]
-            if not present:
-                row["classes"][kind] = None
-                continue
-            best = min(present, key=lambda f: (_gap(fits, f, reference, ref["cost"])["gap"], f))
-            row["classes"][kind] = {"family": best, **_gap(fits, best, reference, ref["cost"]),
-                                    "flop_convention": _gap(report["fits"], best, reference, ref["budget"])}
+        for kind in RESERVOIR_CLASSES:
+            read = {f: _gap(fits, f, reference, ref["cost"]) for f in of_class(kind)
+                    if f in envelopes and _within(envelopes[f], ref["cost"])}
+            read = {f: gap for f, gap in read.items() if gap is not None}
+            best = min(read, key=lambda f: (read[f]["gap"], f), default=None)
+            row["classes"][kind] = None if best is None else {
+                "family": best, **read[best], "flop_convention": _gap(report["fits"], best, reference, ref["budget"])}
         gaps.append(row)
     multipliers = {}
     for f, points in moved.items():
@@ -189,7 +168,7 @@ def elementwise_view(rows: list[dict], counts: dict, report: dict) -> dict:
         multipliers[f] = out
     changes = []
     for b in budgets:
-        flop, elem = _ranking(report["compute_multiplier"], b, "multiplier"), _ranking(multipliers, b, "multiplier")
+        flop, elem = _ranking(report["compute_multiplier"], b), _ranking(multipliers, b)
         swapped = [[a, c] for i, a in enumerate(flop) for c in flop[i + 1:]
                    if a in elem and c in elem and elem.index(c) < elem.index(a)]  # a above c, now below
         if swapped:

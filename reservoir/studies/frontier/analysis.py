@@ -5,19 +5,23 @@ fitted, the compute multipliers against the transformer and the controls against
 
 from __future__ import annotations
 
-import math
 import statistics
 from pathlib import Path
 
-from reservoir.models.registry import FROZEN_TRANSITION, RESERVOIR, class_of
 from reservoir.run.records import ResultsError
-from reservoir.studies.curves import fit_curve, gap_slope
+from reservoir.studies.curves import compute_on_curve, fit_curve, gap_slope, interpolated_compute
 from reservoir.studies.frontier.accounting import elementwise_view, read_counts
 from reservoir.studies.frontier.contexts import context_table
 from reservoir.studies.frontier.draws import draws_report
 from reservoir.studies.frontier.edges import edges_report
 from reservoir.studies.frontier.generation import read_generation
-from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, RESERVOIR_FAMILIES, FrontierError
+from reservoir.studies.frontier.grid import (
+    REFERENCE_FAMILIES,
+    RESERVOIR_CLASSES,
+    RESERVOIR_FAMILIES,
+    FrontierError,
+    of_class,
+)
 from reservoir.studies.frontier.records import (
     STUDY_FILE,
     check_records_file,
@@ -45,16 +49,6 @@ def envelope_cells(rows: list[dict], budgets: list[float]) -> dict:
         if key not in best or r["val_bpc"] < best[key][0]:
             best[key] = (r["val_bpc"], r["cell"])
     return {key: cell for key, (_, cell) in best.items()}
-
-
-def _interpolated_compute(points: list[tuple[float, float]], loss: float) -> float | None:
-    """The compute at which a decreasing envelope (compute, loss) reaches ``loss``, log-log interpolated
-    between its points; None outside their range."""
-    for (c1, l1), (c2, l2) in zip(points, points[1:], strict=False):
-        if min(l1, l2) <= loss <= max(l1, l2) and l1 != l2:
-            t = (math.log(loss) - math.log(l1)) / (math.log(l2) - math.log(l1))
-            return math.exp(math.log(c1) + t * (math.log(c2) - math.log(c1)))
-    return None
 
 
 def build_frontier(rows: list[dict], study: dict, references: list[dict] | None = None,
@@ -120,7 +114,7 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
             "compute_multiplier": multipliers, "gap_growth": _gap_growth(envelope, reference),
             "by_time": by_time(rows, families, reference),
             "gap_growth_by_class": {kind: _gap_growth(envelope, reference, of_class(kind))
-                                    for kind in (RESERVOIR, FROZEN_TRANSITION)},
+                                    for kind in RESERVOIR_CLASSES},
             "grid_points": rows, "references": references,
             "controls": _against_envelope(controls, rows), **({"contexts": contexts} if contexts else {}),
             **({"edges": edges} if edges else {}),
@@ -129,16 +123,11 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
             "not_run_pruned": pruned, "spent": spent, **({"planned": study["planned"]} if "planned" in study else {})}
 
 
-def of_class(kind: str) -> list[str]:
-    """The study's reservoir families of one class (models/registry.py CLASSES)."""
-    return [f for f in RESERVOIR_FAMILIES if class_of(f) == kind]
-
-
 def draw_families(report: dict, budget: float) -> list[str]:
     """The families DRAWS=True asks of at ``budget``: the best of each reservoir class there, and the reference."""
     best = [next((family for b, family, _, _ in best_reservoirs(report["envelope"], report["reference"],
                                                                 of_class(kind)) if b == budget), None)
-            for kind in (RESERVOIR, FROZEN_TRANSITION)]
+            for kind in RESERVOIR_CLASSES]
     return [f for f in (*best, report["reference"]) if f is not None]
 
 
@@ -214,10 +203,9 @@ def _multipliers(envelope: dict, fits: dict, reference: str | None) -> dict:
     for family, points in envelope.items():
         rows = []
         for p in points:
-            needed, how = _interpolated_compute(ref_points, p["bpc_mean"]), "interpolated"
-            if needed is None and fit.get("converged") and p["bpc_mean"] > fit["E"]:
-                needed, how = fit["C0"] * ((p["bpc_mean"] - fit["E"]) / fit["A"]) ** (-1 / fit["alpha"]), \
-                    "extrapolated"
+            needed, how = interpolated_compute(ref_points, p["bpc_mean"]), "interpolated"
+            if needed is None and compute_on_curve(fit, p["bpc_mean"]) is not None:
+                needed, how = compute_on_curve(fit, p["bpc_mean"]), "extrapolated"
             if needed is None and ref_points:  # past the reference's measured range: a bound, not a value
                 if p["bpc_mean"] < min(loss for _, loss in ref_points):
                     needed, how = max(c for c, _ in ref_points), "at least"
@@ -253,7 +241,7 @@ def study_report(folder: Path, study: dict, rows: list[dict], records: PointReco
                             context_table(folder, records), edges_report(study, rows, records))
     if (study.get("stages") or {}).get("draws"):
         top = max(study["budgets"])
-        report["draws"] = {"budget": top, "families": draws_report(folder, report, collect_draws(
+        report["draws"] = {"budget": top, "families": draws_report(records, report, collect_draws(
             records, study["cells"], [top]), top, draw_families(report, top))}
     counts = read_counts(folder)
     if counts:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal, localcontext
+from pathlib import Path
 
 from reservoir.models import draws_at_random, with_added_options
 from reservoir.models.registry import TRAINED, class_of
@@ -79,11 +80,22 @@ def variance_split(square: dict[tuple[int, int], float]) -> dict | None:
             "square": {f"{d}/{s}": square[d, s] for d in draws for s in seeds}, **out}
 
 
-def draws_report(folder, report: dict, draw_rows: list[dict], budget: float, families: list[str]) -> list[dict]:
+def draws_anything(records: PointRecords, point: Path, family: str) -> bool:
+    """Whether ``family``'s model, as ``point`` recorded its settings, draws its frozen part at random (built with two
+    draws); a trained family has nothing frozen, and nothing is built to say so."""
+    if class_of(family) == TRAINED:
+        return False
+    recorded = records.config(point)
+    config = with_added_options(dict(recorded["effective_config"]))
+    return draws_at_random(config["MODELS"][0], recorded["data"]["vocab_size"], config)
+
+
+def draws_report(records: PointRecords, report: dict, draw_rows: list[dict], budget: float, families: list[str]
+                 ) -> list[dict]:
     """Per family of ``families`` (analysis.draw_families): its square at ``budget`` (the draws' runs and the
     envelope's own, drawn with their seed) and its split; or that it draws nothing (its recorded configuration built
     with two draws)."""
-    records, out = PointRecords(folder), []
+    out = []
     at_top = {f: p for f, points in report["envelope"].items() for p in points if p["budget"] == budget}
     for family in families:
         point = at_top[family]
@@ -97,12 +109,7 @@ def draws_report(folder, report: dict, draw_rows: list[dict], budget: float, fam
             out.append({**row, "drawn": True, "split": variance_split(square), "runs": len(square),
                         "diagonal_minus_record": {str(s): v for s, v in sorted(again.items())}})
             continue
-        if class_of(family) == TRAINED:  # the transformer: nothing frozen, nothing to build to know it
-            out.append({**row, "drawn": False, "split": None, "runs": 0, "why": "nothing frozen"})
-            continue
-        config_json = records.config(folder / point["cell"] / point_name(budget))
-        config = with_added_options(dict(config_json["effective_config"]))
-        drawn = draws_at_random(config["MODELS"][0], config_json["data"]["vocab_size"], config)
-        out.append({**row, "drawn": drawn, "split": None, "runs": 0,
-                    "why": "not trained yet" if drawn else "its frozen part is set, not drawn"})
+        drawn = draws_anything(records, records.path / point["cell"] / point_name(budget), family)
+        out.append({**row, "drawn": drawn, "split": None, "runs": 0, "why": "not trained yet" if drawn else
+                    "nothing frozen" if class_of(family) == TRAINED else "its frozen part is set, not drawn"})
     return out

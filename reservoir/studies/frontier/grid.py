@@ -79,6 +79,7 @@ OWN_SETTINGS = ("MODELS", "LEARNING_RATE", "BATCH_SIZE", "FLOP_BUDGET", "RUN_NAM
 
 
 REFERENCE_FAMILIES = ("transformer", "transformer++")  # the better envelope of the two is "the transformer"
+RESERVOIR_CLASSES = (RESERVOIR, FROZEN_TRANSITION)  # the classes set against the transformer, each at its best
 
 
 class _ReservoirFamilies(Sequence):
@@ -88,7 +89,7 @@ class _ReservoirFamilies(Sequence):
     these; a forget gate trains the transition itself (frozen_retention+forget is a control, not one of these)."""
 
     def _families(self) -> list[str]:
-        return [f for f in STUDY_FAMILIES if class_of(f) in (RESERVOIR, FROZEN_TRANSITION)]
+        return [f for f in STUDY_FAMILIES if class_of(f) in RESERVOIR_CLASSES]
 
     def __getitem__(self, index):
         return self._families()[index]
@@ -101,6 +102,11 @@ class _ReservoirFamilies(Sequence):
 
 
 RESERVOIR_FAMILIES = _ReservoirFamilies()
+
+
+def of_class(kind: str) -> list[str]:
+    """The study's reservoir families of one class (models/registry.py CLASSES)."""
+    return [f for f in RESERVOIR_FAMILIES if class_of(f) == kind]
 
 
 # REFERENCES=True: reference lines beside the envelopes, each one pass over the training data (no FLOP cap):

@@ -24,12 +24,13 @@ from reservoir.models.registry import FROZEN_TRANSITION, RESERVOIR, class_of
 from reservoir.platform.files import atomic_write_text, repository_path
 from reservoir.run.records import write_json_atomic
 from reservoir.studies.curves import curve, figure
-from reservoir.studies.frontier.analysis import BOUNDS, best_reservoirs, of_class, report_from_records
+from reservoir.studies.frontier.analysis import BOUNDS, best_reservoirs, report_from_records
 from reservoir.studies.frontier.generation import GENERATION_PLOT, format_generation, plot_generation
 from reservoir.studies.frontier.grid import (
     PRESETS,
     RESERVOIR_FAMILIES,
     FrontierError,
+    of_class,
     study_command,
 )
 from reservoir.studies.frontier.records import STUDY_FILE, note_records
@@ -185,13 +186,19 @@ def headline(report: dict) -> str:
              "N_opt |", "| --- | --- | --- | --- | --- | --- |"]
     for f in sorted(families, key=lambda f: by[f][top]["bpc_mean"]):
         p, m = by[f][top], multipliers.get(f, {}).get(top)
-        mult = "–" if not m or m["multiplier"] is None else \
-            f"{BOUNDS.get(m['how'], '')}{m['multiplier']:.2f}{'*' if m['how'] == 'extrapolated' else ''}"
+        mult = _multiplier(m)
         name = f"{f} (the transformer)" if f == reference else f
         gap = p["bpc_mean"] / by[reference][top]["bpc_mean"] - 1
         lines.append(f"| {name} | {_class(f)} | {_bpc(p)} ({len(p['seeds'])}) | {gap:+.1%} | {mult} | "
                      f"{p['params_trained']:,} ({p['size']}) |")
     return "\n".join(lines)
+
+
+def _multiplier(m: dict | None) -> str:
+    """A compute multiplier as the tables give it: ≥ / ≤ beyond the reference's range, * where extrapolated."""
+    if not m or m["multiplier"] is None:
+        return "–"
+    return f"{BOUNDS.get(m['how'], '')}{m['multiplier']:.2f}{'*' if m['how'] == 'extrapolated' else ''}"
 
 
 def _class(family: str) -> str:
@@ -240,10 +247,7 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
               "the family's budget (> 1: the family needs less compute than the transformer).", "", head, rule]
     for family, rows in report["compute_multiplier"].items():
         at = {r["budget"]: r for r in rows}
-        lines.append(f"| {family} | " + " | ".join(
-            "–" if at.get(b) is None or at[b]["multiplier"] is None else
-            f"{BOUNDS.get(at[b]['how'], '')}{at[b]['multiplier']:.2f}{'*' if at[b]['how'] == 'extrapolated' else ''}"
-            for b in budgets) + " |")
+        lines.append(f"| {family} | " + " | ".join(_multiplier(at.get(b)) for b in budgets) + " |")
     rate_edge = _edge_marks(sorted(report["grid"]["LEARNING_RATES"]))
     size_edge = _edge_marks(sorted(report["grid"]["SIZES"], key=PRESETS.index))  # presets, smallest first
     batch_edge = _edge_marks(sorted(report["grid"]["BATCH_SIZES"]))
@@ -714,9 +718,7 @@ def _elementwise(report: dict, h: str) -> list[str]:
         at = {r["budget"]: r for r in rows}
         low, high = view["ratio"].get(family, [None, None])
         ratio = "–" if low is None else f"{low:.3f}–{high:.3f}"
-        lines.append(f"| {family} | {ratio} | " + " | ".join(
-            "–" if at.get(b) is None or at[b]["multiplier"] is None else
-            f"{at[b]['multiplier']:.2f}{'*' if at[b]['how'] == 'extrapolated' else ''}" for b in budgets) + " |")
+        lines.append(f"| {family} | {ratio} | " + " | ".join(_multiplier(at.get(b)) for b in budgets) + " |")
     changes = view["ranking_changes"]
     swaps = "; ".join(f"at {c['budget']:.3g}, " + ", ".join(f"{b} now above {a}" for a, b in c["swapped"])
                       for c in changes)

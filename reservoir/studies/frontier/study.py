@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from reservoir.config import load_plugins, named_plugins, parse_overrides
-from reservoir.models import draws_at_random
 from reservoir.models.registry import MODELS, PLUGINS
 from reservoir.models.settings import model_settings
 from reservoir.platform.device import study_slots
@@ -57,6 +56,7 @@ from reservoir.studies.frontier.contexts import (
     score_point,
     write_context_scores,
 )
+from reservoir.studies.frontier.draws import draws_anything
 from reservoir.studies.frontier.edges import (
     collect_edge_steps,
     edge_budgets,
@@ -483,7 +483,7 @@ class FrontierStudy:
         cells, jobs = {c.name: c for c in self.cells()}, []
         for family in draw_families(report, top):
             cell = cells[at_top[family]["cell"]]
-            if not self.draws(cell, top):
+            if not draws_anything(self.store, self.folder(cell, top), family):
                 continue
             for draw in seeds:
                 folder = draw_folder(self.path, cell.name, draw, top)
@@ -492,13 +492,6 @@ class FrontierStudy:
                                                   f"DRAW_SEED={draw}", f"SEEDS={','.join(map(str, seeds))}",
                                                   *_continue_or_start(folder)], cell, top, len(seeds)))
         return jobs
-
-    def draws(self, cell: Cell, budget: float) -> bool:
-        """Whether ``cell``'s model draws its frozen part at random (built twice with two draws, on the vocabulary
-        its record at ``budget`` trained on)."""
-        vocab = self.store.config(self.folder(cell, budget))["data"]["vocab_size"]
-        config = parse_overrides([*self.settings, *cell.settings(), f"FLOP_BUDGET={budget!r}"])
-        return draws_at_random(cell.model, vocab, model_settings(config, cell.model))
 
     def _run_draws(self, run_points) -> None:
         jobs = self.draw_jobs(self.report())

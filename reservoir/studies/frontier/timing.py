@@ -15,23 +15,17 @@ points trained elsewhere, and what it reaches in that time is not measured on th
 
 from __future__ import annotations
 
-from reservoir.models.registry import FROZEN_TRANSITION, RESERVOIR, class_of
-from reservoir.studies.frontier.grid import RESERVOIR_FAMILIES
+from reservoir.studies.curves import lower_front
+from reservoir.studies.frontier.grid import RESERVOIR_CLASSES, of_class
 
 NOT_RECORDED = "not recorded"  # the processor of records written before records named theirs
-CLASSES = (RESERVOIR, FROZEN_TRANSITION)
 
 
 def time_envelope(rows: list[dict]) -> list[dict]:
-    """The points of ``rows`` (one family's, first seeds) that no faster point beats: fastest first, each lower in
-    bits/char than every point before it (a tie in seconds goes to the lower bits/char)."""
-    front, best = [], None
-    for r in sorted(rows, key=lambda r: (r["train_seconds"], r["val_bpc"])):
-        if best is None or r["val_bpc"] < best:
-            best = r["val_bpc"]
-            front.append({"seconds": r["train_seconds"], "bpc": r["val_bpc"], "cell": r["cell"],
-                          "budget": r["budget"], "oversubscribed": r.get("oversubscribed")})
-    return front
+    """The points of ``rows`` (one family's, first seeds) that no faster point beats, fastest first."""
+    return [{"seconds": r["train_seconds"], "bpc": r["val_bpc"], "cell": r["cell"], "budget": r["budget"],
+             "oversubscribed": r.get("oversubscribed")}
+            for r in lower_front(rows, lambda r: r["train_seconds"], lambda r: r["val_bpc"])]
 
 
 def best_within(front: list[dict], seconds: float) -> dict | None:
@@ -48,23 +42,23 @@ def by_time(rows: list[dict], families: list[str], reference: str | None) -> dic
     """frontier.json's ``by_time``: per processor its points (how many oversubscribed), each family's time envelope
     and, at each of the reference's envelope points, the best of each reservoir class trained within its seconds
     (None: none of the class trained that fast; ``{"beyond": s}``: its longest point here trained s seconds, fewer)."""
-    timed = _timed(rows)
+    timed, classes = _timed(rows), {kind: of_class(kind) for kind in RESERVOIR_CLASSES}
     views = {}
     for processor in sorted({r.get("processor") or NOT_RECORDED for r in timed}):
         here = [r for r in timed if (r.get("processor") or NOT_RECORDED) == processor]
         envelopes = {f: time_envelope([r for r in here if r["family"] == f]) for f in families}
         envelopes = {f: front for f, front in envelopes.items() if front}
-        longest = {kind: max((r["train_seconds"] for r in here if r["family"] in RESERVOIR_FAMILIES
-                              and class_of(r["family"]) == kind), default=0.0) for kind in CLASSES}
+        longest = {kind: max((r["train_seconds"] for r in here if r["family"] in members), default=0.0)
+                   for kind, members in classes.items()}
         matched = []
         for ref in envelopes.get(reference, []):
             row = {"seconds": ref["seconds"], "reference_bpc": ref["bpc"], "reference_cell": ref["cell"],
                    "classes": {}}
-            for kind in CLASSES:
+            for kind in RESERVOIR_CLASSES:
                 if longest[kind] and longest[kind] < ref["seconds"]:
                     row["classes"][kind] = {"beyond": longest[kind]}
                     continue
-                best = min(((p, f) for f in RESERVOIR_FAMILIES if class_of(f) == kind and f in envelopes
+                best = min(((p, f) for f in classes[kind] if f in envelopes
                             for p in [best_within(envelopes[f], ref["seconds"])] if p is not None),
                            key=lambda pf: (pf[0]["bpc"], pf[1]), default=None)
                 row["classes"][kind] = None if best is None else {
