@@ -233,12 +233,16 @@ def report_from_records(folder: Path) -> dict:
         raise FrontierError(f"{folder / STUDY_FILE} is damaged ({e}); re-run the study's command") from None
 
 
-def study_report(folder: Path, study: dict, rows: list[dict], records: PointRecords) -> dict:
+def study_report(folder: Path, study: dict, rows: list[dict], records: PointRecords, views: bool = True) -> dict:
     """The report of the study whose file is ``study``, from its point rows and records: what REPORT rebuilds
-    and what a study writes when it ends are one report, generation cost (measured apart) and all."""
+    and what a study writes when it ends are one report, generation cost (measured apart) and all. ``views``
+    False leaves out the draws' split and the element-wise view, which no stage reads (a study builds its report
+    for its stages several times a command)."""
     report = build_frontier(rows, study, collect_references(records), collect_comparisons(folder),
                             collect_controls(records, study["cells"], study["budgets"]),
                             context_table(folder, records), edges_report(study, rows, records))
+    if not views:
+        return report
     if (study.get("stages") or {}).get("draws"):
         top = max(study["budgets"])
         report["draws"] = {"budget": top, "families": draws_report(records, report, collect_draws(

@@ -419,7 +419,8 @@ def after_grid_stages(study, measure, seconds_per_step, besides, known: bool) ->
     if stages.get("controls"):
         rows.append(priced("controls", study.control_jobs()))
     if stages.get("contexts"):
-        rows.append(priced("contexts (the leaders at 4 x SEQ_LEN)", study.context_jobs(study.report())))
+        rows.append(priced("contexts (the leaders at 4 x SEQ_LEN)",
+                           study.context_jobs(study.report(views=False))))
     if stages.get("edges"):
         walks = study.edge_walks()
         jobs, _ = study.edge_jobs(walks, measure, {})
@@ -427,7 +428,7 @@ def after_grid_stages(study, measure, seconds_per_step, besides, known: bool) ->
         rows.append(priced(f"edge walks ({len(walks) - open_walks} of {len(walks)} ended", jobs,
                            f"; {open_walks} open: their next steps)" if open_walks else ")"))
     if stages.get("draws"):
-        rows.append(priced("draws (each draw on the other seeds)", study.draw_jobs(study.report())))
+        rows.append(priced("draws (each draw on the other seeds)", study.draw_jobs(study.report(views=False))))
     return rows
 
 

@@ -494,7 +494,7 @@ class FrontierStudy:
         return jobs
 
     def _run_draws(self, run_points) -> None:
-        jobs = self.draw_jobs(self.report())
+        jobs = self.draw_jobs(self.report(views=False))
         say(f"frontier {self.name}: the draw against the seed at {self.budgets[-1]:.3g} FLOPs: {len(jobs)} runs to "
             "train")
         self._run_all(jobs, run_points, self.budgets[-1])
@@ -528,7 +528,7 @@ class FrontierStudy:
         """CONTEXTS=True (contexts.py): the top budget's envelope points scored at every evaluation context, and
         the leaders trained at 4 x SEQ_LEN (``context_jobs``), scored the same way."""
         top, seed, seq = self.budgets[-1], self.config["SEED"], self.config["SEQ_LEN"]
-        report, cells = self.report(), {c.name: c for c in self.cells()}
+        report, cells = self.report(views=False), {c.name: c for c in self.cells()}
         at_top, leaders = self.context_leaders(report)
         jobs = self.context_jobs(report)
         say(f"frontier {self.name}: the leaders at SEQ_LEN={seq * LONG_CONTEXT_FACTOR}, {top:.3g} FLOPs: {len(jobs)} "
@@ -616,7 +616,7 @@ class FrontierStudy:
 
     def leaders(self) -> list[Cell]:
         """The top budget's envelope cells of LEADERS (auto: "the transformer" and the best reservoir family)."""
-        report = self.report()
+        report = self.report(views=False)
         top = self.budgets[-1]
         at_top = {f: p for f, points in report["envelope"].items() for p in points if p["budget"] == top}
         families = self.stages["leaders"]
@@ -794,7 +794,7 @@ class FrontierStudy:
         """The paired difference (compare.py, with its diagnostics) between the best reservoir family and "the
         transformer" at the largest of ``budgets`` (default: the lead budget's too) both reached on every seed,
         and each write-gated reservoir family's there too, written to comparisons/ once. Returns the best's."""
-        report = self.report()
+        report = self.report(views=False)
         reference, seeds = report["reference"], [self.config["SEED"], *self.extra_seeds()]
         full = {f: {p["budget"]: p for p in points if sorted(p["seeds"]) == seeds}
                 for f, points in report["envelope"].items()}
@@ -846,8 +846,9 @@ class FrontierStudy:
     def records(self) -> list[dict]:
         return collect_records(self.store, [c.record() for c in self.cells()], self.all_budgets())
 
-    def report(self) -> dict:
-        return study_report(self.path, read_study_file(self.path), self.records(), self.store)
+    def report(self, views: bool = True) -> dict:
+        """The study's report; ``views`` False: what a stage reads of it (analysis.study_report)."""
+        return study_report(self.path, read_study_file(self.path), self.records(), self.store, views)
 
 
 def own_text(value) -> str:
