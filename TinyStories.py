@@ -27,7 +27,7 @@ def resolve_resume(config: dict, named=()) -> tuple[dict, object]:
     if not config["RESUME"]:
         return config, None
     resume_dir = find_run_dir(config["RESULTS_DIR"], config["RESUME"])
-    saved = read_run_config(resume_dir)
+    saved = read_run_config(resume_dir, "RESUME")
     if not isinstance(saved.get("requested_config"), dict):
         raise ResultsError(f"{resume_dir / 'config.json'} has no requested_config object; the run folder is damaged")
     missing = recorded_keys_missing(saved["requested_config"])

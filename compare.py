@@ -5,6 +5,7 @@
     python compare.py results/r1 results/r2 TOKENS=65536 DEVICE=cuda OUT=a-vs-b.json
     python compare.py results/s1+results/s2:lstm results/r:transformer   # seeds of two runs, pooled
     python compare.py results/r:deep_linear_reservoir results/r:transformer DIAGNOSTICS=True  # by position, recall
+    python compare.py exports/my-lstm results/r:ngram    # an exported model (export.py), or hf://user/name
 
 A side without ':<model>' is its run's best finished model; runs joined by '+' pool their
 seeds. Every seed the runs finished is re-scored from its checkpoint, on the targets every

@@ -1,6 +1,7 @@
-"""Write stories with a trained model, from its run folder alone.
+"""Write stories with a trained model, from its run folder alone (or an exported model: export.py).
 
     python sample.py results/<run> [KEY=VALUE ...]
+    python sample.py exports/<name>            # an exported model's folder, or its Hub id: hf://user/name
     python sample.py results/<run> MODEL=transformer PROMPT="Once upon a time" NUM_SAMPLES=3 \
         MAX_NEW_TOKENS=300 TEMPERATURE=0.8 TOP_K=40 SEED=1 DEVICE=cpu
     python sample.py results/<run> PROMPT=FILE:prompts.txt        # one prompt per non-empty line
@@ -23,7 +24,7 @@ from reservoir.config import is_integer, is_number
 from reservoir.platform import device as dev
 from reservoir.platform.messages import TAG, OneLineError
 from reservoir.run.sampling import SampleSettings, write_stories
-from reservoir.run.trained import load_trained
+from reservoir.share import load_trained
 
 KEYS = {  # key: what it does (defaults come from the run)
     "MODEL": "which model of the run (default: its best finished model)",

@@ -9,7 +9,7 @@ from tests.conftest import ROOT
 PACKAGE = ROOT / "reservoir"
 # lowest first: a module may import its own floor or one below it, never one above
 FLOORS = ["reservoir", "reservoir.platform", "reservoir.data", "reservoir.models", "reservoir.config",
-          "reservoir.run", "reservoir.studies", "reservoir.studies.frontier"]
+          "reservoir.run", "reservoir.share", "reservoir.studies", "reservoir.studies.frontier"]
 
 
 def module_name(path) -> str:

@@ -197,8 +197,21 @@ def read_signed_json(path: Path, what: str, remedy: str) -> dict:
     return {k: v for k, v in content.items() if k != INTEGRITY_KEY}
 
 
-def read_run_config(run_dir: Path) -> RecordedConfig:
-    """A run's config.json, trusted only as the run wrote it (``check_run_config``)."""
+EXPORTED_WEIGHTS = "model.safetensors"  # what marks an exported model's folder (reservoir/share/)
+
+
+def refuse_export(folder: Path, setting: str) -> None:
+    """One line where ``folder`` is an exported model: its weights alone, without the optimizer's state, the data's
+    position or the run's other models, cannot be resumed or branched off."""
+    if (Path(folder) / EXPORTED_WEIGHTS).is_file():
+        raise ResultsError(f"{folder} is an exported model (its weights alone: no optimizer state, data position or "
+                           f"checkpoints), not a run folder: {setting} takes the run folder it was exported from")
+
+
+def read_run_config(run_dir: Path, setting: str = "this") -> RecordedConfig:
+    """A run's config.json, trusted only as the run wrote it (``check_run_config``); an exported model's folder is
+    refused in one line that names ``setting``."""
+    refuse_export(run_dir, setting)
     path = Path(run_dir) / "config.json"
     return check_run_config(read_json(path, "the run's config"), path)
 

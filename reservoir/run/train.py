@@ -46,7 +46,7 @@ from reservoir.run.checkpoint import (
     save_checkpoint,
 )
 from reservoir.run.evaluation import EvalPoints, Evaluations
-from reservoir.run.records import SPENT, run_seeds
+from reservoir.run.records import SPENT, refuse_export, run_seeds
 from reservoir.run.sampling import SampleSettings, write_stories
 from reservoir.run.writer import Run
 
@@ -470,6 +470,7 @@ def check_stable_phases(config: dict, resume_dir: Path | None = None) -> None:
     source = config["STABLE_FROM"]
     if not source:
         return
+    refuse_export(source, "STABLE_FROM")
     seeds = run_seeds(config)
     missing = [stable_checkpoint(source, name, seed) for seed in seeds for name in config["MODELS"]
                if trainer_of(name, config) == "sgd"

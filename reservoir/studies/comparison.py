@@ -27,8 +27,9 @@ from reservoir.data.tokens import prepare_data
 from reservoir.models.settings import model_settings
 from reservoir.platform import device as dev
 from reservoir.run.evaluation import BOOTSTRAP_SAMPLES, Evaluator
-from reservoir.run.records import ResultsError, read_json, read_run_config
-from reservoir.run.trained import load_trained
+from reservoir.run.records import ResultsError
+from reservoir.share import load_trained, run_records
+from reservoir.share.folder import hub_id
 from reservoir.studies.diagnostics import diagnose
 
 SAME_DATA_KEYS = ("tokenizer_hash", "val_tokens", "val_chars", "val_stories")
@@ -87,12 +88,11 @@ def _identity(trained: list[Trained]) -> list[tuple]:
 
 def _finished(side: Side) -> list[Trained]:
     runs = []
-    for run_dir in side.run_dirs:
-        if not run_dir.is_dir():
-            raise ResultsError(f"{run_dir} is not a folder; give a run folder such as results/<run>[:<model>]")
-        config_json = read_run_config(run_dir)
-        summary_path = run_dir / "summary.json"
-        rows = read_json(summary_path, "the run's summary") if summary_path.exists() else []
+    for source in side.run_dirs:
+        if hub_id(source) is None and not source.is_dir():
+            raise ResultsError(f"{source} is not a folder; give a run folder such as results/<run>[:<model>], an "
+                               "exported model's folder or its Hub id (hf://user/name)")
+        run_dir, config_json, rows = run_records(source)
         runs.append((run_dir, config_json, [r for r in rows if r.get("val_bpc") is not None]))
     if side.model is None:
         scored = [r for _, _, rows in runs for r in rows]
