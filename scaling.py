@@ -12,6 +12,7 @@
     python scaling.py EXPORT=results/big STUDY_STORAGE=postgresql+psycopg2://me@db/studies   # records -> files
     python scaling.py FRONTIER=True PLAN=True HOSTS=4 ...     # what it costs here, before anything trains
     python scaling.py GENERATION=results/frontier          # what generating costs each envelope configuration
+    python scaling.py GENERATION=exports/<name>            # ... or one exported model (export.py)
     python scaling.py ELEMENTWISE=results/frontier         # each grid configuration's step, element-wise work too
 
 The ladder: study keys BUDGETS (FLOP budgets, at least two, increasing; default 2.5e12,5e12,1e13,2e13,4e13)
@@ -43,10 +44,17 @@ from reservoir.platform.files import repository_path
 from reservoir.platform.messages import TAG, OneLineError, say
 from reservoir.platform.stopping import ended_by_a_signal
 from reservoir.run.records import read_json
+from reservoir.share.folder import hub_id, is_export
 from reservoir.studies.budgets import StudyError, positive_numbers
 from reservoir.studies.frontier.accounting import count_study, write_counts
 from reservoir.studies.frontier.analysis import report_from_records
-from reservoir.studies.frontier.generation import measure_study, read_generation, write_generation
+from reservoir.studies.frontier.generation import (
+    format_measured,
+    measure_export,
+    measure_study,
+    read_generation,
+    write_generation,
+)
 from reservoir.studies.frontier.grid import FRONTIER_KEYS
 from reservoir.studies.frontier.plan import plan_study
 from reservoir.studies.frontier.records import STUDY_FILE
@@ -67,8 +75,12 @@ def report_only(folder: str) -> int:
 
 
 def generation_cost(folder: str) -> int:
-    """What each family's envelope configuration costs to generate with, into the study's records and report."""
+    """What each family's envelope configuration costs to generate with, into the study's records and report; for
+    an exported model (its folder or Hub id), its own costs, printed."""
     path = Path(folder)
+    if hub_id(folder) is not None or is_export(path):
+        print(format_measured(measure_export(folder)), flush=True)
+        return 0
     if not (path / STUDY_FILE).is_file():
         raise StudyError(f"{path} is not a frontier study's folder (it holds no {STUDY_FILE}): "
                          "GENERATION=results/<study>")

@@ -340,3 +340,20 @@ def test_push_uploads_the_export_through_hfapi_and_writes_no_token(every_model_r
     for data in files.values():
         assert b"hf_NotARealTokenButSecret" not in data
     assert "hf_NotARealTokenButSecret" not in proc.stdout + proc.stderr
+
+
+def test_the_generation_cost_of_an_export_is_its_configurations(every_model_run, exports):
+    """scaling.py GENERATION= takes an export (weights do not change the cost): the FLOPs and bytes a step of its
+    settings costs, as a study point of the same settings measures them."""
+    from reservoir.models import with_added_options
+    from reservoir.studies.frontier.generation import _si, measure
+
+    proc = run_script("scaling.py", f"GENERATION={exports['lstm']}")
+    run = json.loads((every_model_run / "config.json").read_text())
+    point = {"family": "lstm", "cell": "r", "bpc": 0.0, "params_trained": 0, "vocab_size": run["data"]["vocab_size"],
+             "config": with_added_options({**run["effective_config"], "MODELS": ["lstm"]})}
+    row = measure(point, batches=(1,))
+    assert "generates from carried state" in proc.stdout
+    said = next(line for line in proc.stdout.splitlines() if line.startswith("FLOPs per character"))
+    assert said.endswith(f"8,192: {_si(row['flops_per_char']['8192'])}")
+    assert f"128: {_si(row['bytes']['128'])}" in proc.stdout

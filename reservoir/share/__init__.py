@@ -15,7 +15,6 @@ from reservoir.run import trained as run_folder
 from reservoir.run.records import read_json, read_run_config
 from reservoir.share.export import export_model
 from reservoir.share.folder import ExportError, hub_id, is_export, local_folder, read_export
-from reservoir.share.pretrained import Pretrained, open_export
 
 
 def _export_folder(source: str | Path) -> Path | None:
@@ -31,6 +30,8 @@ def load_trained(source: str | Path, model_name: str | None = None, train_seed: 
     folder = _export_folder(source)
     if folder is None:
         return run_folder.load_trained(source, model_name, train_seed)
+    from reservoir.share.pretrained import open_export
+
     model, tokenizer, run, exported = open_export(folder)
     if model_name not in (None, exported.model, exported.config["family"]):
         raise ExportError(f"{source} holds {exported.config['family']} alone, not MODEL={model_name}")
@@ -49,6 +50,15 @@ def run_records(source: str | Path) -> tuple[Path, dict, list[dict]]:
         return folder, read_run_config(folder), read_json(summary, "the run's summary") if summary.exists() else []
     exported = read_export(folder)
     return folder, exported.run_config, [exported.record]
+
+
+def __getattr__(name: str):
+    """``Pretrained`` is imported when asked for: huggingface_hub's mixin costs every script 0.2 s to import."""
+    if name == "Pretrained":
+        from reservoir.share.pretrained import Pretrained
+
+        return Pretrained
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["export_model", "Pretrained", "load_trained", "run_records", "ExportError", "read_export"]

@@ -36,7 +36,7 @@ from reservoir.share.folder import (
 REPOSITORY_URL = "https://github.com/reservoir-nlp/reservoir-nlp"
 
 
-def _plugins(exported: Exported) -> None:
+def load_export_plugins(exported: Exported) -> None:
     """The plugin a family comes from, loaded as the run named it and exactly the code it was trained with."""
     named = exported.run_config["effective_config"].get("PLUGINS")
     try:
@@ -72,7 +72,7 @@ def open_export(source: str | Path) -> tuple[nn.Module, object, TrainedRun, Expo
     """(model on the CPU, tokenizer, TrainedRun, Exported) for the export at ``source``, every file checked."""
     exported = read_export(source)
     check_card(exported.folder, exported.config, exported.record)
-    _plugins(exported)
+    load_export_plugins(exported)
     config = {**exported.run_config["effective_config"], "SEED": exported.seed}
     tokenizer = load_tokenizer(exported.folder, exported.run_config)
     if tokenizer.vocab_size != exported.config["vocab_size"]:

@@ -197,6 +197,33 @@ def measure_study(folder: Path, report: dict, command: str) -> dict:
             "reference": report["reference"], "rows": rows}
 
 
+def measure_export(source) -> dict:
+    """An exported model's generation costs (an export's folder or Hub id): its row, as a study's, with its record's
+    bits/char; built from its settings, as a study point's is."""
+    from reservoir.share import read_export
+    from reservoir.share.pretrained import load_export_plugins
+
+    exported = read_export(source)
+    load_export_plugins(exported)
+    config = with_added_options({**exported.run_config["effective_config"], "MODELS": [exported.model],
+                                 "SEED": exported.seed})
+    return measure({"family": exported.config["family"], "cell": str(source), "bpc": exported.record["val_bpc"],
+                    "params_trained": exported.record["params_trainable"], "config": config,
+                    "vocab_size": exported.config["vocab_size"]})
+
+
+def format_measured(row: dict, contexts=CONTEXTS, batches=BATCHES) -> str:
+    """One measured row as lines for a person (a study's rows go into its report instead)."""
+    at = [str(c) for c in contexts]
+    lines = [f"{row['family']} ({row['cell']}, {row['bpc']:.3f} bits/char): generates from {row['how']}"
+             + (f" within its {row['window']}-character window" if row["window"] else ""),
+             "FLOPs per character at contexts " + ", ".join(f"{int(c):,}: {_si(row['flops_per_char'][c])}" for c in at),
+             "bytes one sequence holds at " + ", ".join(f"{int(c):,}: {_si(row['bytes'][c])}" for c in at),
+             "greedy characters/s on one CPU thread at batch " + ", ".join(
+                 f"{b}: {row['chars_per_s'][str(b)]:,.0f}" for b in batches)]
+    return "\n".join(lines)
+
+
 def write_generation(folder: Path, content: dict) -> Path:
     write_signed_json(Path(folder) / GENERATION_FILE, content)
     return Path(folder) / GENERATION_FILE
