@@ -129,6 +129,7 @@ def test_the_card_states_the_record_and_the_command_that_trains_it_again(every_m
     assert command == training_command(run["requested_config"], "transformer", 1337)
 
 
+@pytest.mark.slow  # a run of its own: the slow suite, keeping the quick one within 5 minutes
 def test_compare_on_an_export_gives_its_run_folders_paired_result(tmp_path):
     run_cli(tmp_path, "MODELS=['lstm','ngram']", "MAX_STEPS=20", "RUN_NAME=r")
     run = tmp_path / "results" / "r"
@@ -143,6 +144,7 @@ def test_compare_on_an_export_gives_its_run_folders_paired_result(tmp_path):
     assert reports[0]["a"]["bpc_per_seed"] == reports[1]["a"]["bpc_per_seed"]
 
 
+@pytest.mark.slow  # a run of its own: the slow suite, keeping the quick one within 5 minutes
 def test_a_plugin_familys_export_names_its_plugin_and_loads_only_with_that_code(tmp_path, plugins_forgotten):
     plugin = tmp_path / "elsewhere" / "my_models.py"
     plugin.parent.mkdir()
