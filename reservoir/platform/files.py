@@ -27,7 +27,7 @@ from reservoir.platform.messages import OneLineError
 TEMP_PREFIX, TEMP_SUFFIX = ".", ".tmp"  # temporaries are .<name>.<random>.tmp beside their target
 
 
-def _current_umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -83,7 +83,7 @@ def atomic_write(path: str | Path, write, place: str = WRITABLE) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.chmod(tmp, 0o666 & ~_current_umask())
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except OSError as e:
         if isinstance(e, StorageError):

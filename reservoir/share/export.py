@@ -17,6 +17,7 @@ import torch
 
 from reservoir.models import build_model
 from reservoir.models.registry import class_of, family_of
+from reservoir.platform.files import current_umask
 from reservoir.run.records import check_summary, portable_config, read_run_config, signed, write_json_atomic
 from reservoir.run.trained import load_trained
 from reservoir.share.card import model_card
@@ -82,15 +83,10 @@ def export_model(run_dir: str | Path, model_name: str | None, train_seed: int | 
         write_json_atomic(staging / CONFIG, content)
         shutil.copyfile(run_dir / TOKENIZER, staging / TOKENIZER)
         (staging / CARD).write_text(model_card(content, license_id), encoding="utf-8")
-        os.chmod(staging, 0o777 & ~_umask())
+        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide it from colleagues
         staging.rename(to)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return to
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -25,7 +25,6 @@ import torch
 
 from reservoir.run.records import (
     EXPORTED_WEIGHTS,
-    INTEGRITY_KEY,
     ResultsError,
     check_run_config,
     check_summary,
@@ -200,16 +199,6 @@ def write_tensors(path: Path, state: dict) -> None:
 
     tensors, shapes = flat_tensors(state)
     save_file(tensors, str(path), metadata={"format": "pt", SHAPES_KEY: json.dumps(shapes, sort_keys=True)})
-
-
-def signed_hash_note() -> str:
-    """How a reader checks a signed record by hand, as the model card says it."""
-    return (f"`{INTEGRITY_KEY}` is `sha256:` + the SHA-256 of the object without that key, as JSON with sorted keys, "
-            "no spaces (`separators=(',', ':')`) and UTF-8 text")
-
-
-def safe_name(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_.+" else "-" for c in text)
 
 
 def ensure_new(folder: Path) -> None:
