@@ -1,12 +1,20 @@
-"""K same-shape models trained in lockstep in one process (torch.func: stack_module_state, vmap over
-functional_call and grad) against K steps of one model, on the CPU with one thread: whether packing a
-study's points into one process's kernels would fill a core better than a point per core does.
+"""K same-shape models trained in lockstep in one process against K steps of one model, on the CPU with one
+thread: whether packing a study's points into one process's kernels would fill a core better than a point per
+core does. Two ways to pack:
+
+- torch.func: stack_module_state, vmap over functional_call and grad (any model; vmap batches what it can);
+- folded: weights with a leading K axis and the K batches as one of K x batch rows, each Linear a batched
+  matrix product, each Embedding and norm indexed by member (``--folded``; a model whose every parameter
+  sits in a Linear, an Embedding, a LayerNorm or an RMSNorm, such as Transformer++). Written here rather than
+  taken from a library because torch.func's vmap is the library's way and it is the one measured against.
 
     python bench/bench_lockstep.py                      # transformer++ and lstm at xs, K = 4, batch 8
     python bench/bench_lockstep.py --models transformer frozen_retention --packed 2 4 8
+    python bench/bench_lockstep.py --folded --models transformer++ --batch 4 --packed 2 4 8
 
-Prints the forward-and-backward milliseconds of one model, of K in lockstep, and the speed-up
-(K x one / lockstep: above 1, packing wins). Numbers go to bench/README.md and docs/hardware.md.
+Prints the milliseconds of one model's step and of K packed, and the speed-up (K x one / packed: above 1,
+packing wins); the folded rows time a whole training step (forward, backward, AdamW) and add one model at K
+times the batch, the ceiling a fold approaches. Numbers go to bench/README.md and docs/hardware.md.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +77,120 @@ def measure(model_name: str, packed: int, batch: int, seq_len: int, repeats: int
             "speedup": packed * one_ms / packed_ms}
 
 
+class FoldedLinear(nn.Module):
+    """K Linears as one batched product: rows (K x batch, ..., in), weights (K, out, in)."""
+
+    def __init__(self, linears: list[nn.Linear]):
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([m.weight.detach() for m in linears]))
+        bias = [m.bias for m in linears]
+        self.bias = None if bias[0] is None else nn.Parameter(torch.stack([b.detach() for b in bias]).unsqueeze(1))
+
+    def forward(self, x):
+        shape, members = x.shape, self.weight.shape[0]
+        x = x.reshape(members, -1, shape[-1])
+        y = torch.bmm(x, self.weight.mT) if self.bias is None else torch.baddbmm(self.bias, x, self.weight.mT)
+        return y.reshape(*shape[:-1], y.shape[-1])
+
+
+class FoldedEmbedding(nn.Module):
+    """K tables as one of K x vocabulary rows, each member's ids offset to its own."""
+
+    def __init__(self, embeddings: list[nn.Embedding]):
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([m.weight.detach() for m in embeddings]))
+
+    def forward(self, ids):
+        members, vocab, width = self.weight.shape
+        offset = (torch.arange(members, device=ids.device) * vocab).unsqueeze(1)
+        return F.embedding(ids.reshape(members, -1) + offset, self.weight.reshape(-1, width)).reshape(*ids.shape, width)
+
+
+class FoldedNorm(nn.Module):
+    """K LayerNorms or RMSNorms: normalised once, scaled (and shifted) per member."""
+
+    def __init__(self, norms: list[nn.Module]):
+        super().__init__()
+        first = norms[0]
+        self.rms, self.shape, self.eps = isinstance(first, nn.RMSNorm), tuple(first.normalized_shape), first.eps
+        self.weight = nn.Parameter(torch.stack([m.weight.detach() for m in norms]).unsqueeze(1))
+        bias = getattr(first, "bias", None)
+        self.bias = None if bias is None else nn.Parameter(torch.stack([m.bias.detach() for m in norms]).unsqueeze(1))
+
+    def forward(self, x):
+        shape = x.shape
+        y = F.rms_norm(x, self.shape, None, self.eps) if self.rms else F.layer_norm(x, self.shape, None, None, self.eps)
+        y = y.reshape(self.weight.shape[0], -1, shape[-1]) * self.weight
+        return (y if self.bias is None else y + self.bias).reshape(shape)
+
+
+FOLDED = {nn.Linear: FoldedLinear, nn.Embedding: FoldedEmbedding, nn.LayerNorm: FoldedNorm, nn.RMSNorm: FoldedNorm}
+
+
+def fold(models: list[nn.Module]) -> nn.Module:
+    """One model whose every Linear, Embedding and norm holds the K models' weights; a Linear tied to an
+    Embedding stays tied."""
+    folded, members = copy.deepcopy(models[0]), [dict(m.named_modules()) for m in models]
+    made = {name: FOLDED[type(module)]([m[name] for m in members])
+            for name, module in members[0].items() if type(module) in FOLDED}
+    for name, new in made.items():
+        tied = [other for other, module in members[0].items() if isinstance(module, nn.Embedding)
+                and isinstance(members[0][name], nn.Linear) and module.weight is members[0][name].weight]
+        if tied:
+            new.weight = made[tied[0]].weight
+        parent, _, leaf = name.rpartition(".")
+        setattr(folded.get_submodule(parent), leaf, new)
+    loose = [n for n, _ in folded.named_parameters() if not any(n.startswith(m + ".") for m in made)]
+    if loose:
+        raise ValueError(f"cannot fold {type(models[0]).__name__}: {', '.join(loose)} sit outside a Linear, "
+                         "an Embedding or a norm")
+    return folded
+
+
+def training_step(model: nn.Module, ids: torch.Tensor, members: int):
+    """A step of ``model`` on ``ids`` (members x batch rows): each member's mean loss, summed, backward, AdamW."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x, y = ids[:, :-1], ids[:, 1:]
+
+    def step():
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="none").view(members, -1).mean(1).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def measure_folded(model_name: str, packed: int, batch: int, repeats: int) -> dict:
+    """One model's training step K times, K folded into one, and one model at K x batch, interleaved, three
+    times; the medians."""
+    from reservoir.config import default_config, parse_overrides
+    from reservoir.models import build_model
+    from reservoir.studies.frontier.grid import FAMILIES as GRID
+    from reservoir.studies.frontier.grid import Cell
+
+    model = GRID[model_name][0]
+    config = parse_overrides(Cell(model_name, "xs", default_config()[model.upper()]["learning_rate"], batch).settings())
+    models = [build_model(model, VOCAB, {**config, "SEED": seed}) for seed in range(packed)]
+    ids = torch.randint(0, VOCAB, (packed, batch, config["SEQ_LEN"] + 1), generator=torch.Generator().manual_seed(0))
+    folded = fold(models)
+    with torch.no_grad():  # the fold computes each member's own logits
+        logits = folded(ids[:, :, :-1].flatten(0, 1)).view(packed, batch, -1, VOCAB)
+        worst = max((logits[k] - m(ids[k, :, :-1])).abs().max().item() for k, m in enumerate(models))
+    if worst > 1e-4:
+        raise AssertionError(f"the folded model's logits differ from its members' by {worst:g}")
+    singles = [training_step(m, ids[k], 1) for k, m in enumerate(models)]
+    together = training_step(folded, ids.flatten(0, 1), packed)
+    wide = training_step(build_model(model, VOCAB, config), ids.flatten(0, 1), 1)
+    runs = {"one": [], "folded": [], "wide": []}
+    for _ in range(3):
+        runs["one"].append(milliseconds(lambda: [s() for s in singles], repeats) / packed)
+        runs["folded"].append(milliseconds(together, repeats))
+        runs["wide"].append(milliseconds(wide, repeats))
+    one, packed_ms, wide_ms = (sorted(runs[k])[1] for k in ("one", "folded", "wide"))
+    return {"model": model_name, "packed": packed, "batch": batch, "one_ms": one, "folded_ms": packed_ms,
+            "speedup": packed * one / packed_ms, "wide_ms": wide_ms, "wide_speedup": packed * one / wide_ms}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["transformer", "lstm"])
@@ -75,8 +198,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--folded", action="store_true", help="fold the K models into one (see above)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.folded:
+        print("| model | batch | K | one model's step ms | K folded ms | speed-up | one model at K x batch ms | "
+              "speed-up |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for model_name in args.models:
+            for packed in args.packed:
+                r = measure_folded(model_name, packed, args.batch, args.repeats)
+                print(f"| {model_name} | {r['batch']} | {packed} | {r['one_ms']:.2f} | {r['folded_ms']:.1f} | "
+                      f"{r['speedup']:.2f}x | {r['wide_ms']:.1f} | {r['wide_speedup']:.2f}x |", flush=True)
+        return 0
     print("| model | K | one model fwd+bwd ms | K in lockstep ms | speed-up |\n| --- | --- | --- | --- | --- |")
     for model_name in args.models:
         for packed in args.packed:
