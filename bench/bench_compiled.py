@@ -6,6 +6,10 @@ the committed TinyStories grid trains at its first two budgets.
 
     python bench/bench_compiled.py                          # every gradient-trained family, xs, batch 8
     python bench/bench_compiled.py --families lstm transformer++ --size s --steps 600 --out bench/compiled.json
+    python bench/bench_compiled.py --evaluation             # a fit's final evaluation, eager and compiled
+
+``--evaluation`` times the final evaluation of a point (FINAL_EVAL_TOKENS of validation, stream mode) of each
+family's cell, untrained, in this process: eager, then compiled (its first call compiles; the second is timed).
 
 Each run is its own process (TinyStories.py), so a cold compile is cold. Numbers go to bench/README.md and
 docs/hardware.md; nothing here is asserted.
@@ -72,6 +76,61 @@ def measure(families: list[str], size: str, batch: int, steps: int) -> list[dict
     return rows
 
 
+def measure_evaluation(families: list[str], size: str, batch: int, tokens: int) -> list[dict]:
+    import time
+
+    import torch
+
+    from reservoir.config import default_config, parse_overrides
+    from reservoir.data.tokens import prepare_data
+    from reservoir.models import build_model
+    from reservoir.platform import device as dev
+    from reservoir.run.evaluation import Evaluator
+    from reservoir.studies.frontier.grid import FAMILIES as GRID
+    from reservoir.studies.frontier.grid import Cell
+
+    torch.set_num_threads(1)
+    defaults, rows = default_config(), []
+    data_dir = ROOT / "data" / "tinystories"
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in families:
+            model_name = GRID[family][0]
+            cell = Cell(family, size, defaults[model_name.upper()]["learning_rate"], batch)
+            config = parse_overrides([*cell.settings(), f"DATASET={data_dir if data_dir.exists() else 'synthetic'}",
+                                      f"CACHE_DIR={tmp}", f"FINAL_EVAL_TOKENS={tokens}"])
+            data = prepare_data(config)
+            info = dev.select_device({**config, "DEVICE": "cpu", "USE_TPU": False})
+            model = build_model(model_name, data.tokenizer.vocab_size, config)
+            row = {"family": family, "cell": cell.name, "tokens": tokens}
+            for compiled in (False, True):
+                evaluate = Evaluator(data, {**config, "COMPILE": compiled}, config["BATCH_SIZE"], tokens)
+                started = time.perf_counter()
+                first = evaluate(model, info, info.device)
+                first_seconds = time.perf_counter() - started
+                started = time.perf_counter()
+                evaluate(model, info, info.device)
+                seconds = time.perf_counter() - started
+                row["compiled" if compiled else "eager"] = {"seconds": seconds, "first_seconds": first_seconds,
+                                                            "val_bpc": first["val_bpc"]}
+                if compiled:
+                    row["report"] = evaluate.calls.report()
+            row["speedup"] = row["eager"]["seconds"] / row["compiled"]["seconds"]
+            rows.append(row)
+            print(evaluation_markdown([row]).splitlines()[-1], flush=True)
+    return rows
+
+
+def evaluation_markdown(rows: list[dict]) -> str:
+    lines = ["| family (cell) | eager s | compiled s | x | first compiled call s | graphs | Δ bits/char |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        difference = abs(r["compiled"]["val_bpc"] - r["eager"]["val_bpc"])
+        lines.append(f"| {r['family']} ({r['cell']}) | {r['eager']['seconds']:.2f} | {r['compiled']['seconds']:.2f} | "
+                     f"{r['speedup']:.2f} | {r['compiled']['first_seconds']:.1f} | {r['report'].get('eval_graphs')} | "
+                     f"{difference:.1e} |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| family (cell) | eager tok/s | compiled tok/s | x | compile s cold / warm | recompiles | "
              "Δ bits/char | pays off after | tokens at 5e11 / 1.25e12 |",
@@ -95,9 +154,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--evaluation", action="store_true", help="time a final evaluation instead (see above)")
+    parser.add_argument("--tokens", type=int, default=131072, help="--evaluation: the tokens it scores")
     args = parser.parse_args(argv)
-    rows = measure(args.families, args.size, args.batch, args.steps)
-    print(markdown(rows))
+    if args.evaluation:
+        rows = measure_evaluation(args.families, args.size, args.batch, args.tokens)
+        print(evaluation_markdown(rows))
+    else:
+        rows = measure(args.families, args.size, args.batch, args.steps)
+        print(markdown(rows))
     if args.out:  # every run's numbers, beside the table's
         args.out.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

@@ -1,6 +1,6 @@
-"""COMPILE=True: the training step compiled by torch.compile on the CPU (a C++ compiler and Inductor, for real),
-its scores beside eager's, nothing compiled again after warm-up, and an eager fallback in one line on a machine
-without a compiler."""
+"""COMPILE=True: the training step and the evaluations compiled by torch.compile on the CPU (a C++ compiler and
+Inductor, for real), its scores beside eager's, nothing compiled again after warm-up, and an eager fallback in
+one line on a machine without a compiler."""
 
 import os
 import shutil
@@ -19,15 +19,19 @@ SCORE_TOLERANCE = 1e-3
 @pytest.mark.skipif(not shutil.which(os.environ.get("CXX", "g++")),
                     reason="no C++ compiler here: torch.compile's CPU backend needs one (the next test has none)")
 def test_a_compiled_step_scores_as_eager_does_within_tolerance_and_compiles_nothing_after_warm_up(tmp_path):
-    run_cli(tmp_path, *SHORT, "RUN_NAME=eager")
-    run_cli(tmp_path, *SHORT, "COMPILE=True", "RUN_NAME=compiled")
+    """Two evaluations during training and the final one (stream mode, with its windows twin): the evaluations
+    compile their own graphs, once per way of calling the model, and none of them counts as the training step's."""
+    run_cli(tmp_path, *SHORT, "EVAL_POINTS=3", "RUN_NAME=eager")
+    run_cli(tmp_path, *SHORT, "EVAL_POINTS=3", "COMPILE=True", "RUN_NAME=compiled")
     eager, compiled = (summary_of(tmp_path / "results" / name) for name in ("eager", "compiled"))
-    for model in ("transformer", "lstm"):
+    for model, ways in (("transformer", 1), ("lstm", 2)):  # windows; and a recurrent model's stream, chunk by chunk
         fit = compiled[model]["fit"]
         assert fit["compiled"] is True and fit["compile_failed"] is None, fit
         assert fit["recompiles"] == 0  # the fit's batches are one shape: warm-up compiled everything
         assert fit["compile_seconds"] > eager[model]["fit"]["compile_seconds"]  # held off the training clock
-        assert "compiled" not in eager[model]["fit"]  # an eager record says nothing of compiling
+        assert fit["eval_compiled"] is True and fit["eval_compile_failed"] is None, fit
+        assert fit["eval_graphs"] >= ways and fit["eval_recompiles"] == 0 and fit["eval_compile_seconds"] > 0, fit
+        assert not {"compiled", "eval_compiled"} & set(eager[model]["fit"])  # an eager record says nothing of it
         assert abs(compiled[model]["val_bpc"] - eager[model]["val_bpc"]) < SCORE_TOLERANCE
         assert compiled[model]["train_steps"] == eager[model]["train_steps"] == 40
 
@@ -46,4 +50,28 @@ def test_a_machine_without_a_compiler_trains_eager_after_one_line(tmp_path):
     assert "transformer:" in said[0] and "COMPILE=False" in said[0]
     record = summary_of(tmp_path / "results" / "nocompiler")["transformer"]
     assert record["fit"]["compiled"] is False and record["fit"]["compile_failed"]
+    assert record["fit"]["eval_compiled"] is False  # its evaluations ran eager too, without a line of their own
     assert record["val_bpc"] == summary_of(tmp_path / "results" / "eager")["transformer"]["val_bpc"]
+
+
+@pytest.mark.slow  # three small compiles, 14 s from an empty cache
+@pytest.mark.skipif(not shutil.which(os.environ.get("CXX", "g++")), reason="no C++ compiler here")
+def test_a_steps_recompiles_are_its_own_calls_not_the_evaluations_beside_it():
+    """The training step's count after warm-up leaves out what the evaluations compile in the same fit; a call
+    on a shape compiled before that compiles again is what counts as an evaluation's recompilation."""
+    import torch
+
+    from reservoir.platform import device as dev
+
+    cpu = dev.select_device({"DEVICE": "cpu", "USE_TPU": False})
+    step = dev.CompiledStep(lambda x: (x * 2).sum(), cpu, True, "tiny")
+    step(torch.ones(4))
+    step.warmed_up()
+    evaluation = dev.CompiledStep(lambda x: x.sin() + 1, cpu, True, "tiny", what="evaluation", fresh=False)
+    evaluation(torch.ones(3))
+    evaluation(torch.ones(5))  # a second shape: a graph of its own, not a recompilation
+    evaluation(torch.ones(3))  # compiled already
+    step(torch.ones(4))
+    assert step.report()["recompiles"] == 0 and step.compiles == 1
+    assert evaluation.compiles == 2 and evaluation.recompiled_shapes == 0 and len(evaluation.shapes) == 2
+    assert evaluation.compiled is not None and evaluation.compile_seconds > 0

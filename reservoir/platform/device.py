@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -556,55 +557,83 @@ def wrap_for_training(info: DeviceInfo, model: torch.nn.Module) -> torch.nn.Modu
 class CompiledStep:
     """A training step's loss (the model's forward and the loss; through them, their backward) compiled by
     ``torch.compile`` on CPU and CUDA (``COMPILE=True``), static shapes: a fit's batches are one shape, so once
-    warm it compiles nothing more (``recompiles`` counts what it did after warm-up). Where compilation fails
-    (no C++ compiler, an operation the compiler refuses), one line says so and the fit goes on eager; a model's
-    own error is still raised, by its eager call. Off (``COMPILE=False``, or XLA, which compiles every step
-    already): ``step`` itself. Compiled graphs are kept in torch's cache on disk (``TORCHINDUCTOR_CACHE_DIR``,
-    by default in the system's temporary folder), so a study's next point of the same shape compiles from it."""
+    warm it compiles nothing more (``recompiles`` counts what its calls compiled after warm-up). Where
+    compilation fails (no C++ compiler, an operation the compiler refuses), one line says so and the fit goes on
+    eager; a model's own error is still raised, by its eager call. Off (``COMPILE=False``, or XLA, which
+    compiles every step already): ``step`` itself. Compiled graphs are kept in torch's cache on disk
+    (``TORCHINDUCTOR_CACHE_DIR``, by default in the system's temporary folder), so a study's next point of the
+    same shape compiles from it.
 
-    def __init__(self, step, info: DeviceInfo, enabled: bool, name: str):
-        self.step, self.name = step, name
+    ``what`` names the step in that line; ``fresh=False`` keeps the graphs compiled before it in the process
+    (an evaluation's model calls, compiled beside the fit's training step)."""
+
+    def __init__(self, step, info: DeviceInfo, enabled: bool, name: str, what: str = "training step",
+                 fresh: bool = True):
+        self.step, self.name, self.what = step, name, what
         self.wanted = bool(enabled) and not info.is_xla
-        if enabled and info.is_xla:
+        if enabled and info.is_xla and fresh:
             say(f"{name}: COMPILE=True adds nothing on XLA, which compiles every step already", info.is_main_process)
         self.compiled = None
         if self.wanted:
-            # the fits before this one in the process are done: their graphs would count against dynamo's
-            # limit of graphs per function, past which it runs eager without a word (seeds, several models)
             import torch._dynamo
 
-            torch._dynamo.reset()
+            if fresh:  # the fits before this one in the process are done: their graphs would count against
+                torch._dynamo.reset()  # dynamo's limit of graphs per function, past which it runs eager silently
             self.compiled = torch.compile(step, dynamic=False)
         self.failed: str | None = None
         self.proven = False  # a compiled call has returned
-        self._frames_at_warm: int | None = None
+        self.compiles = 0  # graphs its calls compiled (a call's graph breaks each count)
+        self.compile_seconds = 0.0  # the calls that compiled, whole
+        self.shapes: set = set()  # the input shapes its calls have compiled for
+        self.recompiled_shapes = 0  # calls that compiled again for shapes compiled before
+        self._compiles_at_warm: int | None = None
 
     def __call__(self, *args, **kwargs):
         if self.compiled is None:
             return self.step(*args, **kwargs)
+        before, start = _frames_compiled(), time.perf_counter()
         try:
             out = self.compiled(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - any compiler failure; after the first success: the model's
             if self.proven:
                 raise
             self.compiled, self.failed = None, f"{type(error).__name__}: {first_line(error)}"
-            warn(f"{self.name}: COMPILE=True could not compile its training step ({self.failed}); it trains "
-                 "eager (COMPILE=False trains eager without the attempt)")
+            warn(f"{self.name}: COMPILE=True could not compile its {self.what} ({self.failed}); it runs "
+                 "eager (COMPILE=False runs eager without the attempt)")
             return self.step(*args, **kwargs)
         self.proven = True
+        made = _frames_compiled() - before
+        if made:
+            shape = _shapes_of((args, kwargs))
+            self.recompiled_shapes += shape in self.shapes
+            self.shapes.add(shape)
+            self.compiles += made
+            self.compile_seconds += time.perf_counter() - start
         return out
 
     def warmed_up(self) -> None:
         """Called as the fit's warm-up ends: what compiles after this is a recompilation."""
-        self._frames_at_warm = _frames_compiled()
+        self._compiles_at_warm = self.compiles
 
     def report(self) -> dict:
         """How a COMPILE=True step ran, for the fit's record: compiled or eager (and why), the recompilations
         after warm-up; nothing for an eager fit (a record without ``compiled`` trained eager)."""
         if not self.wanted:
             return {}
-        after = None if self._frames_at_warm is None else _frames_compiled() - self._frames_at_warm
+        after = None if self._compiles_at_warm is None else self.compiles - self._compiles_at_warm
         return {"compiled": self.compiled is not None, "compile_failed": self.failed, "recompiles": after}
+
+
+def _shapes_of(value) -> tuple:
+    """The shapes and dtypes of the tensors in ``value`` (nested tuples, lists, dicts), in order: what a
+    static-shape graph is compiled for."""
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), str(value.dtype))
+    if isinstance(value, dict):
+        return tuple(_shapes_of(v) for v in value.values())
+    if isinstance(value, (tuple, list)):
+        return tuple(_shapes_of(v) for v in value)
+    return ()
 
 
 def _frames_compiled() -> int:

@@ -22,7 +22,8 @@ stream (stories joined by the end-of-story token). Two modes:
 can carry its state (``forward_stream``) through the whole stream (mode ``carried``).
 
 Every batch and chunk has one shape (zero-weight padding), so on XLA one graph serves every
-evaluation; losses stay on the device and are read once. Bits per character divide the summed
+evaluation, and with ``COMPILE=True`` on CPU and CUDA one ``torch.compile`` graph each way of calling the model
+(windows, a chunk with its state); losses stay on the device and are read once. Bits per character divide the summed
 loss by the exact characters the scored tokens stand for. A 95% interval comes from a bootstrap
 over story-aligned blocks of the scored tokens (fixed-size blocks when stories are too long).
 """
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -51,6 +52,54 @@ def scored_count(data: TokenData, tokens: int | None, split: str = "val") -> int
     return available if tokens is None else max(1, min(tokens, available))
 
 
+def _window_logits(model, ids):
+    return model(ids)
+
+
+def _stream_logits(model, ids, state):
+    return model.forward_stream(ids, state)
+
+
+class ModelCalls:
+    """The two ways an evaluation calls a model, ``windows(model, ids)`` and ``stream(model, ids, state)``: eager,
+    or with ``compile`` (COMPILE=True) compiled on CPU and CUDA, graphs kept beside the fit's training step.
+    Shared by a fit's evaluators, so each shape compiles once in a fit and a failure is said once."""
+
+    def __init__(self, compile: bool = False):
+        self.compile, self._calls = bool(compile), None
+        self.training_step: dev.CompiledStep | None = None  # the fit's, once it trains: its failure is theirs
+
+    def follow(self, training_step: dev.CompiledStep) -> None:
+        """Run eager, without a second line, where the fit's training step could not compile: whatever stopped
+        it (no C++ compiler, most often) stops these too."""
+        self.training_step = training_step
+
+    def _step_failed(self) -> str | None:
+        return None if self.training_step is None else self.training_step.failed
+
+    def of(self, info: dev.DeviceInfo, on_device: bool, name: str = "evaluation"):
+        """(windows, stream): compiled where asked for and the model runs on the device (not the host's n-gram)."""
+        if not (self.compile and on_device) or self._step_failed():
+            return _window_logits, _stream_logits
+        if self._calls is None:
+            self._calls = tuple(dev.CompiledStep(fn, info, True, name, what="evaluation", fresh=False)
+                                for fn in (_window_logits, _stream_logits))
+        return self._calls
+
+    def report(self) -> dict:
+        """For the fit's record: whether the evaluations ran compiled, the graphs they compiled and their
+        seconds, and the calls that compiled again for a shape compiled before; nothing where not asked."""
+        if self.compile and self._step_failed():
+            return {"eval_compiled": False, "eval_compile_failed": f"the training step's: {self._step_failed()}"}
+        if not self.compile or self._calls is None or not any(c.wanted for c in self._calls):
+            return {}
+        failed = next((c.failed for c in self._calls if c.failed), None)
+        return {"eval_compiled": failed is None, "eval_compile_failed": failed,
+                "eval_graphs": sum(c.compiles for c in self._calls),
+                "eval_compile_seconds": round(sum(c.compile_seconds for c in self._calls), 3),
+                "eval_recompiles": sum(c.recompiled_shapes for c in self._calls)}
+
+
 @dataclass
 class Evaluations:
     """What a fit scores itself with: ``periodic`` on EVAL_TOKENS, ``final`` on FINAL_EVAL_TOKENS."""
@@ -59,20 +108,26 @@ class Evaluations:
     final: Evaluator
     final_windows: Evaluator | None = None  # stream mode: the final tokens also scored as 'windows'
     final_train: Evaluator | None = None  # TRAIN_EVAL_TOKENS of the training split, scored the same way
+    calls: ModelCalls = field(default_factory=ModelCalls)  # how the four call the model, shared
 
     @classmethod
     def for_run(cls, data: TokenData, config: dict) -> Evaluations:
+        calls = ModelCalls(config.get("COMPILE", False))
         windows = None
         if config["EVAL_MODE"] == "stream":  # the old number too, so runs of either mode compare
             windows = Evaluator(data, {**config, "EVAL_MODE": "windows"}, config["BATCH_SIZE"],
-                                config["FINAL_EVAL_TOKENS"])
-        final, train = Evaluator(data, config, config["BATCH_SIZE"], config["FINAL_EVAL_TOKENS"]), None
+                                config["FINAL_EVAL_TOKENS"], calls=calls)
+        final, train = Evaluator(data, config, config["BATCH_SIZE"], config["FINAL_EVAL_TOKENS"], calls=calls), None
         if config.get("TRAIN_EVAL_TOKENS"):
             # no more training tokens than the final evaluation scores of validation: the two scores are then
             # samples of one size, and a run with a small FINAL_EVAL_TOKENS is not slowed by the training split
             train = Evaluator(data, config, config["BATCH_SIZE"], min(config["TRAIN_EVAL_TOKENS"], final.n),
-                              split="train")
-        return cls(Evaluator(data, config, config["BATCH_SIZE"], config["EVAL_TOKENS"]), final, windows, train)
+                              split="train", calls=calls)
+        return cls(Evaluator(data, config, config["BATCH_SIZE"], config["EVAL_TOKENS"], calls=calls), final, windows,
+                   train, calls)
+
+    def compile_report(self) -> dict:
+        return self.calls.report()
 
     def score_final(self, model, info: dev.DeviceInfo, device: torch.device) -> dict:
         """The final evaluation with its interval; in stream mode also ``windows_val_bpc`` (± ``_ci95``); with
@@ -92,9 +147,12 @@ class Evaluations:
 
 class Evaluator:
     """The fixed validation stream of one size, scored in ``mode`` ('stream' or 'windows'); ``split='train'``
-    scores the start of the training stream instead (its results keep the ``val_`` names)."""
+    scores the start of the training stream instead (its results keep the ``val_`` names); ``calls``: how it
+    calls the model (its own, from the config's COMPILE, unless shared)."""
 
-    def __init__(self, data: TokenData, config: dict, batch_size: int, tokens: int | None, split: str = "val"):
+    def __init__(self, data: TokenData, config: dict, batch_size: int, tokens: int | None, split: str = "val",
+                 calls: ModelCalls | None = None):
+        self.calls = calls or ModelCalls(config.get("COMPILE", False))
         self.mode, self.seq = config["EVAL_MODE"], config["SEQ_LEN"]
         self.stride = config["EVAL_STRIDE"] or max(1, self.seq // 2)
         self.batch_size, self.tokenizer = batch_size, data.tokenizer
@@ -143,13 +201,14 @@ class Evaluator:
         on_device = device == info.device  # host models (n-gram) are evaluated on the CPU
         context = contextlib.nullcontext if not on_device else (lambda: dev.autocast(info))
         recurrent = getattr(model, "stream_kind", "window") == "recurrent"
+        windows, stream = self.calls.of(info, on_device)
         if self.mode == "carried" or (self.mode == "stream" and recurrent):
-            scored = self._recurrent(model, info, device, on_device, context)
+            scored = self._recurrent(model, info, device, on_device, context, stream)
         elif self.mode in ("stream", "sliding"):
             scored = self._batched(model, info, device, on_device, context,
-                                   self._windows(self.stride, self.seq - self.stride))
+                                   self._windows(self.stride, self.seq - self.stride), windows)
         else:
-            scored = self._batched(model, info, device, on_device, context, self._windows(self.seq, 0))
+            scored = self._batched(model, info, device, on_device, context, self._windows(self.seq, 0), windows)
         model.train(was_training)
         return scored
 
@@ -160,9 +219,9 @@ class Evaluator:
         per_token[where[scored]] = values[scored]
         return per_token
 
-    def _batched(self, model, info, device, on_device, context, scored_windows):
+    def _batched(self, model, info, device, on_device, context, scored_windows, call=_window_logits):
         """Independent windows, ``batch_size`` at a time (the last batch padded with zero-weight rows);
-        ``scored_windows``: (windows, weights, index) as ``_windows`` makes them."""
+        ``scored_windows``: (windows, weights, index) as ``_windows`` makes them; ``call(model, ids)``."""
         windows, weights, index = scored_windows
         pad = -len(windows) % self.batch_size
         if pad:
@@ -173,7 +232,7 @@ class Evaluator:
         for start in range(0, len(windows), self.batch_size):
             batch = windows[start:start + self.batch_size].to(device)
             with context():
-                logits = model(batch[:, :-1])
+                logits = call(model, batch[:, :-1])
             nll = F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:], reduction="none")
             losses.append(nll * weights[start:start + self.batch_size].to(device))
             if on_device:
@@ -181,8 +240,9 @@ class Evaluator:
         index = torch.where(weights > 0, index, torch.full_like(index, -1))
         return torch.cat(losses), index
 
-    def _recurrent(self, model, info, device, on_device, context):
-        """One stream, ``SEQ_LEN`` tokens at a time, the model's state carried from chunk to chunk."""
+    def _recurrent(self, model, info, device, on_device, context, call=_stream_logits):
+        """One stream, ``SEQ_LEN`` tokens at a time, the model's state carried from chunk to chunk
+        (``call(model, ids, state)``)."""
         windows, weights, index = self._windows(self.seq, 0)
         state = model.initial_state(1, device)
         if on_device:
@@ -191,7 +251,7 @@ class Evaluator:
         for k in range(len(windows)):
             chunk = windows[k:k + 1].to(device)
             with context():
-                logits, state = model.forward_stream(chunk[:, :-1], state)
+                logits, state = call(model, chunk[:, :-1], state)
             nll = F.cross_entropy(logits.float().transpose(1, 2), chunk[:, 1:], reduction="none")
             losses.append(nll * weights[k:k + 1].to(device))
             if on_device:
@@ -270,14 +330,16 @@ def context_scores(model, data: TokenData, config: dict, info: dev.DeviceInfo, d
     target seen with c / 2 to c tokens before it), and 'stream', the state carried through the whole text.
     None where the model cannot: a learned position table shorter than ``c``, no state to carry."""
     scores: dict[str, float | None] = {}
+    calls = ModelCalls(config.get("COMPILE", False))
     for c in contexts:
         longest = getattr(model, "longest_context", None)
         if longest is not None and c > longest:
             scores[str(c)] = None
             continue
         settings = {**config, "EVAL_MODE": "sliding", "SEQ_LEN": c, "EVAL_STRIDE": max(1, c // 2)}
-        scores[str(c)] = Evaluator(data, settings, max(1, 4096 // c), tokens)(model, info, device)["val_bpc"]
-    scores["stream"] = Evaluator(data, {**config, "EVAL_MODE": "carried"}, 1, tokens)(
+        scores[str(c)] = Evaluator(data, settings, max(1, 4096 // c), tokens, calls=calls)(model, info,
+                                                                                          device)["val_bpc"]
+    scores["stream"] = Evaluator(data, {**config, "EVAL_MODE": "carried"}, 1, tokens, calls=calls)(
         model, info, device)["val_bpc"] if carries_state(model) else None
     return scores
 

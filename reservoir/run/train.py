@@ -266,11 +266,12 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
         job.check_finite(progress, "the validation loss", final["val_loss"], "")
         if not run.has_final(name, job.seed):  # killed inside the final evaluation (the checkpoint came first)
             job.log_eval(progress, final, final=True)
-        return Outcome(progress, final, job.saved.get("extra", {}))
+        return Outcome(progress, final, {**job.saved.get("extra", {}), **job.evaluator.compile_report()})
     run.forget_metrics(name, job.saved["progress"]["step"] if job.saved else -1, job.seed)  # past it: redone
     with MachineLoad(torch.get_num_threads()) as load:
         outcome = trainer(job)
     outcome.load = load.report()
+    outcome.extra.update(job.evaluator.compile_report())  # COMPILE=True: how its evaluations ran
     epochs = outcome.progress.tokens / max(1, data.train.size)
     if epochs > 1:
         say(f"{name}: passed over its training data {epochs:.1f} times ({outcome.progress.tokens:,} tokens of "
@@ -538,6 +539,7 @@ def _train_sgd(job: Fit) -> Outcome:
         return F.cross_entropy(trained(inputs).float().flatten(0, 1), targets.flatten())
 
     step_loss = dev.CompiledStep(loss_of, info, config["COMPILE"], job.name)  # loss_of itself unless COMPILE
+    job.evaluator.calls.follow(step_loss)
     accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
     beta2 = adam_beta2(config, per_step)
     optimizer = adamw(model, config, beta2, dev.optimizer_options(info))

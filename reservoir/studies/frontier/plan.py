@@ -98,7 +98,8 @@ def scoring_seconds(name: str, config: dict, data, threads: int) -> float:
     from reservoir.run.train import sample_stories
 
     with _probed(name, config, data, threads) as (config, info, model):
-        whole = Evaluations.for_run(data, config)
+        config = {**config, "COMPILE": False}  # eager, as the training steps are probed: a compile in a probe of
+        whole = Evaluations.for_run(data, config)  # a few hundred tokens, scaled to a point's, would be most of it
         probe = Evaluations.for_run(data, {**config, "EVAL_TOKENS": PROBE_EVAL_TOKENS,
                                            "FINAL_EVAL_TOKENS": PROBE_EVAL_TOKENS,
                                            "TRAIN_EVAL_TOKENS": config["TRAIN_EVAL_TOKENS"] and PROBE_EVAL_TOKENS})
