@@ -11,6 +11,7 @@ core does. Two ways to pack:
     python bench/bench_lockstep.py                      # transformer++ and lstm at xs, K = 4, batch 8
     python bench/bench_lockstep.py --models transformer frozen_retention --packed 2 4 8
     python bench/bench_lockstep.py --folded --models transformer++ --batch 4 --packed 2 4 8
+    python bench/bench_lockstep.py --folded --models transformer++ --batch 8 --packed 8 32 --device cuda
 
 Prints the milliseconds of one model's step and of K packed, and the speed-up (K x one / packed: above 1,
 packing wins); the folded rows time a whole training step (forward, backward, AdamW) and add one model at K
@@ -35,12 +36,15 @@ sys.path.insert(0, str(ROOT))
 VOCAB = 77  # TinyStories' characters
 
 
-def milliseconds(step, repeats: int) -> float:
+def milliseconds(step, repeats: int, device: str = "cpu") -> float:
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)  # time finished work
     for _ in range(5):
         step()
+    sync()
     start = time.perf_counter()
     for _ in range(repeats):
         step()
+    sync()
     return (time.perf_counter() - start) / repeats * 1e3
 
 
@@ -160,9 +164,9 @@ def training_step(model: nn.Module, ids: torch.Tensor, members: int):
     return step
 
 
-def measure_folded(model_name: str, packed: int, batch: int, repeats: int) -> dict:
+def measure_folded(model_name: str, packed: int, batch: int, repeats: int, device: str = "cpu") -> dict:
     """One model's training step K times, K folded into one, and one model at K x batch, interleaved, three
-    times; the medians."""
+    times; the medians (on ``device``: a GPU, where a small model's step is bound by its kernel launches)."""
     from reservoir.config import default_config, parse_overrides
     from reservoir.models import build_model
     from reservoir.studies.frontier.grid import FAMILIES as GRID
@@ -170,8 +174,9 @@ def measure_folded(model_name: str, packed: int, batch: int, repeats: int) -> di
 
     model = GRID[model_name][0]
     config = parse_overrides(Cell(model_name, "xs", default_config()[model.upper()]["learning_rate"], batch).settings())
-    models = [build_model(model, VOCAB, {**config, "SEED": seed}) for seed in range(packed)]
-    ids = torch.randint(0, VOCAB, (packed, batch, config["SEQ_LEN"] + 1), generator=torch.Generator().manual_seed(0))
+    models = [build_model(model, VOCAB, {**config, "SEED": seed}).to(device) for seed in range(packed)]
+    ids = torch.randint(0, VOCAB, (packed, batch, config["SEQ_LEN"] + 1),
+                        generator=torch.Generator().manual_seed(0)).to(device)
     folded = fold(models)
     with torch.no_grad():  # the fold computes each member's own logits
         logits = folded(ids[:, :, :-1].flatten(0, 1)).view(packed, batch, -1, VOCAB)
@@ -180,12 +185,12 @@ def measure_folded(model_name: str, packed: int, batch: int, repeats: int) -> di
         raise AssertionError(f"the folded model's logits differ from its members' by {worst:g}")
     singles = [training_step(m, ids[k], 1) for k, m in enumerate(models)]
     together = training_step(folded, ids.flatten(0, 1), packed)
-    wide = training_step(build_model(model, VOCAB, config), ids.flatten(0, 1), 1)
+    wide = training_step(build_model(model, VOCAB, config).to(device), ids.flatten(0, 1), 1)
     runs = {"one": [], "folded": [], "wide": []}
     for _ in range(3):
-        runs["one"].append(milliseconds(lambda: [s() for s in singles], repeats) / packed)
-        runs["folded"].append(milliseconds(together, repeats))
-        runs["wide"].append(milliseconds(wide, repeats))
+        runs["one"].append(milliseconds(lambda: [s() for s in singles], repeats, device) / packed)
+        runs["folded"].append(milliseconds(together, repeats, device))
+        runs["wide"].append(milliseconds(wide, repeats, device))
     one, packed_ms, wide_ms = (sorted(runs[k])[1] for k in ("one", "folded", "wide"))
     return {"model": model_name, "packed": packed, "batch": batch, "one_ms": one, "folded_ms": packed_ms,
             "speedup": packed * one / packed_ms, "wide_ms": wide_ms, "wide_speedup": packed * one / wide_ms}
@@ -199,6 +204,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--folded", action="store_true", help="fold the K models into one (see above)")
+    parser.add_argument("--device", default="cpu", help="--folded: where (cpu, cuda)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.folded:
@@ -206,7 +212,7 @@ def main(argv: list[str]) -> int:
               "speed-up |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
         for model_name in args.models:
             for packed in args.packed:
-                r = measure_folded(model_name, packed, args.batch, args.repeats)
+                r = measure_folded(model_name, packed, args.batch, args.repeats, args.device)
                 print(f"| {model_name} | {r['batch']} | {packed} | {r['one_ms']:.2f} | {r['folded_ms']:.1f} | "
                       f"{r['speedup']:.2f}x | {r['wide_ms']:.1f} | {r['wide_speedup']:.2f}x |", flush=True)
         return 0

@@ -12,6 +12,7 @@ Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md:
     loop (bench/minimal_gpt.py) at the same sizes on the same GPU; at the study's xs preset, the
     runner eager and compiled (COMPILE=True) against the minimal loop;
   - a micro frontier, one point per GPU and again with POINTS_PER_DEVICE=8 (eight points sharing it);
+  - K xs Transformer++ points folded into one model against K steps of one (bench_lockstep.py --folded);
   - sampling tokens/s with and without the carried state / key-value cache (bench_sampling.py);
   - the ESN fit against reservoirpy, where reservoirpy is installed (bench_esn.py).
 A part that fails is recorded with its error and the rest still runs.
@@ -192,6 +193,12 @@ def main(out: Path, dry_run: bool) -> int:
         report["frontier"][name] = {"points": len(placed), "devices": sorted({str(d) for d in placed}),
                                     "seconds": parts[name]["seconds"]}
     write_report(out, report)
+    # K of the study's xs Transformer++ points folded into one model (bench_lockstep.py --folded): on a GPU a
+    # point this small is bound by its kernel launches, which a fold shares among K
+    parts["lockstep_folded"] = run([PY, "bench/bench_lockstep.py", "--folded", "--models", "transformer++",
+                                    "--batch", "8", "--device", device, "--packed",
+                                    *(["2", "--repeats", "3"] if dry_run else ["8", "32", "--repeats", "40"])],
+                                   timeout=600)
     # 300 new tokens: about 40 s on an H200 for every model both ways, where 2,000 ran past the check's time
     parts["sampling"] = run([PY, "bench/bench_sampling.py", "100" if dry_run else "300", device])
     try:
@@ -234,6 +241,10 @@ def markdown(report: dict) -> str:
         lines += ["", f"transformer: runner {t['runner_tokens_per_second']:,.0f} tok/s, minimal loop "
                   f"{t['minimal_tokens_per_second']:,.0f} tok/s (ratio {t['ratio_runner_to_minimal']}); "
                   f"MFU runner {t['runner_mfu']}, minimal {t['minimal_mfu']} (peak {t['peak_tflops']} TFLOP/s)"]
+    folded = report["parts"].get("lockstep_folded", {})
+    if folded.get("ok"):  # its table, as the bench prints it
+        lines += ["", "K xs Transformer++ points folded into one (bench_lockstep.py --folded):", "",
+                  *[line for line in folded.get("tail", "").splitlines() if line.startswith("|")]]
     # a failed part's own last lines, so a log of the check alone says why (its JSON keeps 2,000 characters)
     for name, part in report["parts"].items():
         if part.get("ok") is False:

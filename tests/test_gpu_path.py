@@ -149,6 +149,31 @@ def test_the_gpu_checks_report_shows_why_a_part_failed():
     assert "PASS  check_0" not in text and "fine" not in text  # the last lines of the failed part alone
 
 
+def test_the_folded_lockstep_bench_runs_and_its_table_reaches_the_gpu_checks_report(capsys):
+    """bench_lockstep.py --folded (the GPU check's part): K models folded into one compute each member's own
+    logits (the bench refuses a fold that does not) and time a step; its table is in the check's report."""
+    import importlib.util
+
+    loaded = {}
+    for name in ("gpu_check", "bench_lockstep"):
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+        loaded[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded[name])
+    import torch
+
+    threads, rng = torch.get_num_threads(), torch.get_rng_state()  # the bench sets one thread and seeds models
+    try:
+        assert loaded["bench_lockstep"].main(["--folded", "--models", "transformer++", "--batch", "2", "--packed",
+                                              "2", "--repeats", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_rng_state(rng)
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("| transformer++ | 2 | 2 |"))
+    report = {"device": {"torch": "2.x"}, "parts": {"lockstep_folded": {"ok": True, "seconds": 3.0, "tail": printed}}}
+    assert row in loaded["gpu_check"].markdown(report)
+
+
 def test_the_gpu_check_writes_each_part_as_it_ends(tmp_path, capsys):
     """A lent GPU machine's time runs out mid-check: what ended before must already be on disk and printed."""
     import importlib.util
