@@ -37,6 +37,7 @@ KEYS = {  # key: what it does (defaults come from the run)
     "SEED": "seed of the sampling generator (default: the model's training seed, as the run sampled)",
     "DEVICE": "'auto' | 'tpu' | 'cuda' | 'cpu' (default 'auto'; on XLA, sampling itself runs on the CPU)",
     "STOP_AT_END": "stop each story at its end (default False: write on, a story end shows as a blank line)",
+    "COMPILE": "torch.compile the decode step where the model has a fixed-shape one (default: as the run did)",
 }
 SEPARATOR = "-" * 40
 
@@ -94,7 +95,8 @@ def main(argv: list[str]) -> int:
             top_k=_number(options, "TOP_K", config["SAMPLE_TOP_K"], int, 1, allow_none=True),
             seed=_number(options, "SEED", run.seed, int, 0),
             num_samples=_number(options, "NUM_SAMPLES", 1, int, 1),
-            stop_at_end=bool(options.get("STOP_AT_END", False)))
+            stop_at_end=bool(options.get("STOP_AT_END", False)),
+            compiled=bool(options.get("COMPILE", config.get("COMPILE", False))))  # as the run sampled
         prompts = _prompts(options.get("PROMPT", config["SAMPLE_PROMPTS"]))
         info = dev.select_device({"DEVICE": options.get("DEVICE", "auto")})
         where = dev.sampling_device(info, model.host_only)

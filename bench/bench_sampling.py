@@ -1,6 +1,7 @@
 """Sampling tokens/s of every model at its default size: carried state / kept keys and values
 (``generate``'s default) against recomputing the whole context for every token (``cache=False``,
-how sample.py worked before).
+how sample.py worked before), and with COMPILE=True's compiled decode step where the model has a
+fixed-shape one (its compile timed apart: the first story's seconds beyond the others').
 
     python bench/bench_sampling.py [NEW_TOKENS] [DEVICE] [MODEL ...]   (default 2000 characters, cpu, all)
 
@@ -18,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from configs import parse_overrides  # noqa: E402
 from reservoir.models import MODEL_NAMES, build_model  # noqa: E402
+from reservoir.run.sampling import decode_step  # noqa: E402
 
 VOCAB, PROMPT = 80, 16
 
@@ -38,17 +40,26 @@ def main(new_tokens: int, device: str, names: list[str]) -> None:
     config = parse_overrides(["SEQ_LEN=128"])
     prompt = torch.arange(PROMPT, device=device) % VOCAB
     print(f"{new_tokens} new tokens after a {PROMPT}-token prompt, on {device}")
-    print(f"{'model':22s} {'recompute tok/s':>16s} {'cached tok/s':>13s} {'speed-up':>9s}")
+    print(f"{'model':22s} {'recompute tok/s':>16s} {'cached tok/s':>13s} {'speed-up':>9s} {'compiled tok/s':>15s} "
+          f"{'compile s':>10s}")
     for name in names:
         model = fitted(name, config, device)
         rates, stories = {}, {}
-        for cache in (False, True):
+        step = decode_step(model, True)  # COMPILE=True's decode step, where the model has a fixed-shape one
+        started = time.perf_counter()
+        model.generate(prompt, new_tokens, temperature=1.0, step=step)  # its compile, then its first story
+        first = time.perf_counter() - started
+        for way, options in (("recompute", {"cache": False}), ("cached", {}), ("compiled", {"step": step})):
             start = time.perf_counter()
-            stories[cache] = model.generate(prompt, new_tokens, temperature=1.0, cache=cache,
-                                            generator=torch.Generator().manual_seed(0))
-            rates[cache] = new_tokens / (time.perf_counter() - start)
-        assert torch.equal(stories[False], stories[True]), f"{name}: the cached story differs"
-        print(f"{name:22s} {rates[False]:16,.0f} {rates[True]:13,.0f} {rates[True] / rates[False]:8.1f}x")
+            stories[way] = model.generate(prompt, new_tokens, temperature=1.0,
+                                          generator=torch.Generator().manual_seed(0), **options)
+            rates[way] = new_tokens / (time.perf_counter() - start)
+        assert torch.equal(stories["recompute"], stories["cached"]), f"{name}: the cached story differs"
+        assert torch.equal(stories["cached"], stories["compiled"]), f"{name}: the compiled story differs"
+        compiled = f"{rates['compiled']:15,.0f} {first - new_tokens / rates['compiled']:10.1f}" if step.compiles else \
+            f"{'(no fixed-shape step)':>26s}"
+        print(f"{name:22s} {rates['recompute']:16,.0f} {rates['cached']:13,.0f} "
+              f"{rates['cached'] / rates['recompute']:8.1f}x {compiled}", flush=True)
 
 
 if __name__ == "__main__":

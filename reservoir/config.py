@@ -48,8 +48,8 @@ SHARED_CONFIG = {
     "ADAM_BETA2": 0.95,  # AdamW's second-moment decay (nanoGPT's Shakespeare-char run uses 0.99)
     "ADAM_BETA2_REF_TOKENS": None,  # tokens per step at which ADAM_BETA2 holds; others: a fixed half-life in tokens
     "GRADIENT_CHECKPOINTING": False,  # recompute activations in backward (less memory, ~30% slower)
-    "COMPILE": False,  # torch.compile the training step and the evaluations on CPU/CUDA (XLA compiles every step
-    # already): its compile is held off the clock; where it wins, see docs/hardware.md
+    "COMPILE": False,  # torch.compile the training step, the evaluations and the decode step on CPU/CUDA (XLA
+    # compiles every step already): its compile is held off the clock; where it wins, see docs/hardware.md
     # --- budget: training of each model stops at whichever comes first ----
     "MAX_STEPS": None,  # optimizer steps per model (None: no step limit)
     "TOKEN_BUDGET": None,  # training tokens per model, all devices together (None: no token limit)

@@ -7,9 +7,10 @@ import shutil
 
 import pytest
 
-from tests.conftest import run_cli, summary_of
+from sample import SEPARATOR
+from tests.conftest import run_cli, run_script, summary_of
 
-SHORT = ["MODELS=['transformer','lstm']", "MAX_STEPS=40", "EVAL_POINTS=1", "SAMPLE_TOKENS=0"]
+SHORT = ["MODELS=['transformer','lstm']", "MAX_STEPS=40", "EVAL_POINTS=1", "SAMPLE_TOKENS=40"]
 # a compiled step adds and multiplies in another order than eager's kernels: after 40 steps on the tiny models
 # the scores differ in the fifth decimal (measured: bench/bench_compiled.py, docs/hardware.md)
 SCORE_TOLERANCE = 1e-3
@@ -34,6 +35,10 @@ def test_a_compiled_step_scores_as_eager_does_within_tolerance_and_compiles_noth
         assert not {"compiled", "eval_compiled"} & set(eager[model]["fit"])  # an eager record says nothing of it
         assert abs(compiled[model]["val_bpc"] - eager[model]["val_bpc"]) < SCORE_TOLERANCE
         assert compiled[model]["train_steps"] == eager[model]["train_steps"] == 40
+    # its stories came from the compiled decode step; sample.py (with the run's COMPILE) writes them again
+    for model in ("transformer", "lstm"):
+        again = run_script("sample.py", tmp_path / "results" / "compiled", f"MODEL={model}", "STOP_AT_END=True")
+        assert again.stdout.rstrip("\n").split(f"\n{SEPARATOR}\n") == [s["text"] for s in compiled[model]["samples"]]
 
 
 @pytest.mark.slow
@@ -75,3 +80,27 @@ def test_a_steps_recompiles_are_its_own_calls_not_the_evaluations_beside_it():
     assert step.report()["recompiles"] == 0 and step.compiles == 1
     assert evaluation.compiles == 2 and evaluation.recompiled_shapes == 0 and len(evaluation.shapes) == 2
     assert evaluation.compiled is not None and evaluation.compile_seconds > 0
+
+
+@pytest.mark.slow  # a compile of each model's decode step
+@pytest.mark.skipif(not shutil.which(os.environ.get("CXX", "g++")), reason="no C++ compiler here")
+@pytest.mark.parametrize("name", ["transformer", "frozen_retention"])
+def test_a_compiled_decode_step_writes_the_eager_stories_from_one_graph(name):
+    """The transformer's keys and values in a cache of the window's length, frozen retention's state: one graph
+    for every token of every story, past the window the model's own steps, and the stories eager writes."""
+    import torch
+
+    from reservoir.config import parse_overrides
+    from reservoir.models import build_model
+    from reservoir.run.sampling import decode_step
+
+    model = build_model(name, 40, parse_overrides(["SEQ_LEN=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32",
+                                                   "FROZEN_RETENTION.layers=1", "FROZEN_RETENTION.width=32",
+                                                   "FROZEN_RETENTION.ffn_hidden=64"])).eval()
+    step, prompt = decode_step(model, True), torch.arange(6)
+    for seed in (1, 2):  # the second story compiles nothing
+        stories = [model.generate(prompt, 50, generator=torch.Generator().manual_seed(seed), step=s)
+                   for s in (None, step)]
+        assert torch.equal(stories[0], stories[1]), seed
+    assert step.compiled is not None and step.failed is None
+    assert step.compiles == 1 and step.recompiled_shapes == 0, (step.compiles, step.recompiled_shapes)

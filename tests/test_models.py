@@ -259,6 +259,32 @@ def test_cached_generation_writes_the_stories_recomputing_writes(name, corpus_id
         assert len(stories[0]) == 70 and torch.equal(stories[0], stories[1]), (name, settings)
 
 
+FIXED_SHAPE_DECODING = {"transformer", "lstm", "esn", "deep_esn", "linear_reservoir", "frozen_retention"}
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_the_fixed_shape_decode_step_writes_the_stories_recomputing_writes(name, corpus_ids):
+    """generate's ``step`` (what COMPILE=True compiles; eager here): the transformer's keys and values in a cache of
+    the window's length, a recurrent state as it is, and past the 32-token window the model's own steps again."""
+    model = _fitted(name, corpus_ids)
+    prompt = torch.from_numpy(corpus_ids[0][100:110].astype(np.int64))
+    calls = []
+
+    def step(*args):
+        calls.append(args[2])  # the position
+        return type(model).static_step(*args)
+
+    for settings in ({"temperature": 0.0}, {"temperature": 0.8, "top_k": 20}):
+        stories = [model.generate(prompt, 60, generator=torch.Generator().manual_seed(5), cache=cache,
+                                  step=step if cache else None, **settings) for cache in (True, False)]
+        assert len(stories[0]) == 70 and torch.equal(stories[0], stories[1]), (name, settings)
+    if name in FIXED_SHAPE_DECODING:
+        reach = 32 if model.context_size else 69  # the window's last position, or every token's
+        assert [int(p) for p in calls[:reach - 10]] == list(range(10, reach)), name
+    else:
+        assert not calls, name  # its cache grows, or it recomputes a window: no fixed-shape step
+
+
 def test_the_transformer_cache_matches_its_forward_pass(corpus_ids):
     model = _fitted("transformer", corpus_ids)
     ids = torch.from_numpy(corpus_ids[0][:20].astype(np.int64)).view(1, -1)

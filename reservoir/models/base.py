@@ -84,10 +84,26 @@ class LanguageModel(nn.Module):
         context = ids[:, -self.context_size:] if self.context_size else ids
         return self(context)[:, -1, :].float()
 
+    # fixed-shape generation, for a compiled decode step (generate's ``step``): a carry of one shape at every
+    # token, and a step that reads one new token at its position. A model without one generates as above.
+    def static_carry(self, carry, length: int):
+        """``carry`` after ``length`` tokens as tensors of the shape every later token keeps, or None: this
+        model has no fixed-shape step (it recomputes a window, or its cache grows)."""
+        return None if self._recomputes() or carry is None else carry
+
+    def static_step(self, token: torch.Tensor, position: torch.Tensor, carry):
+        """(next-token logits (1, V), carry) after the new ``token`` (1, 1) at ``position`` (a 0-d tensor)."""
+        logits, state = self.forward_stream(token, carry)
+        return logits[:, -1, :].float(), state
+
+    def static_fits(self, position: int) -> bool:
+        """Whether the fixed-shape step reaches ``position`` (past it: continue_generation's window)."""
+        return not self.context_size or position < self.context_size
+
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, stop_id: int | None = None,
-                 generator: torch.Generator | None = None, cache: bool = True) -> torch.Tensor:
+                 generator: torch.Generator | None = None, cache: bool = True, step=None) -> torch.Tensor:
         """Continue ``prompt`` (1-D or (1, T) ids) by at most ``max_new_tokens`` tokens.
 
         temperature 0 is greedy; top_k keeps the k likeliest tokens, top_p the
@@ -95,16 +111,24 @@ class LanguageModel(nn.Module):
         models carry their state from token to token, the transformer its keys and values
         (until its window is full), so a story costs O(length); ``cache=False`` recomputes
         the whole context for every token instead (the same stories, slower: kept to test
-        and measure against).
+        and measure against). ``step(model, token, position, carry)``: ``static_step`` as the
+        caller runs it (compiled: one graph for every token), where the model has a fixed-shape
+        carry (``static_carry``); past its reach, or without one, the model's own steps.
         """
         ids = prompt.view(1, -1)
+        static = None
         if cache:
             logits, carry = self.begin_generation(ids)
-        for step in range(max_new_tokens):
+            if step is not None:  # a fixed-shape carry for the compiled step, where the model has one
+                static = self.static_carry(carry, ids.shape[1])
+        for made in range(max_new_tokens):
             if not cache:
                 logits = LanguageModel._window_logits(self, ids)
-            elif step:
-                logits, carry = self.continue_generation(ids, carry)
+            elif made and static is not None and self.static_fits(ids.shape[1] - 1):
+                position = torch.tensor(ids.shape[1] - 1, device=ids.device)
+                logits, static = step(self, ids[0, -1:].view(1, 1), position, static)  # one stride every token
+            elif made:
+                logits, carry = self.continue_generation(ids, None if static is not None else carry)
             if temperature <= 0:
                 chosen = logits.argmax(-1, keepdim=True).cpu()
             else:

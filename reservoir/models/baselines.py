@@ -47,9 +47,14 @@ def rotate(x: torch.Tensor, first_position: int = 0, base: float = ROTARY_BASE) 
     """Rotary position embedding (Su et al. 2021) of ``x`` (B, H, T, D) at positions first_position.. :
     each pair of channels (i, i + D/2) turned by position x base^(-2i/D), so a query-key product depends
     on their positions only through their difference."""
+    positions = torch.arange(first_position, first_position + x.shape[-2], device=x.device, dtype=torch.float32)
+    return rotate_at(x, positions, base)
+
+
+def rotate_at(x: torch.Tensor, positions: torch.Tensor, base: float = ROTARY_BASE) -> torch.Tensor:
+    """``rotate`` at the float32 ``positions`` (T,): a tensor, so a compiled step takes any position."""
     half = x.shape[-1] // 2
     frequencies = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    positions = torch.arange(first_position, first_position + x.shape[-2], device=x.device, dtype=torch.float32)
     angles = positions[:, None] * frequencies[None, :]
     cos, sin = angles.cos(), angles.sin()
     x1, x2 = x[..., :half].float(), x[..., half:].float()
@@ -107,9 +112,28 @@ class TransformerBlock(nn.Module):
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=past is None,
                                              dropout_p=self.dropout if self.training else 0)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, c))
-        x = x + self.mlp(self.ln2(x))
+        x = self._after_attention(x, att)
         return (x, (k, v)) if keep else x
+
+    def _after_attention(self, x, att):
+        b, t, c = x.shape
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x))
+
+    def step(self, x, position: torch.Tensor, past):
+        """One new position ``x`` (B, 1, C) at ``position`` (0-d) against a cache of fixed length (keys and values
+        (B, H, L, D), filled before ``position``): the cached forward with one shape at every token, for a
+        compiled decode step. Returns (x, the cache with this position's keys and values written in)."""
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary:
+            q, k = rotate_at(q, position.float().view(1)), rotate_at(k, position.float().view(1))
+        keys, values = (cached.index_copy(2, position.view(1), new) for cached, new in zip(past, (k, v), strict=True))
+        seen = torch.arange(keys.shape[2], device=x.device) <= position  # the positions filled so far
+        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=seen[None, None, None, :])
+        return self._after_attention(x, att), (keys, values)
 
 
 class Transformer(LanguageModel):
@@ -187,6 +211,24 @@ class Transformer(LanguageModel):
         kept = []
         for block, kv in zip(self.blocks, cache, strict=True):
             x, kv = block(x, past=kv, keep=True)
+            kept.append(kv)
+        return self.head(self.ln_f(x))[:, -1, :].float(), kept
+
+    def static_carry(self, cache, length: int):
+        """The kept keys and values in a cache of the window's length (zeros past ``length``)."""
+        if cache is None:
+            return None
+        filled = torch.arange(length, device=cache[0][0].device)
+        return [tuple(t.new_zeros(*t.shape[:2], self.context_size, t.shape[3]).index_copy(2, filled, t) for t in kv)
+                for kv in cache]
+
+    def static_step(self, token, position, cache):
+        x = self.tok(token)
+        if self.pos is not None:
+            x = x + self.pos(position.view(1))
+        kept = []
+        for block, kv in zip(self.blocks, cache, strict=True):
+            x, kv = block.step(x, position, kv)
             kept.append(kv)
         return self.head(self.ln_f(x))[:, -1, :].float(), kept
 

@@ -230,3 +230,6 @@ class FrozenRetention(LanguageModel):
             return self._window_logits(ids), None
         logits, state = self.forward_stream(ids[:, -1:], carry)
         return logits[:, -1, :].float(), state
+
+    def static_carry(self, carry, length: int):
+        return carry  # its state has one shape at every token (None past the window: it recomputes there)

@@ -565,13 +565,15 @@ class CompiledStep:
     same shape compiles from it.
 
     ``what`` names the step in that line; ``fresh=False`` keeps the graphs compiled before it in the process
-    (an evaluation's model calls, compiled beside the fit's training step)."""
+    (an evaluation's model calls, compiled beside the fit's training step); ``info`` None: not on XLA (a
+    decode step, which runs on the CPU or a GPU)."""
 
-    def __init__(self, step, info: DeviceInfo, enabled: bool, name: str, what: str = "training step",
+    def __init__(self, step, info: DeviceInfo | None, enabled: bool, name: str, what: str = "training step",
                  fresh: bool = True):
         self.step, self.name, self.what = step, name, what
-        self.wanted = bool(enabled) and not info.is_xla
-        if enabled and info.is_xla and fresh:
+        on_xla = info is not None and info.is_xla
+        self.wanted = bool(enabled) and not on_xla
+        if enabled and on_xla and fresh:
             say(f"{name}: COMPILE=True adds nothing on XLA, which compiles every step already", info.is_main_process)
         self.compiled = None
         if self.wanted:

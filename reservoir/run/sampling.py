@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from reservoir.data.corpus import EOT
+from reservoir.platform import device as dev
 from reservoir.platform.messages import warn
 
 
@@ -25,6 +26,7 @@ class SampleSettings:
     seed: int
     num_samples: int = 1
     stop_at_end: bool = True  # one story per sample; False: write on through story ends (shown as blank lines)
+    compiled: bool = False  # COMPILE=True: the decode step compiled (a fixed-shape carry: every token one graph)
 
 
 def decode_story(tokenizer, ids) -> str:
@@ -44,6 +46,16 @@ def warn_unknown_characters(tokenizer, prompt: str) -> None:
              "never has them): read as <unk>, shown as '?'")
 
 
+def decode_step(model, compiled: bool):
+    """The step ``generate`` runs at each token where the model has a fixed-shape carry: its ``static_step``
+    compiled (COMPILE=True; one graph for every token and story, an eager fallback in one line), or None (the
+    model's own steps, eager)."""
+    if not compiled:
+        return None
+    return dev.CompiledStep(type(model).static_step, None, True, type(model).__name__, what="decode step",
+                            fresh=False)
+
+
 @torch.no_grad()
 def write_stories(model, tokenizer, prompts: list[str], settings: SampleSettings,
                   device: torch.device) -> list[tuple[str, str]]:
@@ -53,12 +65,13 @@ def write_stories(model, tokenizer, prompts: list[str], settings: SampleSettings
     model.eval()
     generator = torch.Generator().manual_seed(settings.seed)
     stop_id = tokenizer.eot_id if settings.stop_at_end else None
+    step = decode_step(model, settings.compiled)
     out = []
     for prompt in prompts:
         warn_unknown_characters(tokenizer, prompt)
         ids = torch.from_numpy(np.asarray(tokenizer.encode(prompt), dtype=np.int64)).to(device)
         for _ in range(settings.num_samples):
             story = model.generate(ids, settings.max_new_tokens, temperature=settings.temperature,
-                                   top_k=settings.top_k, stop_id=stop_id, generator=generator)
+                                   top_k=settings.top_k, stop_id=stop_id, generator=generator, step=step)
             out.append((prompt, decode_story(tokenizer, story.cpu().numpy())))
     return out

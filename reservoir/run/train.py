@@ -799,7 +799,7 @@ def _fit_counts(job: Fit) -> Outcome:
 def sample_stories(model, data: TokenData, config: dict, info: dev.DeviceInfo) -> list[tuple[str, str]]:
     """One story per prompt, same seed for every model (sample.py reproduces them from the run folder)."""
     settings = SampleSettings(config["SAMPLE_TOKENS"], config["SAMPLE_TEMPERATURE"], config["SAMPLE_TOP_K"],
-                              config["SEED"])
+                              config["SEED"], compiled=bool(config.get("COMPILE")))
     where = dev.sampling_device(info, model.host_only)  # sampling comes last: already saved
     return write_stories(model, data.tokenizer, config["SAMPLE_PROMPTS"], settings, where)
 
