@@ -151,7 +151,8 @@ def test_the_gpu_checks_report_shows_why_a_part_failed():
 
 def test_the_folded_lockstep_bench_runs_and_its_table_reaches_the_gpu_checks_report(capsys):
     """bench_lockstep.py --folded (the GPU check's part): K models folded into one compute each member's own
-    logits (the bench refuses a fold that does not) and time a step; its table is in the check's report."""
+    logits (the bench refuses a fold that does not) and time a step; its table is in the check's report, as
+    the sampling bench's are."""
     import importlib.util
 
     loaded = {}
@@ -170,8 +171,11 @@ def test_the_folded_lockstep_bench_runs_and_its_table_reaches_the_gpu_checks_rep
         torch.set_rng_state(rng)
     printed = capsys.readouterr().out
     row = next(line for line in printed.splitlines() if line.startswith("| transformer++ | 2 | 2 |"))
-    report = {"device": {"torch": "2.x"}, "parts": {"lockstep_folded": {"ok": True, "seconds": 3.0, "tail": printed}}}
-    assert row in loaded["gpu_check"].markdown(report)
+    sampled = "100 new tokens after a 16-token prompt, on cuda\nmodel  recompute tok/s\ntransformer  876"
+    report = {"device": {"torch": "2.x"}, "parts": {"lockstep_folded": {"ok": True, "seconds": 3.0, "tail": printed},
+                                                     "sampling_in_window": {"ok": True, "tail": "pip\n" + sampled}}}
+    text = loaded["gpu_check"].markdown(report)
+    assert row in text and sampled in text and "pip" not in text  # the sampling bench's table, from its header
 
 
 def test_the_gpu_check_writes_each_part_as_it_ends(tmp_path, capsys):
