@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from configs import parse_overrides  # noqa: E402
 from reservoir.models import MODEL_NAMES, build_model  # noqa: E402
-from reservoir.run.sampling import decode_step  # noqa: E402
+from reservoir.run.sampling import decode_steps  # noqa: E402
 
 VOCAB, PROMPT = 80, 16
 
@@ -45,18 +45,19 @@ def main(new_tokens: int, device: str, names: list[str]) -> None:
     for name in names:
         model = fitted(name, config, device)
         rates, stories = {}, {}
-        step = decode_step(model, True)  # COMPILE=True's decode step, where the model has a fixed-shape one
+        steps = decode_steps(model, True)  # COMPILE=True's decode steps, where the model has a fixed-shape one
         started = time.perf_counter()
-        model.generate(prompt, new_tokens, temperature=1.0, step=step)  # its compile, then its first story
+        model.generate(prompt, new_tokens, temperature=1.0, **steps)  # its compiles, then its first story
         first = time.perf_counter() - started
-        for way, options in (("recompute", {"cache": False}), ("cached", {}), ("compiled", {"step": step})):
+        for way, options in (("recompute", {"cache": False}), ("cached", {}), ("compiled", steps)):
             start = time.perf_counter()
             stories[way] = model.generate(prompt, new_tokens, temperature=1.0,
                                           generator=torch.Generator().manual_seed(0), **options)
             rates[way] = new_tokens / (time.perf_counter() - start)
         assert torch.equal(stories["recompute"], stories["cached"]), f"{name}: the cached story differs"
         assert torch.equal(stories["cached"], stories["compiled"]), f"{name}: the compiled story differs"
-        compiled = f"{rates['compiled']:15,.0f} {first - new_tokens / rates['compiled']:10.1f}" if step.compiles else \
+        compile_seconds = first - new_tokens / rates["compiled"]
+        compiled = f"{rates['compiled']:15,.0f} {compile_seconds:10.1f}" if steps["step"].compiles else \
             f"{'(no fixed-shape step)':>26s}"
         print(f"{name:22s} {rates['recompute']:16,.0f} {rates['cached']:13,.0f} "
               f"{rates['cached'] / rates['recompute']:8.1f}x {compiled}", flush=True)

@@ -86,21 +86,21 @@ def test_a_steps_recompiles_are_its_own_calls_not_the_evaluations_beside_it():
 @pytest.mark.skipif(not shutil.which(os.environ.get("CXX", "g++")), reason="no C++ compiler here")
 @pytest.mark.parametrize("name", ["transformer", "frozen_retention"])
 def test_a_compiled_decode_step_writes_the_eager_stories_from_one_graph(name):
-    """The transformer's keys and values in a cache of the window's length, frozen retention's state: one graph
-    for every token of every story, past the window the model's own steps, and the stories eager writes."""
+    """The transformer's keys and values in a cache of the window's length, frozen retention's state, and past the
+    32-token window the full window: one graph each for every token of every story, the stories eager writes."""
     import torch
 
     from reservoir.config import parse_overrides
     from reservoir.models import build_model
-    from reservoir.run.sampling import decode_step
+    from reservoir.run.sampling import decode_steps
 
     model = build_model(name, 40, parse_overrides(["SEQ_LEN=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32",
                                                    "FROZEN_RETENTION.layers=1", "FROZEN_RETENTION.width=32",
                                                    "FROZEN_RETENTION.ffn_hidden=64"])).eval()
-    step, prompt = decode_step(model, True), torch.arange(6)
+    steps, prompt = decode_steps(model, True), torch.arange(6)
     for seed in (1, 2):  # the second story compiles nothing
-        stories = [model.generate(prompt, 50, generator=torch.Generator().manual_seed(seed), step=s)
-                   for s in (None, step)]
+        stories = [model.generate(prompt, 50, generator=torch.Generator().manual_seed(seed), **s) for s in ({}, steps)]
         assert torch.equal(stories[0], stories[1]), seed
-    assert step.compiled is not None and step.failed is None
-    assert step.compiles == 1 and step.recompiled_shapes == 0, (step.compiles, step.recompiled_shapes)
+    for part in steps.values():  # the step within the window, the window past it
+        assert part.compiled is not None and part.failed is None
+        assert part.compiles == 1 and part.recompiled_shapes == 0, (part.compiles, part.recompiled_shapes)

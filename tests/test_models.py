@@ -264,8 +264,8 @@ FIXED_SHAPE_DECODING = {"transformer", "lstm", "esn", "deep_esn", "linear_reserv
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_the_fixed_shape_decode_step_writes_the_stories_recomputing_writes(name, corpus_ids):
-    """generate's ``step`` (what COMPILE=True compiles; eager here): the transformer's keys and values in a cache of
-    the window's length, a recurrent state as it is, and past the 32-token window the model's own steps again."""
+    """generate's ``step`` and ``window`` (what COMPILE=True compiles; eager here): the transformer's keys and values
+    in a cache of the window's length, a recurrent state as it is, and past the 32-token window the full window."""
     model = _fitted(name, corpus_ids)
     prompt = torch.from_numpy(corpus_ids[0][100:110].astype(np.int64))
     calls = []
@@ -274,15 +274,23 @@ def test_the_fixed_shape_decode_step_writes_the_stories_recomputing_writes(name,
         calls.append(args[2])  # the position
         return type(model).static_step(*args)
 
+    windows = []
+
+    def window(model, context):
+        windows.append(context.shape)
+        return model(context)[:, -1, :].float()
+
     for settings in ({"temperature": 0.0}, {"temperature": 0.8, "top_k": 20}):
         stories = [model.generate(prompt, 60, generator=torch.Generator().manual_seed(5), cache=cache,
-                                  step=step if cache else None, **settings) for cache in (True, False)]
+                                  **({"step": step, "window": window} if cache else {}), **settings)
+                   for cache in (True, False)]
         assert len(stories[0]) == 70 and torch.equal(stories[0], stories[1]), (name, settings)
     if name in FIXED_SHAPE_DECODING:
         reach = 32 if model.context_size else 69  # the window's last position, or every token's
         assert [int(p) for p in calls[:reach - 10]] == list(range(10, reach)), name
+        assert windows == [(1, 32)] * (2 * (69 - reach)), name  # past the window: the full window, one shape
     else:
-        assert not calls, name  # its cache grows, or it recomputes a window: no fixed-shape step
+        assert not calls and not windows, name  # its cache grows, or it recomputes a window: no fixed shape
 
 
 def test_the_transformer_cache_matches_its_forward_pass(corpus_ids):

@@ -103,7 +103,8 @@ class LanguageModel(nn.Module):
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, stop_id: int | None = None,
-                 generator: torch.Generator | None = None, cache: bool = True, step=None) -> torch.Tensor:
+                 generator: torch.Generator | None = None, cache: bool = True, step=None,
+                 window=None) -> torch.Tensor:
         """Continue ``prompt`` (1-D or (1, T) ids) by at most ``max_new_tokens`` tokens.
 
         temperature 0 is greedy; top_k keeps the k likeliest tokens, top_p the
@@ -113,7 +114,9 @@ class LanguageModel(nn.Module):
         the whole context for every token instead (the same stories, slower: kept to test
         and measure against). ``step(model, token, position, carry)``: ``static_step`` as the
         caller runs it (compiled: one graph for every token), where the model has a fixed-shape
-        carry (``static_carry``); past its reach, or without one, the model's own steps.
+        carry (``static_carry``); past its reach (a full window, recomputed for every token), the
+        next-token logits of the window as ``window(model, ids)`` gives them, of one shape too;
+        without a fixed-shape carry, the model's own steps.
         """
         ids = prompt.view(1, -1)
         static = None
@@ -127,6 +130,8 @@ class LanguageModel(nn.Module):
             elif made and static is not None and self.static_fits(ids.shape[1] - 1):
                 position = torch.tensor(ids.shape[1] - 1, device=ids.device)
                 logits, static = step(self, ids[0, -1:].view(1, 1), position, static)  # one stride every token
+            elif made and static is not None and window is not None:  # the window's context, one shape
+                logits = window(self, ids[0, -self.context_size:].view(1, -1))
             elif made:
                 logits, carry = self.continue_generation(ids, None if static is not None else carry)
             if temperature <= 0:

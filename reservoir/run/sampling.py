@@ -46,14 +46,19 @@ def warn_unknown_characters(tokenizer, prompt: str) -> None:
              "never has them): read as <unk>, shown as '?'")
 
 
-def decode_step(model, compiled: bool):
-    """The step ``generate`` runs at each token where the model has a fixed-shape carry: its ``static_step``
-    compiled (COMPILE=True; one graph for every token and story, an eager fallback in one line), or None (the
-    model's own steps, eager)."""
+def _full_window_logits(model, context):
+    return model(context)[:, -1, :].float()
+
+
+def decode_steps(model, compiled: bool) -> dict:
+    """``generate``'s ``step`` and ``window`` where the model has a fixed-shape carry: its ``static_step``, and
+    past its reach its full window, each compiled (COMPILE=True; one graph for every token and story, an eager
+    fallback in one line); nothing without COMPILE (the model's own steps, eager)."""
     if not compiled:
-        return None
-    return dev.CompiledStep(type(model).static_step, None, True, type(model).__name__, what="decode step",
-                            fresh=False)
+        return {}
+    name = type(model).__name__
+    return {"step": dev.CompiledStep(type(model).static_step, None, True, name, what="decode step", fresh=False),
+            "window": dev.CompiledStep(_full_window_logits, None, True, name, what="decode step", fresh=False)}
 
 
 @torch.no_grad()
@@ -65,13 +70,13 @@ def write_stories(model, tokenizer, prompts: list[str], settings: SampleSettings
     model.eval()
     generator = torch.Generator().manual_seed(settings.seed)
     stop_id = tokenizer.eot_id if settings.stop_at_end else None
-    step = decode_step(model, settings.compiled)
+    steps = decode_steps(model, settings.compiled)
     out = []
     for prompt in prompts:
         warn_unknown_characters(tokenizer, prompt)
         ids = torch.from_numpy(np.asarray(tokenizer.encode(prompt), dtype=np.int64)).to(device)
         for _ in range(settings.num_samples):
             story = model.generate(ids, settings.max_new_tokens, temperature=settings.temperature,
-                                   top_k=settings.top_k, stop_id=stop_id, generator=generator, step=step)
+                                   top_k=settings.top_k, stop_id=stop_id, generator=generator, **steps)
             out.append((prompt, decode_story(tokenizer, story.cpu().numpy())))
     return out
