@@ -554,6 +554,9 @@ def wrap_for_training(info: DeviceInfo, model: torch.nn.Module) -> torch.nn.Modu
     return DistributedDataParallel(model, device_ids=device_ids, **no_resend)
 
 
+_COMPILE_FAILURES_SAID: set[str] = set()  # compile failures this process has told its user of
+
+
 class CompiledStep:
     """A training step's loss (the model's forward and the loss; through them, their backward) compiled by
     ``torch.compile`` on CPU and CUDA (``COMPILE=True``), static shapes: a fit's batches are one shape, so once
@@ -600,8 +603,11 @@ class CompiledStep:
             if self.proven:
                 raise
             self.compiled, self.failed = None, f"{type(error).__name__}: {first_line(error)}"
-            warn(f"{self.name}: COMPILE=True could not compile its {self.what} ({self.failed}); it runs "
-                 "eager (COMPILE=False runs eager without the attempt)")
+            if self.failed not in _COMPILE_FAILURES_SAID:  # a missing compiler fails every step alike: said once
+                _COMPILE_FAILURES_SAID.add(self.failed)
+                warn(f"{self.name}: COMPILE=True could not compile its {self.what} ({self.failed}); it runs "
+                     "eager, as every step that fails so in this process does (COMPILE=False runs eager without "
+                     "the attempt)")
             return self.step(*args, **kwargs)
         self.proven = True
         made = _frames_compiled() - before
