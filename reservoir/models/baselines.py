@@ -99,13 +99,9 @@ class TransformerBlock(nn.Module):
     def forward(self, x, past=None, keep: bool = False):
         """``past``: (keys, values) of the positions before ``x`` (generation's cache); ``keep``: also
         return this block's keys and values so far."""
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary:  # cached keys are stored rotated: a new position is rotated by its own index
-            first = 0 if past is None else past[0].shape[2]
-            q, k = rotate(q, first), rotate(k, first)
+        t = x.shape[1]
+        first = 0 if past is None else past[0].shape[2]  # cached keys are stored rotated: a new position is
+        q, k, v = self._queries_keys_values(x, lambda z: rotate(z, first))  # rotated by its own index
         if past is not None:  # one new position, which attends to every cached one: no mask
             if t > 1:
                 raise ValueError("a cached block takes one new position at a time")
@@ -114,6 +110,16 @@ class TransformerBlock(nn.Module):
                                              dropout_p=self.dropout if self.training else 0)
         x = self._after_attention(x, att)
         return (x, (k, v)) if keep else x
+
+    def _queries_keys_values(self, x, rotated):
+        """(q, k, v), each (B, H, T, D), of ``x`` (B, T, C); ``rotated(z)`` turns q and k to their positions."""
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary:
+            q, k = rotated(q), rotated(k)
+        return q, k, v
 
     def _after_attention(self, x, att):
         b, t, c = x.shape
@@ -124,12 +130,7 @@ class TransformerBlock(nn.Module):
         """One new position ``x`` (B, 1, C) at ``position`` (0-d) against a cache of fixed length (keys and values
         (B, H, L, D), filled before ``position``): the cached forward with one shape at every token, for a
         compiled decode step. Returns (x, the cache with this position's keys and values written in)."""
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary:
-            q, k = rotate_at(q, position.float().view(1)), rotate_at(k, position.float().view(1))
+        q, k, v = self._queries_keys_values(x, lambda z: rotate_at(z, position.float().view(1)))
         keys, values = (cached.index_copy(2, position.view(1), new) for cached, new in zip(past, (k, v), strict=True))
         seen = torch.arange(keys.shape[2], device=x.device) <= position  # the positions filled so far
         att = F.scaled_dot_product_attention(q, keys, values, attn_mask=seen[None, None, None, :])
