@@ -88,8 +88,10 @@ def test_a_steps_recompiles_are_its_own_calls_not_the_evaluations_beside_it():
 @pytest.mark.parametrize("name", ["transformer", "frozen_retention"])
 def test_a_compiled_decode_step_writes_the_eager_stories_from_one_graph(name):
     """The transformer's keys and values in a cache of the window's length, frozen retention's state, and past the
-    32-token window the full window: one graph each for every token of every story, the stories eager writes."""
+    32-token window the full window: compiled once each for every token of every story (a graph break, where
+    the process holds one, splits a compile into frames), the stories eager writes."""
     import torch
+    import torch._dynamo
 
     from reservoir.config import parse_overrides
     from reservoir.models import build_model
@@ -98,10 +100,14 @@ def test_a_compiled_decode_step_writes_the_eager_stories_from_one_graph(name):
     model = build_model(name, 40, parse_overrides(["SEQ_LEN=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32",
                                                    "FROZEN_RETENTION.layers=1", "FROZEN_RETENTION.width=32",
                                                    "FROZEN_RETENTION.ffn_hidden=64"])).eval()
+    torch._dynamo.reset()  # graphs another test left in this process (a worker's) count nothing here
     steps, prompt = decode_steps(model, True), torch.arange(6)
+    compiled_by_story = []
     for seed in (1, 2):  # the second story compiles nothing
         stories = [model.generate(prompt, 50, generator=torch.Generator().manual_seed(seed), **s) for s in ({}, steps)]
-        assert torch.equal(stories[0], stories[1]), seed
-    for part in steps.values():  # the step within the window, the window past it
-        assert part.compiled is not None and part.failed is None
-        assert part.compiles == 1 and part.recompiled_shapes == 0, (part.compiles, part.recompiled_shapes)
+        assert torch.equal(stories[0], stories[1]), (seed, stories)
+        compiled_by_story.append({what: part.compiles for what, part in steps.items()})
+    for what, part in steps.items():  # the step within the window, the window past it: one shape each
+        assert part.compiled is not None and part.failed is None, (what, part.failed)
+        assert len(part.shapes) == 1 and part.recompiled_shapes == 0, (what, part.shapes, part.recompiled_shapes)
+        assert compiled_by_story[0][what] >= 1 and compiled_by_story[1][what] == compiled_by_story[0][what], what
