@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from reservoir.data.corpus import EOT
+from reservoir.models.base import LanguageModel
 from reservoir.platform import device as dev
 from reservoir.platform.messages import warn
 
@@ -46,10 +47,6 @@ def warn_unknown_characters(tokenizer, prompt: str) -> None:
              "never has them): read as <unk>, shown as '?'")
 
 
-def _full_window_logits(model, context):
-    return model(context)[:, -1, :].float()
-
-
 def decode_steps(model, compiled: bool) -> dict:
     """``generate``'s ``step`` and ``window`` where the model has a fixed-shape carry: its ``static_step``, and
     past its reach its full window, each compiled (COMPILE=True; one graph for every token and story, an eager
@@ -58,7 +55,8 @@ def decode_steps(model, compiled: bool) -> dict:
         return {}
     name = type(model).__name__
     return {"step": dev.CompiledStep(type(model).static_step, None, True, name, what="decode step", fresh=False),
-            "window": dev.CompiledStep(_full_window_logits, None, True, name, what="decode step", fresh=False)}
+            "window": dev.CompiledStep(LanguageModel._window_logits, None, True, name, what="decode step",
+                                       fresh=False)}
 
 
 @torch.no_grad()
