@@ -1,7 +1,8 @@
 """Sampling tokens/s of every model at its default size: carried state / kept keys and values
 (``generate``'s default) against recomputing the whole context for every token (``cache=False``,
 how sample.py worked before), and with COMPILE=True's compiled decode step where the model has a
-fixed-shape one (its compile timed apart: the first story's seconds beyond the others').
+fixed-shape one (its compile timed apart: the first story's seconds beyond the others'), and on a GPU
+that step replayed as CUDA graphs too.
 
     python bench/bench_sampling.py [NEW_TOKENS] [DEVICE] [MODEL ...]   (default 2000 characters, cpu, all)
 
@@ -41,7 +42,7 @@ def main(new_tokens: int, device: str, names: list[str]) -> None:
     prompt = torch.arange(PROMPT, device=device) % VOCAB
     print(f"{new_tokens} new tokens after a {PROMPT}-token prompt, on {device}")
     print(f"{'model':22s} {'recompute tok/s':>16s} {'cached tok/s':>13s} {'speed-up':>9s} {'compiled tok/s':>15s} "
-          f"{'compile s':>10s}")
+          f"{'compile s':>10s}" + (f" {'CUDA graph tok/s':>14s}" if device.startswith("cuda") else ""))
     for name in names:
         model = fitted(name, config, device)
         rates, stories = {}, {}
@@ -59,8 +60,26 @@ def main(new_tokens: int, device: str, names: list[str]) -> None:
         compile_seconds = first - new_tokens / rates["compiled"]
         compiled = f"{rates['compiled']:15,.0f} {compile_seconds:10.1f}" if steps["step"].compiles else \
             f"{'(no fixed-shape step)':>26s}"
+        if steps["step"].compiles and device.startswith("cuda"):
+            compiled += f" {graphed(model, prompt, new_tokens, stories['compiled']):>14s}"
         print(f"{name:22s} {rates['recompute']:16,.0f} {rates['cached']:13,.0f} "
               f"{rates['cached'] / rates['recompute']:8.1f}x {compiled}", flush=True)
+
+
+def graphed(model, prompt, new_tokens: int, compiled_story) -> str:
+    """tokens/s of the compiled decode step replayed as CUDA graphs (torch.compile's "reduce-overhead"), or
+    why not: its story must be the compiled one."""
+    steps = decode_steps(model, True, cuda_graphs=True)
+    try:
+        for _ in range(2):  # its compiles and its graphs' recording, then a story
+            model.generate(prompt, new_tokens, temperature=1.0, **steps)
+        start = time.perf_counter()
+        story = model.generate(prompt, new_tokens, temperature=1.0, generator=torch.Generator().manual_seed(0),
+                               **steps)
+        rate = new_tokens / (time.perf_counter() - start)
+    except Exception as error:  # noqa: BLE001 - the table says why, the other models go on
+        return f"failed: {type(error).__name__}"
+    return f"{rate:,.0f}" if torch.equal(story, compiled_story) else "story differs"
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md:
     runner eager and compiled (COMPILE=True) against the minimal loop;
   - a micro frontier, one point per GPU and again with POINTS_PER_DEVICE=8 (eight points sharing it);
   - K xs Transformer++ points folded into one model against K steps of one (bench_lockstep.py --folded);
-  - sampling tokens/s with and without the carried state / key-value cache, and with the compiled decode
-    step, at 300 tokens and within the window at 100 (bench_sampling.py);
+  - sampling tokens/s with and without the carried state / key-value cache, with the compiled decode
+    step and with it replayed as CUDA graphs, at 300 tokens and within the window at 100 (bench_sampling.py);
   - the ESN fit against reservoirpy, where reservoirpy is installed (bench_esn.py).
 A part that fails is recorded with its error and the rest still runs.
 """

@@ -38,3 +38,26 @@ def test_cached_generation_on_the_gpu_writes_the_recomputed_story(name):
     prompt = torch.from_numpy(corpus[0][100:110].astype(np.int64)).cuda()
     greedy = [model.generate(prompt, 60, temperature=0.0, cache=cache) for cache in (True, False)]
     assert torch.equal(greedy[0], greedy[1])
+
+
+def test_a_story_on_the_gpu_is_read_by_the_host_once():
+    """No host sync while a story of known length is written (torch's sync debug mode counts them): its
+    tokens are chosen on the GPU, and the draws go there in one copy."""
+    import warnings
+
+    from reservoir.config import parse_overrides
+    from reservoir.models import build_model
+
+    model = build_model("lstm", 40, parse_overrides(["LSTM.hidden=32"])).eval().cuda()
+    prompt = torch.arange(6, device="cuda")
+    model.generate(prompt, 5)  # the first call's own set-up (the kernels' first launches)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            model.generate(prompt, 50, generator=torch.Generator().manual_seed(0))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]

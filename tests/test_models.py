@@ -235,6 +235,53 @@ def test_generate_honours_its_limits(corpus_ids):
     assert len(model.generate(prompt, 10, temperature=0, stop_id=stop)) == 4
 
 
+def _multinomial_story(model, prompt, new_tokens, generator, temperature, top_k=None, stop_id=None):
+    """A story as sampling took it token by token: the whole context's logits, torch.multinomial on the host."""
+    ids = prompt.view(1, -1)
+    for _ in range(new_tokens):
+        logits = model(ids[:, -model.context_size:] if model.context_size else ids)[:, -1, :].float()
+        if temperature <= 0:
+            chosen = logits.argmax(-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                logits = logits.masked_fill(logits < torch.topk(logits, top_k).values[:, -1:], float("-inf"))
+            chosen = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+        ids = torch.cat([ids, chosen], dim=1)
+        if stop_id is not None and int(chosen) == stop_id:
+            break
+    return ids[0]
+
+
+@pytest.mark.parametrize("name", ["lstm", "transformer", "frozen_retention"])
+def test_sampling_draws_what_multinomial_draws_and_leaves_the_generator_where_it_would(name, corpus_ids):
+    """Tokens chosen on the device from draws taken ahead give torch.multinomial's stories, also where a story
+    ends before its draws do (at a stop read at once, or found a few tokens late): the next story from the
+    same generator is the one it would have been."""
+    model = _fitted(name, corpus_ids)
+    prompt = torch.from_numpy(corpus_ids[0][100:110].astype(np.int64))
+    for settings in ({"temperature": 1.0}, {"temperature": 0.8, "top_k": 5}, {"temperature": 0.0}):
+        free = _multinomial_story(model, prompt, 60, torch.Generator().manual_seed(7), **settings)
+        stop_id = int(free[10:].mode().values)  # the story's commonest token: it ends there early
+        reference = torch.Generator().manual_seed(7)
+        expected = [_multinomial_story(model, prompt, 60, reference, stop_id=stop_id, **settings) for _ in range(3)]
+        assert len(expected[0]) < 70, settings  # the first story stops early
+        for stop_every in (1, 7):
+            generator = torch.Generator().manual_seed(7)
+            stories = [model.generate(prompt, 60, stop_id=stop_id, generator=generator, stop_every=stop_every,
+                                      **settings) for _ in range(3)]
+            assert all(torch.equal(a, b) for a, b in zip(stories, expected, strict=True)), (settings, stop_every)
+            assert torch.equal(generator.get_state(), reference.get_state()), (settings, stop_every)
+
+
+def test_sampling_from_a_model_whose_probabilities_are_nan_says_so():
+    model = build_model("lstm", 20, small_config())
+    with torch.no_grad():
+        model.head.weight.fill_(float("nan"))
+    with pytest.raises(RuntimeError, match="next-token probabilities are NaN"):
+        model.generate(torch.arange(4), 5, generator=torch.Generator().manual_seed(0))
+
+
 def _fitted(name, corpus_ids, *extra):
     """``name`` built small, its closed-form part fitted where it has one (random weights elsewhere)."""
     ids, vocab = corpus_ids

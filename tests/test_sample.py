@@ -38,6 +38,29 @@ def test_sample_with_the_xla_device(tmp_path):
     assert "on cpu" in proc.stderr
 
 
+@pytest.mark.xla
+def test_a_story_on_an_xla_device_is_read_by_the_host_once():
+    """Where every host read waits for the device (XLA's lazy tensors here, a GPU alike), a story of known length
+    is read once, its tokens chosen on the device; while it looks for its end, once every ``stop_every`` tokens.
+    The stories are the CPU's."""
+    import torch_xla
+    import torch_xla.debug.metrics as metrics
+
+    from reservoir.config import parse_overrides
+    from reservoir.models import build_model
+
+    model = build_model("lstm", 40, parse_overrides(["LSTM.hidden=32"])).eval()
+    on_cpu = model.generate(torch.arange(6), 20, generator=torch.Generator().manual_seed(1))
+    device = torch_xla.device()
+    model.to(device)
+    for options, reads in (({}, 1), ({"stop_id": 99, "stop_every": 5}, 4)):  # 99: a token the vocabulary lacks
+        metrics.clear_all()
+        story = model.generate(torch.arange(6, device=device), 20, generator=torch.Generator().manual_seed(1),
+                               **options)
+        assert torch.equal(story, on_cpu), options
+        assert metrics.metric_data("TransferFromDeviceTime")[0] == reads, options
+
+
 def test_samples_continue_past_story_ends_as_blank_lines(every_model_run):
     model, tokenizer, _ = load_trained(every_model_run, "ngram")
     for seed in range(50):  # a seed whose first story ends within the token budget

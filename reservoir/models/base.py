@@ -104,7 +104,7 @@ class LanguageModel(nn.Module):
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, stop_id: int | None = None,
                  generator: torch.Generator | None = None, cache: bool = True, step=None,
-                 window=None) -> torch.Tensor:
+                 window=None, stop_every: int = 1) -> torch.Tensor:
         """Continue ``prompt`` (1-D or (1, T) ids) by at most ``max_new_tokens`` tokens.
 
         temperature 0 is greedy; top_k keeps the k likeliest tokens, top_p the
@@ -117,9 +117,18 @@ class LanguageModel(nn.Module):
         carry (``static_carry``); past its reach (a full window, recomputed for every token), the
         next-token logits of the window as ``window(model, ids)`` gives them, of one shape too;
         without a fixed-shape carry, the model's own steps.
+
+        Tokens are chosen where the model runs and read by the host once a story, and while it looks
+        for ``stop_id`` once every ``stop_every`` tokens (the tokens made past the end are dropped):
+        on a GPU each read waits for the device to finish. The draws come from ``generator`` on the
+        CPU as ``torch.multinomial`` takes them, so a seed writes the same story on every device.
+        Returns the prompt and the story, on the host.
         """
         ids = prompt.view(1, -1)
-        static = None
+        start, static, position = ids.shape[1], None, None
+        host: list[int] = []  # the ids read by the host so far (the prompt's, then the story's)
+        checked = 0  # the story's tokens looked at for stop_id
+        choice = _TokenChoice(temperature, top_k, top_p, generator)
         if cache:
             logits, carry = self.begin_generation(ids)
             if step is not None:  # a fixed-shape carry for the compiled step, where the model has one
@@ -128,26 +137,91 @@ class LanguageModel(nn.Module):
             if not cache:
                 logits = LanguageModel._window_logits(self, ids)
             elif made and static is not None and self.static_fits(ids.shape[1] - 1):
-                position = torch.tensor(ids.shape[1] - 1, device=ids.device)
+                # the position stays on the device: made there at the first step, one further at each after it
+                position = (torch.full((), ids.shape[1] - 1, dtype=torch.long, device=ids.device)
+                            if position is None else position + 1)
                 logits, static = step(self, ids[0, -1:].view(1, 1), position, static)  # one stride every token
             elif made and static is not None and window is not None:  # the window's context, one shape
                 logits = window(self, ids[0, -self.context_size:].view(1, -1))
             elif made:
                 logits, carry = self.continue_generation(ids, None if static is not None else carry)
-            if temperature <= 0:
-                chosen = logits.argmax(-1, keepdim=True).cpu()
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                if top_p is not None:
-                    sorted_logits, order = torch.sort(logits, descending=True)
-                    cumulative = sorted_logits.softmax(-1).cumsum(-1)
-                    drop = cumulative - sorted_logits.softmax(-1) >= top_p  # keep the first token reaching p
-                    logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
-                chosen = torch.multinomial(logits.softmax(-1).cpu(), 1, generator=generator)
-            ids = torch.cat([ids, chosen.to(ids.device)], dim=1)  # one host sync per token: the .cpu() above
-            if stop_id is not None and int(chosen) == stop_id:
-                break
-        return ids[0]
+            ids = torch.cat([ids, choice.next_token(logits, max_new_tokens - made)], dim=1)
+            if stop_id is not None and ((made + 1) % stop_every == 0 or made + 1 == max_new_tokens):
+                host += choice.read(ids[0, len(host):])
+                if stop_id in host[start + checked:]:
+                    end = host.index(stop_id, start + checked)
+                    choice.keep(end + 1 - start)
+                    return torch.tensor(host[:end + 1])
+                checked = made + 1
+        if len(host) < ids.shape[1]:
+            host += choice.read(ids[0, len(host):])
+        return torch.tensor(host)
+
+
+class _TokenChoice:
+    """The next token from a step's logits, on the logits' device, with nothing read by the host.
+
+    ``torch.multinomial(p, 1)`` draws q ~ Exp(1) for each token and takes argmax(p / q); the draws are taken
+    here on the CPU from the same generator, several tokens' at a time and sent to the device in one copy, so
+    sampling gives the tokens multinomial gives. Where a story stops early, the generator is put back where
+    the tokens it kept leave it."""
+
+    def __init__(self, temperature: float, top_k: int | None, top_p: float | None,
+                 generator: torch.Generator | None):
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.generator = generator if generator is not None else torch.default_generator
+        self.draws, self.used = None, 0  # the batch of draws on the device, and how many of it are taken
+        self.drawn = 0  # the story's tokens drawn for
+        self.batches: list[tuple[int, torch.Tensor]] = []  # (the token a batch began at, the generator's state)
+        self.invalid = None  # a device flag: some token's probabilities were NaN
+
+    def next_token(self, logits: torch.Tensor, left: int) -> torch.Tensor:
+        """(1, 1) token ids; ``left``: the tokens the story may still make (this one included)."""
+        if self.temperature <= 0:
+            return logits.argmax(-1, keepdim=True)
+        logits = logits / self.temperature
+        if self.top_k is not None:
+            kth = torch.topk(logits, min(self.top_k, logits.size(-1))).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p is not None:
+            sorted_logits, order = torch.sort(logits, descending=True)
+            cumulative = sorted_logits.softmax(-1).cumsum(-1)
+            drop = cumulative - sorted_logits.softmax(-1) >= self.top_p  # keep the first token reaching p
+            logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+        probs = logits.softmax(-1)
+        nan = probs[:, 0].isnan()  # one NaN logit makes the whole row NaN
+        self.invalid = nan if self.invalid is None else self.invalid | nan
+        return (probs / self._draw(probs, left)).argmax(-1, keepdim=True)
+
+    def _draw(self, probs: torch.Tensor, left: int) -> torch.Tensor:
+        if self.draws is None or self.used == len(self.draws):
+            self.batches.append((self.drawn, self.generator.get_state()))
+            batch = torch.empty((max(1, min(left, DRAWS_AT_ONCE // probs.numel())), *probs.shape), dtype=probs.dtype)
+            for row in batch:  # one call a token, as multinomial makes it
+                row.exponential_(1, generator=self.generator)
+            self.draws, self.used = batch.to(probs.device, non_blocking=True), 0
+        self.used, self.drawn = self.used + 1, self.drawn + 1
+        return self.draws[self.used - 1]
+
+    def read(self, ids: torch.Tensor) -> list[int]:
+        """``ids`` on the host, with whether any token's probabilities were NaN: one read."""
+        flag = self.invalid.long() if self.invalid is not None else torch.zeros(1, dtype=torch.long,
+                                                                                 device=ids.device)
+        values = torch.cat([ids, flag.view(1)]).tolist()
+        if values[-1]:
+            raise RuntimeError("the model's next-token probabilities are NaN: its weights or its state have "
+                               "overflowed, so it has no story to write (retrain it, e.g. at a lower LR)")
+        return values[:-1]
+
+    def keep(self, tokens: int) -> None:
+        """The story ends after ``tokens`` tokens: the generator goes back to where their draws leave it, so
+        the next story draws what it would have drawn."""
+        if not self.batches:
+            return
+        began, state = next((b, s) for b, s in reversed(self.batches) if b < tokens)
+        self.generator.set_state(state)
+        for _ in range(tokens - began):
+            torch.empty(self.draws.shape[1:], dtype=self.draws.dtype).exponential_(1, generator=self.generator)
+
+
+DRAWS_AT_ONCE = 1 << 20  # floats of sampling draws sent to the device in one copy (a few MiB)

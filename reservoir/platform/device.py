@@ -569,10 +569,11 @@ class CompiledStep:
 
     ``what`` names the step in that line; ``fresh=False`` keeps the graphs compiled before it in the process
     (an evaluation's model calls, compiled beside the fit's training step); ``info`` None: not on XLA (a
-    decode step, which runs on the CPU or a GPU)."""
+    decode step, which runs on the CPU or a GPU); ``mode``: torch.compile's (``"reduce-overhead"``: on a GPU
+    each call replayed as one CUDA graph)."""
 
     def __init__(self, step, info: DeviceInfo | None, enabled: bool, name: str, what: str = "training step",
-                 fresh: bool = True):
+                 fresh: bool = True, mode: str | None = None):
         self.step, self.name, self.what = step, name, what
         on_xla = info is not None and info.is_xla
         self.wanted = bool(enabled) and not on_xla
@@ -584,7 +585,7 @@ class CompiledStep:
 
             if fresh:  # the fits before this one in the process are done: their graphs would count against
                 torch._dynamo.reset()  # dynamo's limit of graphs per function, past which it runs eager silently
-            self.compiled = torch.compile(step, dynamic=False)
+            self.compiled = torch.compile(step, dynamic=False, mode=mode)
         self.failed: str | None = None
         self.proven = False  # a compiled call has returned
         self.compiles = 0  # graphs its calls compiled (a call's graph breaks each count)
@@ -782,6 +783,13 @@ def sampling_device(info: DeviceInfo, host_only: bool = False) -> torch.device:
     """Where samples are generated. On XLA the CPU: every generated token grows the
     sequence, a new shape and so a new compiled graph per token."""
     return torch.device("cpu") if info.is_xla else compute_device(info, host_only)
+
+
+def story_end_reads(device: torch.device) -> int:
+    """Tokens a story makes between the host's looks for its end (``generate``'s ``stop_every``): on the CPU
+    every token (a look costs nothing there, and a token made past the end is work thrown away); elsewhere 16,
+    where each look waits for the device to finish what it was given."""
+    return 1 if device.type == "cpu" else 16
 
 
 def xla_compile_count() -> int:

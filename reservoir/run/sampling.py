@@ -47,16 +47,19 @@ def warn_unknown_characters(tokenizer, prompt: str) -> None:
              "never has them): read as <unk>, shown as '?'")
 
 
-def decode_steps(model, compiled: bool) -> dict:
+def decode_steps(model, compiled: bool, cuda_graphs: bool = False) -> dict:
     """``generate``'s ``step`` and ``window`` where the model has a fixed-shape carry: its ``static_step``, and
     past its reach its full window, each compiled (COMPILE=True; one graph for every token and story, an eager
-    fallback in one line); nothing without COMPILE (the model's own steps, eager)."""
+    fallback in one line); nothing without COMPILE (the model's own steps, eager). ``cuda_graphs``: on a GPU
+    each compiled call is also replayed as one CUDA graph (torch.compile's "reduce-overhead"; measured by
+    ``bench/bench_sampling.py``, not the default)."""
     if not compiled:
         return {}
-    name = type(model).__name__
-    return {"step": dev.CompiledStep(type(model).static_step, None, True, name, what="decode step", fresh=False),
+    name, mode = type(model).__name__, "reduce-overhead" if cuda_graphs else None
+    return {"step": dev.CompiledStep(type(model).static_step, None, True, name, what="decode step", fresh=False,
+                                     mode=mode),
             "window": dev.CompiledStep(LanguageModel._window_logits, None, True, name, what="decode step",
-                                       fresh=False)}
+                                       fresh=False, mode=mode)}
 
 
 @torch.no_grad()
@@ -75,6 +78,7 @@ def write_stories(model, tokenizer, prompts: list[str], settings: SampleSettings
         ids = torch.from_numpy(np.asarray(tokenizer.encode(prompt), dtype=np.int64)).to(device)
         for _ in range(settings.num_samples):
             story = model.generate(ids, settings.max_new_tokens, temperature=settings.temperature,
-                                   top_k=settings.top_k, stop_id=stop_id, generator=generator, **steps)
-            out.append((prompt, decode_story(tokenizer, story.cpu().numpy())))
+                                   top_k=settings.top_k, stop_id=stop_id, generator=generator,
+                                   stop_every=dev.story_end_reads(device), **steps)
+            out.append((prompt, decode_story(tokenizer, story.numpy())))
     return out
