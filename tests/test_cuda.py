@@ -61,3 +61,22 @@ def test_a_story_on_the_gpu_is_read_by_the_host_once():
             torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
     assert len(syncs) == 1, [str(w.message) for w in syncs]
+
+
+@pytest.mark.parametrize("name", ["transformer", "frozen_retention", "lstm"])
+def test_the_decode_step_replayed_as_cuda_graphs_writes_the_eager_story(name):
+    """COMPILE's decode step as CUDA graphs (bench_sampling's last column): every token and story one graph,
+    each replay's carry copied out before the next writes over it, the stories eager writes."""
+    from reservoir.config import parse_overrides
+    from reservoir.models import build_model
+    from reservoir.run.sampling import decode_steps
+
+    model = build_model(name, 40, parse_overrides(["SEQ_LEN=32", "TRANSFORMER.n_layer=1", "TRANSFORMER.n_embd=32",
+                                                   "FROZEN_RETENTION.layers=1", "FROZEN_RETENTION.width=32",
+                                                   "FROZEN_RETENTION.ffn_hidden=64", "LSTM.hidden=32"])).eval().cuda()
+    steps, prompt = decode_steps(model, True, cuda_graphs=True), torch.arange(6, device="cuda")
+    for seed in (1, 2):
+        stories = [model.generate(prompt, 50, generator=torch.Generator().manual_seed(seed), **s) for s in ({}, steps)]
+        assert torch.equal(stories[0], stories[1]), (seed, stories)
+    assert steps["step"].compiled is not None and steps["step"].failed is None, steps["step"].failed
+    assert steps["step"].recompiled_shapes == 0

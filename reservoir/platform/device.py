@@ -580,6 +580,9 @@ class CompiledStep:
         if enabled and on_xla and fresh:
             say(f"{name}: COMPILE=True adds nothing on XLA, which compiles every step already", info.is_main_process)
         self.compiled = None
+        # a CUDA graph's outputs live in its memory pool, which its next replay writes over: a carry fed back
+        # to it (a decode step's state) is copied out first, as torch's error for that case advises
+        self.copies_out = mode == "reduce-overhead"
         if self.wanted:
             import torch._dynamo
 
@@ -611,6 +614,8 @@ class CompiledStep:
                      "the attempt)")
             return self.step(*args, **kwargs)
         self.proven = True
+        if self.copies_out:
+            out = torch.utils._pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
         made = _frames_compiled() - before
         if made:
             shape = _shapes_of((args, kwargs))
