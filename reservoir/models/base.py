@@ -158,6 +158,9 @@ class LanguageModel(nn.Module):
         return torch.tensor(host)
 
 
+DRAWS_AT_ONCE = 1 << 20  # floats of sampling draws sent to the device in one copy (a few MiB)
+
+
 class _TokenChoice:
     """The next token from a step's logits, on the logits' device, with nothing read by the host.
 
@@ -223,5 +226,3 @@ class _TokenChoice:
         for _ in range(tokens - began):
             torch.empty(self.draws.shape[1:], dtype=self.draws.dtype).exponential_(1, generator=self.generator)
 
-
-DRAWS_AT_ONCE = 1 << 20  # floats of sampling draws sent to the device in one copy (a few MiB)

@@ -615,7 +615,7 @@ class CompiledStep:
             return self.step(*args, **kwargs)
         self.proven = True
         if self.copies_out:
-            out = torch.utils._pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+            out = torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, out)
         made = _frames_compiled() - before
         if made:
             shape = _shapes_of((args, kwargs))
