@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from reservoir.run import flops
 from reservoir.studies.frontier.analysis import build_frontier
 from reservoir.studies.frontier.grid import FrontierError, parse_grid
 from reservoir.studies.frontier.report import format_study
@@ -266,6 +267,25 @@ def micro_study(tmp_path, *args):
                                      f"CACHE_DIR={tmp_path / 'cache'}"], (*STUDY_KEYS, *FRONTIER_KEYS))
     study = FrontierStudy.from_args(own, settings)
     return study, measure_cells(study)
+
+
+def test_a_study_counts_each_family_and_size_s_step_once_and_each_cell_its_own_cost(tmp_path, monkeypatch):
+    """A plan counted every cell's step afresh (40 counts for the TinyStories grid's 120 family x size x batch
+    cells, 8 of its 25 s): the cells of a family and size share one count, each scaled to its own batch."""
+    from reservoir.config import parse_overrides
+    from reservoir.studies.budgets import step_cost
+
+    study, measure = micro_study(tmp_path, "BATCH_SIZES=4,8,16")
+    calls = []
+    counted = flops._counted
+    monkeypatch.setattr(flops, "_counted", lambda fn, model=None: calls.append(type(model).__name__) or
+                        counted(fn, model))
+    measured = {c.name: measure(c) for c in study.cells()}
+    assert len(calls) == len({(c.family, c.size) for c in study.cells()}) == 4
+    monkeypatch.setattr(flops, "_counted", counted)
+    for cell in study.cells():  # each against a count of its own, made with nothing remembered
+        config = parse_overrides([*study.settings, *cell.settings(), f"FLOP_BUDGET={study.budgets[0]!r}"])
+        assert measured[cell.name][0] == step_cost(cell.model, config, measure.data)[0], cell.name
 
 
 def test_a_plan_charges_each_point_what_its_probe_says_it_spends_besides_training(tmp_path):

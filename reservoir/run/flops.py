@@ -251,20 +251,28 @@ COUNT_BATCH = 2  # sequences the count runs: every counted product is linear in 
 
 
 def sgd_step(model, vocab_size: int, batch_size: int, seq_len: int, steps_per_batch: int,
-             count_batch: int | None = COUNT_BATCH) -> FitCost:
+             count_batch: int | None = COUNT_BATCH, counts: dict | None = None) -> FitCost:
     """One optimizer step: forward + backward of ``steps_per_batch`` micro-batches of (batch_size, seq_len),
     counted on ``count_batch`` sequences (None: the whole batch) and scaled: a GPU-sized batch is not
-    run on the host just to be counted (equal either way, tested)."""
+    run on the host just to be counted (equal either way, tested). ``counts``: the counts made already of
+    models of this one's shape, kept by the caller (a study's cells of one family and size differ only in
+    batch size and learning rate, and a count takes a fifth of a second): each is made once."""
     counted = batch_size if count_batch is None else min(batch_size, count_batch)
-    twin = host_copy(model)
-    twin.train()
-    ids = torch.randint(0, vocab_size, (counted, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    key = (counted, seq_len)
+    if counts is None or key not in counts:
+        twin = host_copy(model)
+        twin.train()
+        ids = torch.randint(0, vocab_size, (counted, seq_len + 1), generator=torch.Generator().manual_seed(0))
 
-    def step():
-        logits = twin(ids[:, :-1])
-        F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
+        def step():
+            logits = twin(ids[:, :-1])
+            F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
 
-    return FitCost(per_step=_counted(step, twin) * batch_size / counted * steps_per_batch)
+        count = _counted(step, twin)
+        if counts is None:
+            return FitCost(per_step=count * batch_size / counted * steps_per_batch)
+        counts[key] = count
+    return FitCost(per_step=counts[key] * batch_size / counted * steps_per_batch)
 
 
 def ridge_fit(model, chunk: tuple[torch.Tensor, torch.Tensor], calibration: list, washout: int) -> FitCost:

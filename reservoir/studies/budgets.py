@@ -58,10 +58,10 @@ def point_name(budget: float) -> str:
     return "flops-" + f"{budget:.2e}".replace("+", "")
 
 
-def step_cost(name: str, config: dict, data=None) -> tuple[float | None, int]:
+def step_cost(name: str, config: dict, data=None, counts: dict | None = None) -> tuple[float | None, int]:
     """(FLOPs of one training step of model ``name`` under ``config``, reservoir/run/flops.py; None for a model not
     trained by gradient steps) and its trained parameters, on ``data`` (prepared from ``config`` when not
-    given: cached for the points)."""
+    given: cached for the points); ``counts``: flops.sgd_step's, for models of this one's shape."""
     from reservoir.data.tokens import prepare_data
     from reservoir.models import build_model
     from reservoir.models.settings import model_settings
@@ -74,4 +74,4 @@ def step_cost(name: str, config: dict, data=None) -> tuple[float | None, int]:
     if model.trainer != "sgd":
         return None, params
     return flops.sgd_step(model, data.tokenizer.vocab_size, config["BATCH_SIZE"], config["SEQ_LEN"],
-                          config["GRAD_ACCUM"]).per_step, params
+                          config["GRAD_ACCUM"], counts=counts).per_step, params

@@ -883,12 +883,13 @@ def measure_cells(study: FrontierStudy):
     data = prepare_data(study.config)
     study.corpus = corpus_label(data.describe())
     seen: dict = {}
+    counts: dict = {}  # a family and size's FLOP counts: its cells' models differ in their batches alone
 
     def measure(cell: Cell) -> tuple[float, int, int]:
         key = (cell.family, cell.size, cell.batch_size)
         if key not in seen:
             config = parse_overrides([*study.settings, *cell.settings(), f"FLOP_BUDGET={study.budgets[0]!r}"])
-            per_step, params = step_cost(cell.model, config, data)
+            per_step, params = step_cost(cell.model, config, data, counts.setdefault(key[:2], {}))
             if per_step is None:
                 raise FrontierError(f"{cell.family} is not gradient-trained: a frontier grid needs learning rates")
             batch = model_settings(config, cell.model)["BATCH_SIZE"]
