@@ -81,6 +81,27 @@ def test_an_empty_study_name_and_hosts_without_a_plan_are_one_line_each(tmp_path
 # --------------------------------------------------------------------- the fit
 
 
+def test_the_same_points_are_fitted_once_and_each_caller_gets_a_fit_of_its_own(monkeypatch):
+    """A study's reports fitted each family's points several times over (a tenth of a second each, 12 of a
+    TinyStories plan's 25 s): each set of numbers is fitted once in a process, and a caller that changes its
+    fit does not change the next caller's."""
+    from reservoir.studies import curves
+
+    solved = []
+    best_alpha = curves._best_alpha
+    monkeypatch.setattr(curves, "_best_alpha", lambda *a: solved.append(1) or best_alpha(*a))
+    compute, bpc = [1.1e12, 2.3e12, 4.7e12, 9.1e12], [2.31, 2.17, 2.08, 2.03]  # numbers no other test fits
+    first = fit_curve(compute, bpc, 1.1e12)
+    first["E"], first["residuals"][0] = -1.0, -1.0
+    again = fit_curve(list(compute), tuple(bpc), 1.1e12)
+    assert len(solved) == 1 and again["converged"] and again["E"] > 0 and again["residuals"][0] != -1.0
+    assert fit_curve([*compute[:3], 9.2e12], bpc, 1.1e12)["E"] != again["E"] and len(solved) == 2
+    points = [(1e12, [2.5, 2.52], [2.4, 2.41]), (2e12, [2.3, 2.33], [2.25, 2.24]), (4e12, [2.2, 2.18], [2.1, 2.12])]
+    slope = gap_slope(points)
+    slope["slope_per_decade"], slope["gaps"][0] = None, None
+    assert gap_slope(points)["slope_per_decade"] is not None and gap_slope(points)["gaps"][0] is not None
+
+
 def test_the_fit_recovers_a_known_curve_and_its_crossover():
     compute = np.geomspace(1e12, 1.6e13, 5).repeat(2)
     rng = np.random.default_rng(1)

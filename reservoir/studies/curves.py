@@ -12,6 +12,7 @@ and A solved in closed form (both ≥ 0) at each α.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import inspect
@@ -75,6 +76,27 @@ def loss_on_curve(fit: dict, compute: float) -> float | None:
     return fit["E"] + fit["A"] * (compute / fit["C0"]) ** -fit["alpha"] if fit.get("converged") else None
 
 
+def _frozen(value):
+    """``value`` as a key: lists and tuples as tuples, all the way down."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _remembered(fit):
+    """``fit`` computed once for each set of numbers in a process (a study's reports fit the same points
+    several times, in exact arithmetic that takes a tenth of a second a fit); each caller gets its own copy."""
+    done: dict = {}
+
+    @functools.wraps(fit)
+    def remembered(*args):
+        key = _frozen(args)
+        if key not in done:
+            done[key] = fit(*args)
+        return copy.deepcopy(done[key])
+
+    return remembered
+
+
+@_remembered
 def fit_curve(compute: list[float], bpc: list[float], c0: float) -> dict:
     """E, A, α (± one standard error, as ``curve_fit`` estimates it) of L(C) through the points, with residuals;
     or why not. The same points give the same bytes on any machine (the module's docstring says how)."""
@@ -168,6 +190,7 @@ T_975 = {1: "12.706", 2: "4.303", 3: "3.182", 4: "2.776", 5: "2.571", 6: "2.447"
          9: "2.262", 10: "2.228"}  # Student's t, two-sided 95%, by degrees of freedom (more: 2.2, a bound)
 
 
+@_remembered
 def gap_slope(points: list[tuple[float, list[float], list[float]]]) -> dict | None:
     """Does the gap grow with compute? ``points``: (compute, one family's bits/char per seed, the reference's).
     The gap at a budget is ln(mean / reference mean); its least-squares slope against log10 compute (per
