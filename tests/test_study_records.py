@@ -330,9 +330,28 @@ def _study_from(args: list[str], results: Path):
     return own, settings, lambda: FrontierStudy.from_args(own, settings)
 
 
-@pytest.mark.parametrize("page, name", [("README.md", "frontier-tinystories"),
-                                        ("docs/studies.md", "frontier-tinystories"),
-                                        ("docs/configuration.md", "frontier-shakespeare")])
+DOCUMENTED = [("README.md", "frontier-tinystories"), ("docs/studies.md", "frontier-tinystories"),
+              ("docs/configuration.md", "frontier-shakespeare")]
+
+
+def _distinct_commands() -> list[tuple[str, str]]:
+    """(the pages that give it, joined by '+'; the study) for each distinct documented command: pages that
+    give one command are one case, since what runs is the command (a minute or two on the TinyStories study)."""
+    pages: dict = {}
+    for page, name in DOCUMENTED:
+        pages.setdefault((name, tuple(_documented_study_command(page, name))), []).append(page)
+    return [("+".join(found), name) for (name, _), found in pages.items()]
+
+
+def test_pages_that_give_one_study_s_command_are_tested_once_and_every_page_is_tested():
+    cases = _distinct_commands()
+    assert sorted(p for pages, _ in cases for p in pages.split("+")) == sorted(p for p, _ in DOCUMENTED)
+    for pages, name in cases:
+        commands = {tuple(_documented_study_command(page, name)) for page in pages.split("+")}
+        assert len(commands) == 1, (pages, commands)
+
+
+@pytest.mark.parametrize("page, name", DOCUMENTED)
 def test_a_documented_study_command_is_the_committed_study_s_own(tmp_path, page, name):
     """Run on the committed study, the README's command rewrote its stages (EDGES, CONTEXTS) as False, and the
     next report lost the sections they had found; a page's command without the grid's grown batches is refused:
@@ -350,15 +369,12 @@ def test_a_documented_study_command_is_the_committed_study_s_own(tmp_path, page,
     assert _placeless(portable_settings(study.settings)) == _placeless(recorded["settings"])
 
 
-
 TEXTS = {"frontier-tinystories": (TINYSTORIES_TEXT, "tinystories"),
          "frontier-shakespeare": (SHAKESPEARE_TEXT.parent, "shakespeare")}
 
 
-@pytest.mark.parametrize("page, name", [("README.md", "frontier-tinystories"),
-                                        ("docs/studies.md", "frontier-tinystories"),
-                                        ("docs/configuration.md", "frontier-shakespeare")])
-def test_a_documented_study_command_on_the_committed_study_changes_none_of_its_files(tmp_path, page, name):
+@pytest.mark.parametrize("pages, name", _distinct_commands())
+def test_a_documented_study_command_on_the_committed_study_changes_none_of_its_files(tmp_path, pages, name):
     """On a fresh clone the README's command, run on the committed TinyStories study (nothing left to train),
     rewrote its study file (WORKERS 2 as 'auto', a host's own setting) and dropped the measured generation cost
     from frontier.json and frontier.md: git status was no longer clean. On a host whose processor no record names
@@ -375,15 +391,15 @@ def test_a_documented_study_command_on_the_committed_study_changes_none_of_its_f
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / folder).symlink_to(text)
     elsewhere = {"RESERVOIR_PRETEND_PROCESSOR": "AMD EPYC 7B13 (a processor no record names)"}
-    plan = run_in_process("scaling.py", [*_documented_study_command(page, name), "PLAN=True"], env=elsewhere,
-                          cwd=tmp_path)
+    command = _documented_study_command(pages.split("+")[0], name)
+    plan = run_in_process("scaling.py", [*command, "PLAN=True"], env=elsewhere, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "Nothing left to train" in plan.stdout and "| edge walks (" in plan.stdout
     assert sorted(p.relative_to(tmp_path / "results" / name) for p in (tmp_path / "results" / name).rglob("*")) == \
         recorded  # "nothing written": not even a lock
     assert all(row.split("|")[-3].strip() == "0" for row in plan.stdout.splitlines() if row.startswith("| ")
                and not row.startswith(("| stage", "| ---"))), plan.stdout  # every stage's points left: 0
-    proc = run_in_process("scaling.py", _documented_study_command(page, name), env=elsewhere, cwd=tmp_path)
+    proc = run_in_process("scaling.py", command, env=elsewhere, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "to train" in proc.stdout and "started" not in proc.stdout and "steps beyond to train" not in proc.stdout
     assert re.findall(r": [1-9]\d* (?:runs|points|steps beyond) to train", proc.stdout) == []
