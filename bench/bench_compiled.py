@@ -76,31 +76,38 @@ def measure(families: list[str], size: str, batch: int, steps: int) -> list[dict
     return rows
 
 
+def evaluated_cell(family: str, size: str, batch: int, tokens: int, cache: str):
+    """(cell, config, data, device info, untrained model) of ``family``'s cell at ``size`` and ``batch``, its final
+    evaluation on ``tokens`` of TinyStories' validation slice (the synthetic corpus without data/), on the CPU."""
+    from reservoir.config import default_config, parse_overrides
+    from reservoir.data.tokens import prepare_data
+    from reservoir.models import build_model
+    from reservoir.platform import device as dev
+    from reservoir.studies.frontier.grid import FAMILIES as GRID
+    from reservoir.studies.frontier.grid import Cell
+
+    model_name = GRID[family][0]
+    cell = Cell(family, size, default_config()[model_name.upper()]["learning_rate"], batch)
+    data_dir = ROOT / "data" / "tinystories"
+    config = parse_overrides([*cell.settings(), f"DATASET={data_dir if data_dir.exists() else 'synthetic'}",
+                              f"CACHE_DIR={cache}", f"FINAL_EVAL_TOKENS={tokens}"])
+    data = prepare_data(config)
+    info = dev.select_device({**config, "DEVICE": "cpu", "USE_TPU": False})
+    return cell, config, data, info, build_model(model_name, data.tokenizer.vocab_size, config)
+
+
 def measure_evaluation(families: list[str], size: str, batch: int, tokens: int) -> list[dict]:
     import time
 
     import torch
 
-    from reservoir.config import default_config, parse_overrides
-    from reservoir.data.tokens import prepare_data
-    from reservoir.models import build_model
-    from reservoir.platform import device as dev
     from reservoir.run.evaluation import Evaluator
-    from reservoir.studies.frontier.grid import FAMILIES as GRID
-    from reservoir.studies.frontier.grid import Cell
 
     torch.set_num_threads(1)
-    defaults, rows = default_config(), []
-    data_dir = ROOT / "data" / "tinystories"
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family in families:
-            model_name = GRID[family][0]
-            cell = Cell(family, size, defaults[model_name.upper()]["learning_rate"], batch)
-            config = parse_overrides([*cell.settings(), f"DATASET={data_dir if data_dir.exists() else 'synthetic'}",
-                                      f"CACHE_DIR={tmp}", f"FINAL_EVAL_TOKENS={tokens}"])
-            data = prepare_data(config)
-            info = dev.select_device({**config, "DEVICE": "cpu", "USE_TPU": False})
-            model = build_model(model_name, data.tokenizer.vocab_size, config)
+            cell, config, data, info, model = evaluated_cell(family, size, batch, tokens, tmp)
             row = {"family": family, "cell": cell.name, "tokens": tokens}
             for compiled in (False, True):
                 evaluate = Evaluator(data, {**config, "COMPILE": compiled}, config["BATCH_SIZE"], tokens)

@@ -173,3 +173,32 @@ def test_the_context_scorer_slides_every_model_s_windows_and_knows_a_position_ta
         lstm, CPU, CPU.device)["val_bpc"], rel=1e-6)
     stream = Evaluator(data, cfg, 4, 100)(lstm, CPU, CPU.device)["val_bpc"]  # its state carried: another score
     assert abs(windows - stream) > 1e-6
+
+
+@pytest.mark.parametrize("name, tokens", [("transformer", 200), ("transformer", 199), ("transformer", 207),
+                                          ("frozen_retention", 200), ("nvar", 203), ("lstm", 200)])
+def test_a_final_evaluation_s_windows_twin_is_read_from_the_stream_s_own_pass(data, name, tokens, monkeypatch):
+    """A windowed model's final evaluation read every target twice for its stream score and once more for its
+    windows twin, whose windows the stream's overlapping ones already hold: one pass now gives both (the
+    stream's last window read on its own where the overlapping ones stop short of it), every number as
+    the twin scored on its own gave it."""
+    from reservoir.run.evaluation import Evaluations
+
+    cfg = config(f"FINAL_EVAL_TOKENS={tokens}", "EVAL_TOKENS=64", "TRAIN_EVAL_TOKENS=None")
+    model = untrained(name, data, cfg)
+    evaluations = Evaluations.for_run(data, cfg)
+    alone = {"stream": evaluations.final(model, CPU, CPU.device, keep=True),
+             "windows": evaluations.final_windows(model, CPU, CPU.device, keep=True)}
+    rows = []
+    batched = Evaluator._batched
+    monkeypatch.setattr(Evaluator, "_batched", lambda self, *a, **k: rows.append(len(a[3][0])) or
+                        batched(self, *a, **k))
+    final = evaluations.score_final(model, CPU, CPU.device)
+    assert final["val_bpc"] == alone["stream"]["val_bpc"] and final["val_bpc_ci95"] == alone["stream"]["val_bpc_ci95"]
+    assert final["windows_val_bpc"] == alone["windows"]["val_bpc"]
+    assert final["windows_val_bpc_ci95"] == alone["windows"]["val_bpc_ci95"]
+    stream_rows = len(evaluations.final._windows(8, 8)[0])
+    if name == "lstm":  # recurrent: its stream reads chunks, its twin windows, as before
+        assert rows == [math.ceil(tokens / 16)]
+    else:
+        assert rows[0] == stream_rows and sum(rows) <= stream_rows + 1

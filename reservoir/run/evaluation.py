@@ -60,6 +60,13 @@ def _stream_logits(model, ids, state):
     return model.forward_stream(ids, state)
 
 
+def _reading(info: dev.DeviceInfo, device: torch.device):
+    """(whether the model is read on the run's device, the context its forward passes run in there): a host
+    model (the n-gram) is read on the CPU as it is, a device's under its autocast."""
+    on_device = device == info.device
+    return on_device, (contextlib.nullcontext if not on_device else (lambda: dev.autocast(info)))
+
+
 class ModelCalls:
     """The two ways an evaluation calls a model, ``windows(model, ids)`` and ``stream(model, ids, state)``: eager,
     or with ``compile`` (COMPILE=True) compiled on CPU and CUDA, graphs kept beside the fit's training step.
@@ -133,9 +140,14 @@ class Evaluations:
         """The final evaluation with its interval; in stream mode also ``windows_val_bpc`` (± ``_ci95``); with
         TRAIN_EVAL_TOKENS also ``train_split_loss`` and ``train_split_bpc``: the same protocol on text the model
         trained on, so a gap to ``val_bpc`` measures memorisation (repeated epochs), not the running batch loss."""
-        result = self.final(model, info, device, keep=True)
-        if self.final_windows is not None:
-            windows = self.final_windows(model, info, device, keep=True)
+        if self.final_windows is not None and self.final.covers_windows_of(self.final_windows, model):
+            stream, windows = self.final.score_with_windows(model, info, device, self.final_windows)
+            result = self.final.result(*stream, keep=True)
+            windows = self.final_windows.result(*windows, keep=True)
+        else:
+            result = self.final(model, info, device, keep=True)
+            windows = self.final_windows and self.final_windows(model, info, device, keep=True)
+        if windows:
             result["windows_val_bpc"] = windows["val_bpc"]
             result["windows_val_bpc_ci95"] = windows.get("val_bpc_ci95")
         if self.final_train is not None:
@@ -181,7 +193,10 @@ class Evaluator:
     @torch.no_grad()
     def __call__(self, model, info: dev.DeviceInfo, device: torch.device, keep: bool = False) -> dict:
         """Score ``model``; ``keep`` also returns the per-token losses' bootstrap interval (final evaluation)."""
-        nll, index = self._score(model, info, device)
+        return self.result(*self._score(model, info, device), keep=keep)
+
+    def result(self, nll: torch.Tensor, index: torch.Tensor, keep: bool = False) -> dict:
+        """What ``__call__`` returns, from the losses ``_score`` gives."""
         total = float(nll.sum())  # the evaluation's one read from the device
         nats = total / self.n
         result = {"val_loss": nats, "val_ppl": math.exp(min(nats, 50.0)),
@@ -198,19 +213,47 @@ class Evaluator:
     def _score(self, model, info, device):
         was_training = model.training
         model.eval()
-        on_device = device == info.device  # host models (n-gram) are evaluated on the CPU
-        context = contextlib.nullcontext if not on_device else (lambda: dev.autocast(info))
         recurrent = getattr(model, "stream_kind", "window") == "recurrent"
-        windows, stream = self.calls.of(info, on_device)
+        windows, stream = self.calls.of(info, _reading(info, device)[0])
         if self.mode == "carried" or (self.mode == "stream" and recurrent):
-            scored = self._recurrent(model, info, device, on_device, context, stream)
+            scored = self._recurrent(model, info, device, stream)
         elif self.mode in ("stream", "sliding"):
-            scored = self._batched(model, info, device, on_device, context,
-                                   self._windows(self.stride, self.seq - self.stride), windows)
+            scored = self._batched(model, info, device, self._windows(self.stride, self.seq - self.stride), windows)
         else:
-            scored = self._batched(model, info, device, on_device, context, self._windows(self.seq, 0), windows)
+            scored = self._batched(model, info, device, self._windows(self.seq, 0), windows)
         model.train(was_training)
         return scored
+
+    def covers_windows_of(self, other: Evaluator, model) -> bool:
+        """Whether this stream evaluation of a windowed ``model`` reads every window that ``other`` (the same
+        tokens in mode 'windows') scores, but perhaps the last: windows starting at multiples of SEQ_LEN."""
+        return (self.mode == "stream" and other.mode == "windows" and getattr(model, "stream_kind", "window") !=
+                "recurrent" and (self.n, self.seq, self.batch_size) == (other.n, other.seq, other.batch_size)
+                and self.seq % self.stride == 0 and torch.equal(self.stream, other.stream))
+
+    @torch.no_grad()
+    def score_with_windows(self, model, info, device, other: Evaluator) -> tuple[tuple, tuple]:
+        """(this evaluation's losses, ``other``'s), as ``_score`` gives each, from one pass over the overlapping
+        windows: ``other``'s windows are among them (``covers_windows_of``), each the same tokens read from an
+        empty context, so only their weights differ; one it lacks (the stream's end) is read on its own. A
+        final evaluation in stream mode reads 2 tokens a target and its windows twin 1 more: now 2."""
+        was_training = model.training
+        model.eval()
+        call = self.calls.of(info, _reading(info, device)[0])[0]
+        overlapping = self._windows(self.stride, self.seq - self.stride)
+        raw: list = []
+        stream = self._batched(model, info, device, overlapping, call, raw=raw)
+        windows, weights, index = other._windows(other.seq, 0)
+        row = {start: k for k, start in enumerate(overlapping[2][:, 0].tolist())}
+        missing = [k for k, start in enumerate(index[:, 0].tolist()) if start not in row]
+        if missing:
+            other._batched(model, info, device, (windows[missing], weights[missing], index[missing]), call, raw=raw)
+        raw = torch.cat(raw)
+        extra = {k: len(overlapping[0]) + -len(overlapping[0]) % self.batch_size + j for j, k in enumerate(missing)}
+        rows = torch.tensor([extra[k] if k in extra else row[start] for k, start in enumerate(index[:, 0].tolist())])
+        model.train(was_training)
+        nll = raw[rows.to(raw.device)] * weights.to(raw.device)
+        return stream, (nll, torch.where(weights > 0, index, torch.full_like(index, -1)))
 
     def _per_token(self, nll: torch.Tensor, index: torch.Tensor) -> np.ndarray:
         per_token = np.zeros(self.n)
@@ -219,10 +262,12 @@ class Evaluator:
         per_token[where[scored]] = values[scored]
         return per_token
 
-    def _batched(self, model, info, device, on_device, context, scored_windows, call=_window_logits):
+    def _batched(self, model, info, device, scored_windows, call=_window_logits, raw: list | None = None):
         """Independent windows, ``batch_size`` at a time (the last batch padded with zero-weight rows);
-        ``scored_windows``: (windows, weights, index) as ``_windows`` makes them; ``call(model, ids)``."""
+        ``scored_windows``: (windows, weights, index) as ``_windows`` makes them; ``call(model, ids)``; ``raw``
+        gets each batch's losses before weighting, padding rows too."""
         windows, weights, index = scored_windows
+        on_device, context = _reading(info, device)
         pad = -len(windows) % self.batch_size
         if pad:
             windows = torch.cat([windows, windows[:1].expand(pad, -1)])
@@ -235,15 +280,18 @@ class Evaluator:
                 logits = call(model, batch[:, :-1])
             nll = F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:], reduction="none")
             losses.append(nll * weights[start:start + self.batch_size].to(device))
+            if raw is not None:
+                raw.append(nll)
             if on_device:
                 dev.mark_step(info)
         index = torch.where(weights > 0, index, torch.full_like(index, -1))
         return torch.cat(losses), index
 
-    def _recurrent(self, model, info, device, on_device, context, call=_stream_logits):
+    def _recurrent(self, model, info, device, call=_stream_logits):
         """One stream, ``SEQ_LEN`` tokens at a time, the model's state carried from chunk to chunk
         (``call(model, ids, state)``)."""
         windows, weights, index = self._windows(self.seq, 0)
+        on_device, context = _reading(info, device)
         state = model.initial_state(1, device)
         if on_device:
             dev.mark_step(info)  # the zero state as device data: every chunk then runs one graph

@@ -90,10 +90,10 @@ def step_seconds(name: str, config: dict, data, threads: int, steps: int = PROBE
 def scoring_seconds(name: str, config: dict, data, threads: int) -> float:
     """Seconds a point of model ``name`` spends scoring itself besides training, timed as ``step_seconds`` is:
     each evaluation its fit runs (Evaluations.for_run: EVAL_POINTS - 1 periodic ones, the final one with its
-    interval, its windows twin where it streams, the training split's), each timed on PROBE_EVAL_TOKENS and
-    scaled to its own tokens; and its samples, timed on PROBE_SAMPLE_TOKENS and scaled to SAMPLE_TOKENS. A
-    recurrent model reads a stream one chunk at a time and a windowed one scores overlapping windows, so this
-    part differs by family more than training does."""
+    interval, its windows twin where it streams (read in the final's own pass where it can be), the training
+    split's), each timed on PROBE_EVAL_TOKENS and scaled to its own tokens; and its samples, timed on
+    PROBE_SAMPLE_TOKENS and scaled to SAMPLE_TOKENS. A recurrent model reads a stream one chunk at a time and a
+    windowed one scores overlapping windows, so this part differs by family more than training does."""
     from reservoir.run.evaluation import Evaluations
     from reservoir.run.train import sample_stories
 
@@ -107,10 +107,14 @@ def scoring_seconds(name: str, config: dict, data, threads: int) -> float:
         for field, times, keep in (("periodic", config["EVAL_POINTS"] - 1, False), ("final", 1, True),
                                    ("final_windows", 1, True), ("final_train", 1, False)):
             full, small = getattr(whole, field), getattr(probe, field)
-            if full is None or times <= 0:
+            shared = probe.final_windows is not None and probe.final.covers_windows_of(probe.final_windows, model)
+            if full is None or times <= 0 or (field == "final_windows" and shared):  # read in the final's pass
                 continue
             started = time.perf_counter()
-            small(model, info, info.device, keep=keep)
+            if field == "final" and shared:
+                small.score_with_windows(model, info, info.device, probe.final_windows)
+            else:
+                small(model, info, info.device, keep=keep)
             seconds += (time.perf_counter() - started) * full.n / small.n * times
         if config["SAMPLE_TOKENS"]:
             tokens = min(PROBE_SAMPLE_TOKENS, config["SAMPLE_TOKENS"])
