@@ -78,6 +78,8 @@ def test_wandb_offline_run_holds_the_same_values(tmp_path):
     assert len(files) == 2  # one W&B run per model (and seed)
     for path in files:
         records = _wandb_records(path)
+        kinds = [r.WhichOneof("record_type") for r in records]
+        assert "run" in kinds, (path, path.stat().st_size, kinds)  # what the file held, should a run lack it
         run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
         assert run.project == "tracking-test" and run.run_group == "tracked"
         config = {item.key: json.loads(item.value_json) for item in run.config.update}
