@@ -52,9 +52,12 @@ class LanguageModel(nn.Module):
         return fn(*inputs)
 
     def fixed_param_count(self) -> int:
-        """Weights that are set once and never trained (reservoir matrices, counts, frozen parameters)."""
+        """Weights that are set once and never trained (reservoir matrices, counts, frozen parameters); a module's
+        ``derived_buffers`` (tables computed from its shape alone, as rotary angles are) are none."""
         frozen = sum(p.numel() for p in self.parameters() if not p.requires_grad)
-        return frozen + sum(int(torch.count_nonzero(b)) for b in self.buffers() if b.is_floating_point())
+        return frozen + sum(int(torch.count_nonzero(b)) for m in self.modules() for name, b in
+                            m.named_buffers(recurse=False) if b.is_floating_point()
+                            and name not in getattr(m, "derived_buffers", ()))
 
     def param_counts(self) -> dict[str, int]:
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)

@@ -53,10 +53,19 @@ def rotate(x: torch.Tensor, first_position: int = 0, base: float = ROTARY_BASE) 
 
 def rotate_at(x: torch.Tensor, positions: torch.Tensor, base: float = ROTARY_BASE) -> torch.Tensor:
     """``rotate`` at the float32 ``positions`` (T,): a tensor, so a compiled step takes any position."""
-    half = x.shape[-1] // 2
-    frequencies = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    return turned(x, *rotary_table(positions, x.shape[-1] // 2, base))
+
+
+def rotary_table(positions: torch.Tensor, half: int, base: float = ROTARY_BASE) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin), each (T, half), of the angles ``rotate`` turns the channel pairs at ``positions`` by."""
+    frequencies = base ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
     angles = positions[:, None] * frequencies[None, :]
-    cos, sin = angles.cos(), angles.sin()
+    return angles.cos(), angles.sin()
+
+
+def turned(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` (..., T, D) with each pair of channels (i, i + D/2) turned by the angles of ``rotary_table``."""
+    half = x.shape[-1] // 2
     x1, x2 = x[..., :half].float(), x[..., half:].float()
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
@@ -79,7 +88,9 @@ class TransformerBlock(nn.Module):
     """Pre-norm causal self-attention and feed-forward, with an optional key/value cache for generation:
     GPT-2's block (LayerNorm, GELU, learned positions outside it) or, by ``parts``, Transformer++'s."""
 
-    def __init__(self, width: int, heads: int, dropout: float, parts: dict | None = None):
+    derived_buffers = ("rotary_cos", "rotary_sin")  # computed from the shape alone: no weights (fixed_param_count)
+
+    def __init__(self, width: int, heads: int, dropout: float, parts: dict | None = None, context: int = 0):
         super().__init__()
         parts = parts or RECIPES["gpt2"]
         norm = (lambda n: nn.RMSNorm(n, eps=1e-6)) if parts["rmsnorm"] else \
@@ -95,13 +106,20 @@ class TransformerBlock(nn.Module):
         if parts.get("qk_norm"):  # normalised queries and keys per head (Dehghani et al. 2023): bounded logits
             self.q_norm, self.k_norm = nn.RMSNorm(width // heads, eps=1e-6), nn.RMSNorm(width // heads, eps=1e-6)
         self.heads, self.dropout, self.rotary = heads, dropout, parts["rotary"]
+        if self.rotary and context:
+            # the angles of the window's positions, once: computed in the step, torch.compile's backward recomputed
+            # their cos and sin for every element of every head (half of a compiled Transformer++ step on the
+            # CPU); not saved with the weights. The same values as computed in the step, so the same numbers
+            cos, sin = rotary_table(torch.arange(context, dtype=torch.float32), width // heads // 2)
+            self.register_buffer("rotary_cos", cos, persistent=False)
+            self.register_buffer("rotary_sin", sin, persistent=False)
 
     def forward(self, x, past=None, keep: bool = False):
         """``past``: (keys, values) of the positions before ``x`` (generation's cache); ``keep``: also
         return this block's keys and values so far."""
         t = x.shape[1]
         first = 0 if past is None else past[0].shape[2]  # cached keys are stored rotated: a new position is
-        q, k, v = self._queries_keys_values(x, lambda z: rotate(z, first))  # rotated by its own index
+        q, k, v = self._queries_keys_values(x, lambda z: self._rotated(z, first))  # rotated by its own index
         if past is not None:  # one new position, which attends to every cached one: no mask
             if t > 1:
                 raise ValueError("a cached block takes one new position at a time")
@@ -110,6 +128,13 @@ class TransformerBlock(nn.Module):
                                              dropout_p=self.dropout if self.training else 0)
         x = self._after_attention(x, att)
         return (x, (k, v)) if keep else x
+
+    def _rotated(self, z, first: int):
+        """``rotate(z, first)``, from the block's table where it holds the positions (a longer context: computed)."""
+        table = getattr(self, "rotary_cos", None)
+        if table is None or first + z.shape[-2] > len(table):
+            return rotate(z, first)
+        return turned(z, table[first:first + z.shape[-2]], self.rotary_sin[first:first + z.shape[-2]])
 
     def _queries_keys_values(self, x, rotated):
         """(q, k, v), each (B, H, T, D), of ``x`` (B, T, C); ``rotated(z)`` turns q and k to their positions."""
@@ -130,7 +155,13 @@ class TransformerBlock(nn.Module):
         """One new position ``x`` (B, 1, C) at ``position`` (0-d) against a cache of fixed length (keys and values
         (B, H, L, D), filled before ``position``): the cached forward with one shape at every token, for a
         compiled decode step. Returns (x, the cache with this position's keys and values written in)."""
-        q, k, v = self._queries_keys_values(x, lambda z: rotate_at(z, position.float().view(1)))
+        def turn(z):  # by the table's row where the block has one: the cached forward's very angles
+            if getattr(self, "rotary_cos", None) is None:
+                return rotate_at(z, position.float().view(1))
+            row = position.view(1)
+            return turned(z, self.rotary_cos.index_select(0, row), self.rotary_sin.index_select(0, row))
+
+        q, k, v = self._queries_keys_values(x, turn)
         keys, values = (cached.index_copy(2, position.view(1), new) for cached, new in zip(past, (k, v), strict=True))
         seen = torch.arange(keys.shape[2], device=x.device) <= position  # the positions filled so far
         att = F.scaled_dot_product_attention(q, keys, values, attn_mask=seen[None, None, None, :])
@@ -152,7 +183,7 @@ class Transformer(LanguageModel):
         self.tok = nn.Embedding(vocab_size, width)
         self.pos = None if self.parts["rotary"] else nn.Embedding(seq_len, width)
         self.longest_context = None if self.pos is None else seq_len  # rotary positions extrapolate, a table cannot
-        self.blocks = nn.ModuleList(TransformerBlock(width, cfg["n_head"], cfg["dropout"], self.parts)
+        self.blocks = nn.ModuleList(TransformerBlock(width, cfg["n_head"], cfg["dropout"], self.parts, seq_len)
                                     for _ in range(cfg["n_layer"]))
         self.ln_f = nn.RMSNorm(width, eps=1e-6) if self.parts["rmsnorm"] else nn.LayerNorm(width,
                                                                                            bias=self.parts["bias"])
