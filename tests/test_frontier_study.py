@@ -202,6 +202,15 @@ def test_the_leaders_references_and_comparison_run_after_the_grid_and_once(tmp_p
     assert "10 reference runs finished, 0 to run" in again.stdout
     assert "the controls at 6e+09 FLOPs: 0 runs to train" in again.stdout
     assert {f.name: f.stat().st_mtime_ns for f in (study / "comparisons").glob("*.json")} == made
+    # a comparison of cells the envelope no longer holds (the grid grew since) is made again of the envelope's
+    file = study / "comparisons" / "flops-6.00e09-linear_reservoir-vs-transformer++.json"
+    stale = json.loads(file.read_text())
+    stale["a"]["runs"], stale["bpc_difference"] = [r.replace("-b8/", "-b16/") for r in stale["a"]["runs"]], 9.0
+    file.write_text(json.dumps(stale))
+    remade = run_script("scaling.py", *args, timeout=900)
+    assert "no longer the envelope there (the grid grew): made again" in remade.stdout
+    assert json.loads(file.read_text())["a"]["runs"] == grid_top["a"]["runs"]
+    assert json.loads(file.read_text())["bpc_difference"] == grid_top["bpc_difference"]
 
 
 def test_a_family_whose_kept_cells_outgrow_the_budget_gets_its_pruned_cells_back(tmp_path):

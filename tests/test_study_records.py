@@ -121,6 +121,37 @@ def test_a_point_folder_here_with_more_seeds_replaces_its_record_and_one_with_fe
     assert len(again.packed()["points"][key]["summary"]) == 1 and len(again.summary(seeds)) == 1
 
 
+def test_a_comparison_of_cells_the_envelope_has_left_is_made_again_and_reported_as_earlier(studies, capsys):
+    """A study whose grid grew kept the paired comparison of its earlier envelope (written once), and its report
+    set it beside the new envelope as the comparison of the two (Tiny Shakespeare's, grown to batch 4: A − B of
+    2.370 against 2.329 under an envelope of 2.344 against 2.312): the study makes it again, and until it can (no
+    checkpoints here) the report says whose it is and what the envelope is now."""
+    from reservoir.studies.frontier.study import FrontierStudy
+
+    file = studies / "micro" / "comparisons" / "flops-6.00e09-linear_reservoir-vs-transformer++.json"
+    comparison = json.loads(file.read_text())
+    comparison["a"]["runs"] = [r.replace("-b8/", "-b16/") for r in comparison["a"]["runs"]]  # another cell's
+    file.write_text(json.dumps(comparison))
+    held = file.read_bytes()
+    own = {"STUDY": "micro", "FAMILIES": "transformer++,linear_reservoir", "SIZES": "xs", "LEARNING_RATES": "4e-3",
+           "BATCH_SIZES": "8", "BUDGETS": "3e9,6e9", "LEAD_BUDGET": "1.2e10", "ENVELOPE_SEEDS": "2"}
+    study = FrontierStudy.from_args(own, ["DATASET=synthetic", f"RESULTS_DIR={studies}"])
+    assert study.compare_at_the_top(study.budgets) is None  # made again, but its checkpoints are not here
+    said = capsys.readouterr().out
+    assert "is of linear_reservoir-xs-lr0.004-b16 and transformer++-xs-lr0.004-b8, no longer the envelope there" in said
+    assert "made again of linear_reservoir-xs-lr0.004-b8 and transformer++-xs-lr0.004-b8" in said
+    assert "no paired comparison at 6e+09 FLOPs" in said and file.read_bytes() == held  # kept as it was
+    assert run_in_process("scaling.py", [f"REPORT={studies}"]).returncode == 0
+    text = (studies / "REPORT.md").read_text()
+    earlier = text.index("**Of earlier envelope points** (results/micro/linear_reservoir-xs-lr0.004-b16/")
+    assert text.index("Paired comparison at 6e+09 FLOPs") < earlier < text.index("Paired comparison at 1.2e+10")
+    assert "the envelope there is now linear_reservoir-xs-lr0.004-b8 against transformer++-xs-lr0.004-b8" in text
+    assert text.count("Of earlier envelope points") == 1  # the lead budget's is of its envelope
+    report = json.loads((studies / "micro" / "frontier.json").read_text())
+    assert [c.get("envelope_cells_now") for c in report["comparisons"]] == \
+        [["linear_reservoir-xs-lr0.004-b8", "transformer++-xs-lr0.004-b8"], None]
+
+
 @pytest.mark.parametrize("folders", ["without checkpoints", "not here"])
 def test_a_study_whose_points_trained_elsewhere_says_why_it_cannot_compare_and_goes_on(studies, capsys, folders):
     """Records travel in git, point folders and checkpoints do not: on a new machine the paired comparison cannot

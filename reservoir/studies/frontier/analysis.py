@@ -30,6 +30,7 @@ from reservoir.studies.frontier.records import (
     collect_draws,
     collect_records,
     collect_references,
+    compared_cells,
     read_study_file,
     study_budgets,
 )
@@ -49,6 +50,16 @@ def envelope_cells(rows: list[dict], budgets: list[float]) -> dict:
         if key not in best or r["val_bpc"] < best[key][0]:
             best[key] = (r["val_bpc"], r["cell"])
     return {key: cell for key, (_, cell) in best.items()}
+
+
+def _dated(comparison: dict, envelope: dict) -> dict:
+    """``comparison``, with ``envelope_cells_now`` (A's and B's) where the envelope at its budget is no longer the
+    cells it scored: the grid grew after it was made, and the study's command makes it again."""
+    now = [next((p["cell"] for p in envelope.get(comparison.get(side)) or []
+                 if p["budget"] == comparison.get("budget")), None) for side in ("family_a", "family_b")]
+    if all(cells == {cell} for cells, cell in zip(compared_cells(comparison), now, strict=True)):
+        return comparison
+    return {**comparison, "envelope_cells_now": now}
 
 
 def build_frontier(rows: list[dict], study: dict, references: list[dict] | None = None,
@@ -89,6 +100,7 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
         rows, f, b, "size")), key=lambda x: x["params_trained"]) for b in budgets} for f in families}
     lr_sensitivity = {f: {repr(b): sorted(({"learning_rate": lr, "bpc": v} for lr, _, v in _best_per(
         rows, f, b, "learning_rate")), key=lambda x: x["learning_rate"]) for b in budgets} for f in families}
+    comparisons = [_dated(c, envelope) for c in comparisons or []]
     fits = {}
     for family, points in envelope.items():
         fits[family] = fit_curve([p["budget"] for p in points], [p["bpc_mean"] for p in points], budgets[0]) \

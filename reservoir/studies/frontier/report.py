@@ -303,6 +303,12 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
                   f"[{c['ci95_low']:+.4f}, {c['ci95_high']:+.4f}]** on {c['eval_tokens']:,} validation tokens "
                   f"(per-token losses averaged over seeds; `comparisons/{c['file']}`, made by the study as "
                   "`python compare.py A+A-seeds:<model> B+B-seeds:<model> DIAGNOSTICS=True` would).", ""]
+        if c.get("envelope_cells_now"):
+            a_now, b_now = c["envelope_cells_now"]
+            lines[-1:] = ["", f"**Of earlier envelope points** ({', '.join(c['a']['runs'][:1])} against "
+                          f"{', '.join(c['b']['runs'][:1])}): the grid grew since, and the envelope there is now "
+                          f"{a_now} against {b_now}. The study's command makes the comparison again where their "
+                          "checkpoints are (with REPLAY=True, on any machine: it trains them again there).", ""]
         if c.get("replays"):
             how = "REPLAY=True, or EDGES=True beside their edge steps" if any(
                 str(r.get("copy", "")).startswith("edges/") for r in c["replays"]) else "REPLAY=True"

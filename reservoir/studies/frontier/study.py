@@ -100,6 +100,7 @@ from reservoir.studies.frontier.records import (
     check_records_file,
     collect_records,
     collect_references,
+    compared_cells,
     draw_folder,
     note_records,
     processor_of,
@@ -815,8 +816,14 @@ class FrontierStudy:
         from reservoir.studies.comparison import Side, compare, describe
 
         out = self.path / COMPARISONS / f"{point_name(budget)}-{family}-vs-{reference}.json"
+        now = ({full[family][budget]["cell"]}, {full[reference][budget]["cell"]})
         if out.exists():
-            return out
+            held = compared_cells(read_json(out, "a paired comparison"))
+            if held == now:
+                return out
+            say(f"frontier {self.name}: the paired comparison at {budget:.3g} FLOPs, {family} against {reference}, "
+                f"is of {' and '.join(', '.join(sorted(c)) for c in held)}, no longer the envelope there (the grid "
+                f"grew): made again of {' and '.join(c for (c,) in now)}")
 
         def side(name):
             cell = next(c for c in self.cells() if c.name == full[name][budget]["cell"])
