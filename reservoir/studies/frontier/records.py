@@ -170,7 +170,8 @@ def collect_comparisons(path: Path) -> list[dict]:
 def compared_cells(comparison: dict) -> tuple[set[str], set[str]]:
     """The cells a paired comparison scored, side A's and side B's: each run is '<cell>/<point>', or a copy
     trained again here ('replays/<cell>/<point>', 'edges/<cell>/<point>')."""
-    return tuple({Path(run).parent.name for run in comparison[side]["runs"]} for side in ("a", "b"))
+    return tuple({Path(run).parent.name for run in (comparison.get(side) or {}).get("runs") or []}
+                 for side in ("a", "b"))
 
 
 def draw_folder(study_path: Path, cell: str, draw: int, budget: float) -> Path:
