@@ -10,7 +10,7 @@ import pytest
 
 from reservoir.models import MODELS
 from reservoir.studies.frontier.generation import format_generation
-from tests.conftest import ROOT, TINY, run_cli, run_script, summary_of
+from tests.conftest import ROOT, TINY, run_cli, run_in_process, run_script, summary_of
 
 
 def test_the_final_evaluation_also_scores_the_training_split_by_the_same_protocol(tmp_path):
@@ -207,7 +207,8 @@ def test_the_leaders_references_and_comparison_run_after_the_grid_and_once(tmp_p
     stale = json.loads(file.read_text())
     stale["a"]["runs"], stale["bpc_difference"] = [r.replace("-b8/", "-b16/") for r in stale["a"]["runs"]], 9.0
     file.write_text(json.dumps(stale))
-    remade = run_script("scaling.py", *args, timeout=900)
+    remade = run_in_process("scaling.py", args)
+    assert remade.returncode == 0, remade.stderr[-2000:]
     assert "no longer the envelope there (the grid grew): made again" in remade.stdout
     assert json.loads(file.read_text())["a"]["runs"] == grid_top["a"]["runs"]
     assert json.loads(file.read_text())["bpc_difference"] == grid_top["bpc_difference"]

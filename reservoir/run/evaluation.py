@@ -60,6 +60,17 @@ def _stream_logits(model, ids, state):
     return model.forward_stream(ids, state)
 
 
+@contextlib.contextmanager
+def _evaluating(model):
+    """``model`` in eval mode, put back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 def _reading(info: dev.DeviceInfo, device: torch.device):
     """(whether the model is read on the run's device, the context its forward passes run in there): a host
     model (the n-gram) is read on the CPU as it is, a device's under its autocast."""
@@ -211,18 +222,14 @@ class Evaluator:
         return self._per_token(*self._score(model, info, device))
 
     def _score(self, model, info, device):
-        was_training = model.training
-        model.eval()
         recurrent = getattr(model, "stream_kind", "window") == "recurrent"
         windows, stream = self.calls.of(info, _reading(info, device)[0])
-        if self.mode == "carried" or (self.mode == "stream" and recurrent):
-            scored = self._recurrent(model, info, device, stream)
-        elif self.mode in ("stream", "sliding"):
-            scored = self._batched(model, info, device, self._windows(self.stride, self.seq - self.stride), windows)
-        else:
-            scored = self._batched(model, info, device, self._windows(self.seq, 0), windows)
-        model.train(was_training)
-        return scored
+        with _evaluating(model):
+            if self.mode == "carried" or (self.mode == "stream" and recurrent):
+                return self._recurrent(model, info, device, stream)
+            if self.mode in ("stream", "sliding"):
+                return self._batched(model, info, device, self._windows(self.stride, self.seq - self.stride), windows)
+            return self._batched(model, info, device, self._windows(self.seq, 0), windows)
 
     def covers_windows_of(self, other: Evaluator, model) -> bool:
         """Whether this stream evaluation of a windowed ``model`` reads every window that ``other`` (the same
@@ -237,22 +244,24 @@ class Evaluator:
         windows: ``other``'s windows are among them (``covers_windows_of``), each the same tokens read from an
         empty context, so only their weights differ; one it lacks (the stream's end) is read on its own. A
         final evaluation in stream mode reads 2 tokens a target and its windows twin 1 more: now 2."""
-        was_training = model.training
-        model.eval()
         call = self.calls.of(info, _reading(info, device)[0])[0]
         overlapping = self._windows(self.stride, self.seq - self.stride)
-        raw: list = []
-        stream = self._batched(model, info, device, overlapping, call, raw=raw)
         windows, weights, index = other._windows(other.seq, 0)
-        row = {start: k for k, start in enumerate(overlapping[2][:, 0].tolist())}
-        missing = [k for k, start in enumerate(index[:, 0].tolist()) if start not in row]
-        if missing:
-            other._batched(model, info, device, (windows[missing], weights[missing], index[missing]), call, raw=raw)
-        raw = torch.cat(raw)
-        extra = {k: len(overlapping[0]) + -len(overlapping[0]) % self.batch_size + j for j, k in enumerate(missing)}
-        rows = torch.tensor([extra[k] if k in extra else row[start] for k, start in enumerate(index[:, 0].tolist())])
-        model.train(was_training)
-        nll = raw[rows.to(raw.device)] * weights.to(raw.device)
+        starts = overlapping[2][:, 0].tolist()
+        read_already = set(starts)
+        missing = [k for k, start in enumerate(index[:, 0].tolist()) if start not in read_already]
+        with _evaluating(model):
+            raw: list = []
+            stream = self._batched(model, info, device, overlapping, call, raw=raw)
+            read = [torch.cat(raw)[:len(starts)]]  # the padding rows dropped
+            if missing:
+                raw.clear()
+                other._batched(model, info, device, (windows[missing], weights[missing], index[missing]), call, raw=raw)
+                read.append(torch.cat(raw)[:len(missing)])
+        row = {start: k for k, start in enumerate([*starts, *index[missing, 0].tolist()])}
+        rows = torch.tensor([row[start] for start in index[:, 0].tolist()])
+        read = torch.cat(read)
+        nll = read[rows.to(read.device)] * weights.to(read.device)
         return stream, (nll, torch.where(weights > 0, index, torch.full_like(index, -1)))
 
     def _per_token(self, nll: torch.Tensor, index: torch.Tensor) -> np.ndarray:

@@ -258,8 +258,8 @@ def sgd_step(model, vocab_size: int, batch_size: int, seq_len: int, steps_per_ba
     models of this one's shape, kept by the caller (a study's cells of one family and size differ only in
     batch size and learning rate, and a count takes a fifth of a second): each is made once."""
     counted = batch_size if count_batch is None else min(batch_size, count_batch)
-    key = (counted, seq_len)
-    if counts is None or key not in counts:
+    counts = {} if counts is None else counts
+    if (counted, seq_len) not in counts:
         twin = host_copy(model)
         twin.train()
         ids = torch.randint(0, vocab_size, (counted, seq_len + 1), generator=torch.Generator().manual_seed(0))
@@ -268,11 +268,8 @@ def sgd_step(model, vocab_size: int, batch_size: int, seq_len: int, steps_per_ba
             logits = twin(ids[:, :-1])
             F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
 
-        count = _counted(step, twin)
-        if counts is None:
-            return FitCost(per_step=count * batch_size / counted * steps_per_batch)
-        counts[key] = count
-    return FitCost(per_step=counts[key] * batch_size / counted * steps_per_batch)
+        counts[counted, seq_len] = _counted(step, twin)
+    return FitCost(per_step=counts[counted, seq_len] * batch_size / counted * steps_per_batch)
 
 
 def ridge_fit(model, chunk: tuple[torch.Tensor, torch.Tensor], calibration: list, washout: int) -> FitCost:

@@ -104,10 +104,10 @@ def scoring_seconds(name: str, config: dict, data, threads: int) -> float:
                                            "FINAL_EVAL_TOKENS": PROBE_EVAL_TOKENS,
                                            "TRAIN_EVAL_TOKENS": config["TRAIN_EVAL_TOKENS"] and PROBE_EVAL_TOKENS})
         seconds = 0.0
+        shared = probe.final_windows is not None and probe.final.covers_windows_of(probe.final_windows, model)
         for field, times, keep in (("periodic", config["EVAL_POINTS"] - 1, False), ("final", 1, True),
                                    ("final_windows", 1, True), ("final_train", 1, False)):
             full, small = getattr(whole, field), getattr(probe, field)
-            shared = probe.final_windows is not None and probe.final.covers_windows_of(probe.final_windows, model)
             if full is None or times <= 0 or (field == "final_windows" and shared):  # read in the final's pass
                 continue
             started = time.perf_counter()
