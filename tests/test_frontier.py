@@ -581,6 +581,20 @@ def test_the_study_compares_the_best_reservoir_and_every_write_gated_one_with_th
     assert compared_families({"frozen_retention": 1.415, "linear_reservoir": 1.49}) == ["frozen_retention"]
 
 
+def test_a_family_whose_comparison_is_written_stays_compared_when_another_becomes_the_best():
+    """Tiny Shakespeare's grid grew to batch 4 and frozen_retention+write became its best reservoir at the top
+    budget: reservoir_attention, the best of the smaller grid, kept its comparison of the earlier envelope, which
+    the study no longer made (and its report said the study's command would make it again)."""
+    from reservoir.studies.frontier.study import compared_families
+
+    at = {"reservoir_attention": 2.355, "frozen_retention+write": 2.344, "reservoir_attention+write": 2.345,
+          "linear_reservoir": 2.5}
+    held = {"reservoir_attention", "deep_linear_reservoir"}  # the second has no envelope point at this budget
+    assert compared_families(at, held) == ["frozen_retention+write", "reservoir_attention+write",
+                                           "reservoir_attention"]
+    assert compared_families(at, {"frozen_retention+write"}) == compared_families(at)
+
+
 def _timed(family, seconds, bpc, processor="Intel(R) Xeon(R) Processor", cell=None, oversubscribed=False):
     return {**_row(family, 1e12, bpc), "cell": cell or f"{family}-{seconds}", "train_seconds": seconds,
             "processor": processor, "oversubscribed": oversubscribed}

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -120,12 +121,15 @@ class StageJob(NamedTuple):
     seeds: int = 1
 
 
-def compared_families(bpc_at_budget: dict[str, float]) -> list[str]:
+def compared_families(bpc_at_budget: dict[str, float], held: Iterable[str] = ()) -> list[str]:
     """The reservoir families a study compares with "the transformer", paired, at a budget (``bpc_at_budget``:
     each one's envelope bits/char there): the best, then each write-gated one (a reservoir that chooses what it
-    writes, whose interval REPORT gives whether or not it is the best)."""
+    writes, whose interval REPORT gives whether or not it is the best), then each family of ``held`` (those
+    whose comparison there is already written) that has an envelope point there: the best of a smaller grid
+    stays compared when the grid grows, so its comparison is kept of the envelope as it is now."""
     best = min(bpc_at_budget, key=lambda f: (bpc_at_budget[f], f))
-    return [best, *(f for f in bpc_at_budget if f.endswith("+write") and f != best)]
+    chosen = [best, *(f for f in bpc_at_budget if f.endswith("+write") and f != best)]
+    return [*chosen, *(f for f in bpc_at_budget if f in set(held) and f not in chosen)]
 
 
 @dataclass
@@ -807,15 +811,19 @@ class FrontierStudy:
         if not shared:
             return None
         budget = shared[-1]
-        families = compared_families({f: full[f][budget]["bpc_mean"] for f in reservoirs if budget in full[f]})
+        held = [f for f in reservoirs if self._comparison_file(f, reference, budget).exists()]
+        families = compared_families({f: full[f][budget]["bpc_mean"] for f in reservoirs if budget in full[f]}, held)
         written = [self._compare(family, reference, budget, full, seeds, run_points) for family in families]
         return written[0]
+
+    def _comparison_file(self, family: str, reference: str, budget: float) -> Path:
+        return self.path / COMPARISONS / f"{point_name(budget)}-{family}-vs-{reference}.json"
 
     def _compare(self, family: str, reference: str, budget: float, full: dict, seeds: list[int],
                  run_points) -> Path | None:
         from reservoir.studies.comparison import Side, compare, describe
 
-        out = self.path / COMPARISONS / f"{point_name(budget)}-{family}-vs-{reference}.json"
+        out = self._comparison_file(family, reference, budget)
         now = ({full[family][budget]["cell"]}, {full[reference][budget]["cell"]})
         if out.exists():
             held = compared_cells(read_json(out, "a paired comparison"))
