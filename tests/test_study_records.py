@@ -319,6 +319,17 @@ def test_the_committed_records_name_no_machine():
 
 
 
+def test_every_committed_comparison_is_of_its_study_s_envelope_now():
+    """A committed report compares the envelope it shows: the grown Tiny Shakespeare study kept three comparisons of
+    its earlier envelope ("Of earlier envelope points"), one of a family it no longer compared, which its command
+    then never made again."""
+    for report in sorted((ROOT / "results").glob("*/frontier.json")):
+        comparisons = json.loads(report.read_text())["comparisons"]
+        stale = [(c["family_a"], c["budget"], c["envelope_cells_now"]) for c in comparisons
+                 if c.get("envelope_cells_now")]
+        assert stale == [], f"{report.parent.name}: comparisons of an earlier envelope (run its command, REPLAY=True)"
+
+
 def test_the_committed_records_stay_small():
     """Records travel in the repository: every file under results/ at most 2 MB, all of them at most 10 MB (a
     growing study's uncompressed copy of its records was 2.8 MB)."""
