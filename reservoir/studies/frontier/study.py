@@ -128,8 +128,8 @@ def compared_families(bpc_at_budget: dict[str, float], held: Iterable[str] = ())
     whose comparison there is already written) that has an envelope point there: the best of a smaller grid
     stays compared when the grid grows, so its comparison is kept of the envelope as it is now."""
     best = min(bpc_at_budget, key=lambda f: (bpc_at_budget[f], f))
-    chosen = [best, *(f for f in bpc_at_budget if f.endswith("+write") and f != best)]
-    return [*chosen, *(f for f in bpc_at_budget if f in set(held) and f not in chosen)]
+    chosen, held = [best, *(f for f in bpc_at_budget if f.endswith("+write") and f != best)], set(held)
+    return [*chosen, *(f for f in bpc_at_budget if f in held and f not in chosen)]
 
 
 @dataclass
