@@ -124,15 +124,15 @@ SHARED_CONFIG = {
     # gate on what enters the state (still a reservoir); forget_gate: trained content-dependent decays (not one)
     "RESERVOIR_ATTENTION": {"units": 192, "tau_min": 1.0, "tau_max": 1000.0, "max_phase": 3.1416,
                             "input_scaling": 1.0, "width": 64, "layers": 2, "heads": 4, "dropout": 0.0,
-                            "reservoir": True, "train_recurrence": False, "write_gate": False, "learning_rate": 6e-3,
-                            "batch_size": 4},  # frozen reservoir states + a trained attention readout
+                            "reservoir": True, "train_recurrence": False, "write_gate": False, "learning_rate": 3e-3,
+                            "batch_size": 2},  # frozen reservoir states + a trained attention readout
     "TRANSFORMER": {"n_layer": 2, "n_head": 4, "n_embd": 48, "dropout": 0.0, "recipe": "++", "rotary": None,
                     "swiglu": None, "rmsnorm": None,
                     "qk_norm": False, "trained": "everything", "learning_rate": 3e-3,
                     "batch_size": 4},  # recipe 'gpt2' | '++' (rotary, SwiGLU, RMSNorm); None parts: the recipe's;
     # trained 'everything' | 'embeddings' (the random-transformer control: blocks frozen at initialisation)
     "LSTM": {"embed_dim": 48, "hidden": 160, "layers": 1, "dropout": 0.0, "learning_rate": 6e-3,
-             "batch_size": 8},  # LSTM baseline
+             "batch_size": 2},  # LSTM baseline
     "NGRAM": {"order": 5, "discount": 0.75, "learning_rate": None,
               "batch_size": 32},  # interpolated absolute-discounting n-gram (discount tuned); counted, no rate
     # --- outputs ----------------------------------------------------------
