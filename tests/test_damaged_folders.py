@@ -309,3 +309,77 @@ def test_a_truncated_measurement_of_a_study_is_one_line_that_says_how_to_make_it
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "is not valid JSON" in proc.stderr and "it is damaged (cut short, or edited); restore it (git checkout), " \
         f"or make it again: python scaling.py {command}=" in proc.stderr
+
+
+# --------------------------------------------------------------------- checkpoints' tensors are checked
+
+
+def _flip_tensor_bytes(checkpoint, count=32):
+    """``count`` bytes flipped inside the checkpoint's largest tensor, where torch's reader looks at nothing."""
+    payload = torch.load(checkpoint, weights_only=True)
+    largest = max(payload["model_state"].values(), key=lambda t: t.numel())
+    data = bytearray(checkpoint.read_bytes())
+    start = data.find(largest.contiguous().view(torch.uint8).numpy().tobytes())
+    assert start > 0, "the tensor's bytes are stored as they are"
+    middle = start + largest.numel() * largest.element_size() // 2
+    data[middle:middle + count] = bytes(b ^ 0xFF for b in data[middle:middle + count])
+    checkpoint.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def _refused(proc, checkpoint):
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert f"checkpoint {checkpoint} is damaged" in proc.stderr and "restore it from a copy" in proc.stderr, \
+        proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith("error: checkpoint")
+
+
+@pytest.mark.parametrize("path", ["resume", "sample", "compare", "export", "load_trained"])
+def test_a_checkpoint_with_flipped_tensor_bytes_is_refused_on_every_path(run_copy, tmp_path, path):
+    from reservoir.run.checkpoint import CheckpointError
+    from reservoir.run.trained import load_trained
+
+    checkpoint = run_copy / "checkpoints" / "lstm.pt"
+    if path == "resume":
+        _unfinish(run_copy)
+    damaged = _flip_tensor_bytes(checkpoint)
+    before = {p: p.read_bytes() for p in run_copy.rglob("*") if p.is_file()}
+    if path == "load_trained":
+        with pytest.raises(CheckpointError, match=r"is damaged: its tensors do not match the SHA-256"):
+            load_trained(run_copy, "lstm")
+    else:
+        proc = {"resume": lambda: run_cli(run_copy.parents[1], f"RESUME={run_copy}", check=False),
+                "sample": lambda: run_script("sample.py", run_copy, "MODEL=lstm", check=False),
+                "compare": lambda: run_script("compare.py", f"{run_copy}:lstm", f"{run_copy}:ngram", check=False),
+                "export": lambda: run_script("export.py", run_copy, "MODEL=lstm", f"TO={tmp_path / 'x'}",
+                                             check=False)}[path]()
+        _refused(proc, checkpoint)
+    assert checkpoint.read_bytes() == damaged and not (tmp_path / "x").exists()
+    assert {p: p.read_bytes() for p in run_copy.rglob("*") if p.is_file()} == before  # nothing rewritten
+
+
+def test_a_branch_from_a_stable_phase_with_flipped_tensor_bytes_is_refused(tmp_path):
+    run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=12", "LR_SCHEDULE=wsd", "RUN_NAME=old", "CHECKPOINT_EVERY=0")
+    stable = tmp_path / "results" / "old" / "checkpoints" / "lstm-seed1337-stable.pt"
+    _flip_tensor_bytes(stable)
+    proc = run_cli(tmp_path, "MODELS=lstm", "MAX_STEPS=24", "LR_SCHEDULE=wsd", "RUN_NAME=longer",
+                   f"STABLE_FROM={tmp_path / 'results' / 'old'}", check=False)
+    _refused(proc, stable)
+
+
+def test_a_checkpoint_written_before_the_hash_is_used_with_a_warning_and_resumed_into_a_hashed_one(run_copy):
+    from reservoir.run.checkpoint import HASH_KEY, tensors_sha256
+
+    _unfinish(run_copy)
+    checkpoint = run_copy / "checkpoints" / "lstm.pt"
+    payload = torch.load(checkpoint, weights_only=True)
+    assert payload[HASH_KEY] == tensors_sha256(payload)
+    del payload[HASH_KEY]  # as every checkpoint was written before
+    torch.save(payload, checkpoint)
+    sampled = run_script("sample.py", run_copy, "MODEL=lstm", "MAX_NEW_TOKENS=5")
+    assert f"checkpoint {checkpoint} was written before checkpoints recorded a hash" in sampled.stderr
+    assert "cannot be checked: it is used as it is" in sampled.stderr
+    resumed = run_cli(run_copy.parents[1], f"RESUME={run_copy}")
+    assert "was written before checkpoints recorded a hash" in resumed.stderr
+    assert torch.load(checkpoint, weights_only=True)[HASH_KEY] == tensors_sha256(payload)  # same tensors, now sealed
+    assert "was written before" not in run_script("sample.py", run_copy, "MODEL=lstm", "MAX_NEW_TOKENS=5").stderr

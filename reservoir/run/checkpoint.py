@@ -6,11 +6,15 @@
     restore_model(model, payload, path)      # CheckpointError if the model code has changed since
 
 A checkpoint is a ``torch.save`` of plain containers, numbers and tensors, so
-``torch.load(weights_only=True)`` reads it: a file from elsewhere cannot run code.
+``torch.load(weights_only=True)`` reads it: a file from elsewhere cannot run code. It records the
+SHA-256 of its tensors (``tensors_sha256``): torch's reader does not check the bytes of a tensor, so
+a flipped byte would otherwise load as a slightly different model. A checkpoint written before the
+hash is read with a warning that its tensors cannot be checked; the next save writes one.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -19,10 +23,11 @@ from reservoir.data.tokenizers import tokenizer_hash
 from reservoir.models.settings import PER_MODEL
 from reservoir.platform import device as dev
 from reservoir.platform.files import atomic_write
-from reservoir.platform.messages import OneLineError, first_line
+from reservoir.platform.messages import OneLineError, first_line, warn
 
 FORMAT = 1
 SINCE_LATER = ("replicas", "seed")  # identity keys older checkpoints lack: checked only where present
+HASH_KEY = "tensors_sha256"
 
 
 class CheckpointError(OneLineError, RuntimeError):
@@ -46,6 +51,7 @@ def save_checkpoint(path: str | Path, payload: dict, info: dev.DeviceInfo) -> No
     cpu_payload = dev.to_cpu(info, {"format": FORMAT, **payload})  # every process joins the XLA transfer
     if not info.is_main_process:
         return
+    cpu_payload[HASH_KEY] = tensors_sha256(cpu_payload)
     atomic_write(path, lambda tmp: _torch_save(cpu_payload, tmp))
 
 
@@ -61,8 +67,44 @@ def _torch_save(payload: dict, tmp: str) -> None:
         raise
 
 
-def load_checkpoint(path: str | Path, expect: dict) -> dict:
-    """The payload at ``path``, checked to belong to the model and data described by ``expect``."""
+def tensors_sha256(payload) -> str:
+    """The SHA-256 of every tensor in ``payload`` (nested dicts, lists, tuples), each with where it sits, its dtype
+    and shape, so a changed byte, a swapped tensor or a reshaped one all change it; numbers and text are not in it
+    (a changed step or flag is the payload's own business, and torch's reader checks its pickle)."""
+    digest = hashlib.sha256()
+
+    def visit(where: str, value) -> None:
+        if isinstance(value, torch.Tensor):
+            flat = value.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(f"{where}|{value.dtype}|{tuple(value.shape)}|".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                visit(f"{where}/{key}", item)
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                visit(f"{where}/{i}", item)
+
+    visit("", {k: v for k, v in payload.items() if k != HASH_KEY})
+    return digest.hexdigest()
+
+
+def _check_tensors(path: Path, payload: dict) -> None:
+    """A hash that does not match is a damaged file; a checkpoint written before the hash is used, with a warning
+    that its tensors cannot be checked."""
+    recorded = payload.get(HASH_KEY)
+    if recorded is None:
+        warn(f"checkpoint {path} was written before checkpoints recorded a hash of their tensors, so they cannot "
+             "be checked: it is used as it is (a resume writes the hash with its next checkpoint)")
+    elif recorded != tensors_sha256(payload):
+        raise CheckpointError(f"checkpoint {path} is damaged: its tensors do not match the SHA-256 it recorded "
+                              "when it was written; restore it from a copy, or delete it to train that model "
+                              "again from step 0")
+
+
+def load_checkpoint(path: str | Path, expect: dict, tensors: bool = True) -> dict:
+    """The payload at ``path``, checked to belong to the model and data described by ``expect``, and its tensors
+    to be as written (``tensors=False``: a look at its progress alone, whose tensors are not used)."""
     path = Path(path)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
@@ -74,6 +116,8 @@ def load_checkpoint(path: str | Path, expect: dict) -> dict:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a ReservoirNLP checkpoint (format {FORMAT}); "
                               "delete it or start a new run")
+    if tensors:
+        _check_tensors(path, payload)
     for key, wanted in expect.items():
         if key in SINCE_LATER and key not in payload:
             continue

@@ -167,7 +167,7 @@ def resume_outlook(run_dir: Path | None, config: dict) -> str:
     checkpoint = checkpoint_file(run_dir, model, seed, seeds)
     if checkpoint.exists():
         try:
-            step = load_checkpoint(checkpoint, {})["progress"]["step"]
+            step = load_checkpoint(checkpoint, {}, tensors=False)["progress"]["step"]
         except (CheckpointError, KeyError, TypeError):
             step = None
     where = f"from its checkpoint at step {step}" if step is not None else "from step 0 (it has no checkpoint)"
