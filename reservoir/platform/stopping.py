@@ -5,7 +5,11 @@
 
 Preemptible TPU VMs and cluster schedulers send SIGTERM and kill a little later; Ctrl-C is
 SIGINT. The first signal asks the loop to stop after its current step and checkpoint; a second
-one aborts at once (SIGINT as KeyboardInterrupt, SIGTERM with its default action).
+one aborts at once (SIGINT as KeyboardInterrupt, SIGTERM with its default action). A second is a
+person's only when it comes ``SAME_REQUEST_S`` or more after the first: ``timeout`` signals its command
+and then the command's whole process group, and ``kill -TERM -<pgid>`` reaches a process that forwards it
+as well, so one request can arrive twice within microseconds, and must not lose the steps since the last
+checkpoint.
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ import contextlib
 import os
 import signal
 import threading
+import time
 import types
 
 from reservoir.platform.messages import warn
 
 _requested: str | None = None
+_requested_at = 0.0  # time.monotonic() of the first signal
+SAME_REQUEST_S = 1.0  # a signal this soon after the first is the same request delivered twice, not a person's second
 _announce = True  # the first signal says what happens next (a runner's own line may say it instead)
 
 
@@ -43,16 +50,23 @@ class Diverged(Exception):
         self.tokens, self.seconds = tokens, seconds  # how far training got
 
 
+def repeated(first_at: float | None) -> bool:
+    """Whether a signal now is the one first seen at ``first_at`` (time.monotonic()) delivered again."""
+    return first_at is not None and time.monotonic() - first_at < SAME_REQUEST_S
+
+
 def _handler(signum, frame) -> None:
-    global _requested
+    global _requested, _requested_at
     name = signal.Signals(signum).name
-    if _requested is not None:  # a second signal: stop now, whatever is running
+    if _requested is not None and repeated(_requested_at):
+        return
+    if _requested is not None:  # a person's second signal: stop now, whatever is running
         signal.signal(signum, signal.SIG_DFL)
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         os.kill(os.getpid(), signum)
         return
-    _requested = name
+    _requested, _requested_at = name, time.monotonic()
     if _announce:
         warn(f"{name} received: finishing the current step, then saving a checkpoint "
              f"(send it again to stop at once, losing the work since the last checkpoint)")

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import setproctitle
 
+from reservoir.platform import stopping
 from reservoir.platform.device import Slot, point_slots
 from reservoir.platform.files import Busy, lock_folder, make_folder
 from reservoir.platform.machine import usable_cores
@@ -262,8 +263,15 @@ def run_point(args: list[str], on_cpu: bool = False) -> int:
     Ctrl-C to the study is passed on to it, so it checkpoints before the study stops (its exit code says how)."""
     proc = start_point(args, dict(os.environ), on_cpu)
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    for signum in previous:  # the point decides how to stop
-        signal.signal(signum, lambda signum, frame: proc.send_signal(signum))
+    sent_at = [None]
+
+    def forward(signum, frame):  # the point decides how to stop; a request delivered twice is passed on once
+        if not stopping.repeated(sent_at[0]):
+            sent_at[0] = time.monotonic()
+            proc.send_signal(signum)
+
+    for signum in previous:
+        signal.signal(signum, forward)
     try:
         return proc.wait()
     finally:
@@ -292,10 +300,12 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], fi
     running: dict[int, tuple[subprocess.Popen | _ForkedProcess, object, Path, int]] = {}
     jobs = list(jobs)
     codes: list[int | None] = [None] * len(jobs)
-    stopping_signal = {"sent": None}
+    stopping_signal = {"sent": None, "at": None}
 
     def forward(signum, frame):
-        stopping_signal["sent"] = signum
+        if stopping.repeated(stopping_signal["at"]):  # timeout's second copy of the same request: sent already
+            return
+        stopping_signal["sent"], stopping_signal["at"] = signum, time.monotonic()
         for proc, *_ in running.values():
             proc.send_signal(signum)
 
