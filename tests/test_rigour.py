@@ -179,6 +179,7 @@ def test_a_cpu_run_computes_with_one_thread_unless_omp_num_threads_says_more(mon
         torch.set_num_threads(before)
 
 
+@pytest.mark.alone  # it measures the share of a core this process gets: work beside it takes some
 def test_a_one_thread_run_that_kept_its_core_is_not_oversubscribed():
     """The CPU share counted every core: a one-thread run beside other work had a share of 0.5 at best, so any
     second job flagged it, though it got all the CPU its one thread could use."""
@@ -188,7 +189,10 @@ def test_a_one_thread_run_that_kept_its_core_is_not_oversubscribed():
         deadline = time.process_time() + 0.5
         while time.process_time() < deadline:
             pass
-    assert load.report()["cpu_share"] > 0.9, load.report()
+    report = load.report()
+    if report["runnable_mean"] > report["cores"] + 0.5:  # others wanted our core too: it could not keep it
+        pytest.skip(f"the machine is busy beside this test: {report}")
+    assert report["cpu_share"] > 0.9, report
     with MachineLoad(threads=None, interval=0.05) as everything:
         time.sleep(0.3)
     assert everything.report()["cpu_share"] < 0.2
