@@ -18,7 +18,8 @@ from pathlib import Path
 from configs import ConfigError, parse_options
 from reservoir.config import is_integer
 from reservoir.platform.messages import TAG, OneLineError
-from reservoir.share import Pretrained, export_model
+from reservoir.share import export_model
+from reservoir.share.export import check_repository_id, push_export
 
 KEYS = {
     "TO": "the folder to write (new, or empty)",
@@ -55,13 +56,14 @@ def parse_args(argv: list[str]) -> tuple[Path, dict]:
 def main(argv: list[str]) -> int:
     run_dir, options = parse_args(argv)
     try:
+        if options.get("PUSH"):  # before anything is written, as TO and LICENSE are
+            check_repository_id(options["PUSH"])
         folder = export_model(run_dir, options.get("MODEL"), options.get("TRAIN_SEED"), Path(options["TO"]),
                               options.get("LICENSE") or "other")
         print(f"{TAG} exported {run_dir} to {folder}: config.json, model.safetensors, tokenizer.json, README.md",
               flush=True)
         if options.get("PUSH"):
-            url = Pretrained.from_pretrained(str(folder)).push_to_hub(options["PUSH"],
-                                                                      private=options.get("PRIVATE", False))
+            url = push_export(folder, options["PUSH"], options.get("PRIVATE", False))
             print(f"{TAG} pushed to {url}", flush=True)
     except OneLineError as e:
         raise SystemExit(f"error: {e}") from None

@@ -5,6 +5,7 @@ only through huggingface_hub (its offline cache here, and the upload at HfApi's 
 import hashlib
 import json
 import pickle
+import re
 import shlex
 import shutil
 import subprocess
@@ -15,6 +16,8 @@ import pytest
 import torch
 
 from reservoir.config import parse_overrides
+from reservoir.platform.files import current_umask
+from reservoir.platform.messages import OneLineError
 from reservoir.run.records import signed
 from reservoir.run.trained import load_trained as load_run
 from reservoir.share import ExportError, Pretrained, load_trained
@@ -158,13 +161,18 @@ def test_a_plugin_familys_export_names_its_plugin_and_loads_only_with_that_code(
     before = _plugin_state()
     assert torch.equal(loaded, logits_of(load_run(run, "leaky_tanh")[0]))
     _forget_plugins(before)  # the scripts below load the plugin as a fresh process would
-    plugin.write_text(plugin.read_text() + "# another version\n")
+    ran = tmp_path / "the changed plugin ran"  # another version, whose import would leave a file behind
+    plugin.write_text(plugin.read_text() + f"\nfrom pathlib import Path\nPath({str(ran)!r}).touch()\n")
     changed = run_script("sample.py", tmp_path / "mine", check=False)
-    assert changed.returncode == 1 and "was exported with plugin" in changed.stderr
-    assert "has changed since" in changed.stderr and len(changed.stderr.strip().splitlines()) == 1
+    assert changed.returncode == 1 and "comes from a plugin that was not imported" in changed.stderr
+    assert f"{plugin} has changed since (SHA-256" in changed.stderr
+    assert len(changed.stderr.strip().splitlines()) == 1 and not ran.exists(), changed.stderr
+    with pytest.raises(ExportError, match="comes from a plugin that was not imported"):
+        Pretrained.from_pretrained(str(tmp_path / "mine"))
+    assert not ran.exists()
     plugin.unlink()
     gone = run_script("sample.py", tmp_path / "mine", check=False)
-    assert gone.returncode == 1 and "comes from a plugin that cannot be loaded here" in gone.stderr
+    assert gone.returncode == 1 and f"{plugin} is missing here" in gone.stderr
 
 
 # ---------------------------------------------------------------- trust: one line for each damaged or foreign file
@@ -220,6 +228,10 @@ DAMAGED = {
     "tokenizer missing": (lambda f: (f / "tokenizer.json").unlink(), "tokenizer.json is missing"),
     "record edited and config signed": (lambda f: _resign(f, lambda c: c["record"].update(val_bpc=0.5)),
                                         "was edited after its run wrote it"),
+    "integrity key deleted": (lambda f: (f / "config.json").write_text(json.dumps(
+        {k: v for k, v in json.loads((f / "config.json").read_text()).items() if k != "integrity"})),
+        "has lost its integrity hash"),
+    "folder missing": (lambda f: shutil.rmtree(f), "is not a folder"),
 }
 
 
@@ -237,6 +249,10 @@ def test_a_damaged_export_is_refused_in_one_line(exports, tmp_path, case):
     proc = run_script("sample.py", folder, check=False)
     assert proc.returncode == 1 and said in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    with pytest.raises(OneLineError, match=re.escape(said)) as refused:  # the Python API: the project's error
+        Pretrained.from_pretrained(folder)
+    if case != "folder missing":  # sample.py also takes a run folder, and says so there
+        assert proc.stderr.strip() == f"error: {refused.value}"
 
 
 def test_export_asks_for_a_finished_model_and_a_new_folder_and_never_writes_over_one(every_model_run, exports,
@@ -256,6 +272,76 @@ def test_export_asks_for_a_finished_model_and_a_new_folder_and_never_writes_over
     assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x-*"))
     no_to = run_script("export.py", every_model_run, check=False)
     assert no_to.returncode == 1 and "TO=<folder>" in no_to.stderr
+
+
+def _can_mount() -> bool:
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                           capture_output=True) if shutil.which("unshare") else None
+    return probe is not None and probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount(), reason="cannot mount a private tmpfs here (unshare -rm)")
+@pytest.mark.parametrize("target, said", [("{ro}", "cannot be written ("), ("{ro}/sub", "cannot be written ("),
+                                          ("{file}", "is a file: give a new folder"),
+                                          ("{file}/sub", "which is a file, not a folder")])
+def test_export_to_a_place_it_cannot_become_is_one_line_and_changes_nothing(every_model_run, tmp_path, target,
+                                                                            said):
+    """TO=<empty read-only mount> deleted the user's empty folder (os.rmdir) and then ended in EBUSY; a file on
+    the way, or a read-only place, ended in FileExistsError or OSError tracebacks."""
+    mount, file = tmp_path / "ro", tmp_path / "a-file"
+    mount.mkdir()
+    file.write_text("mine")
+    to = target.format(ro=mount, file=file)
+    command = shlex.join([sys.executable, str(ROOT / "export.py"), str(every_model_run), "MODEL=lstm", f"TO={to}"])
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o ro,size=64k tmpfs '{mount}' && "
+                           f"{command}; echo \"left: $(ls -A '{mount}')\""], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.stderr.strip().startswith(f"error: TO={to}") and said in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "left: \n" in proc.stdout + "\n"
+    assert mount.is_dir() and file.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == \
+        ["a-file", "ro"]
+
+
+def test_export_into_an_empty_folder_keeps_it_and_every_file_follows_the_umask(every_model_run, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    inode = empty.stat().st_ino
+    export(every_model_run, "lstm", empty)
+    assert empty.stat().st_ino == inode and sorted(p.name for p in empty.iterdir()) == sorted(
+        ["config.json", "model.safetensors", "tokenizer.json", "README.md"])
+    modes = {p.name: p.stat().st_mode & 0o777 for p in empty.iterdir()}
+    assert set(modes.values()) == {0o666 & ~current_umask()}, modes  # model.safetensors was 0600
+    assert Pretrained.from_pretrained(empty).record["model"] == "lstm"
+
+
+@pytest.mark.parametrize("option, said", [("LICENSE=mit\n| injected | row |", "is not a Hub license id"),
+                                          ("LICENSE=MIT License", "is not a Hub license id"),
+                                          ("PUSH=not a/valid id", "is not a Hub repository id"),
+                                          ("PUSH=just-a-name", "is not a Hub repository id")])
+def test_a_license_or_hub_id_that_cannot_be_used_is_refused_before_anything_is_written(every_model_run, tmp_path,
+                                                                                       option, said):
+    proc = export(every_model_run, "lstm", tmp_path / "out", option, check=False)
+    assert proc.returncode == 1 and said in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("hub", ["offline mode", "no network"])
+def test_a_push_that_cannot_reach_the_hub_is_one_line_after_the_export_it_keeps(every_model_run, tmp_path,
+                                                                               monkeypatch, hub):
+    import huggingface_hub.constants as constants
+
+    if hub == "offline mode":
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    else:  # a port on this machine that nothing listens on: the connection is refused at once
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_TOKEN", "hf_NotARealToken")
+    proc = export(every_model_run, "lstm", tmp_path / "out", "PUSH=someone/tiny-lstm", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and f"the export is written to {tmp_path / 'out'}, but pushing it" in line
+    assert "push_to_hub('someone/tiny-lstm')" in line
+    assert Pretrained.from_pretrained(tmp_path / "out").record["model"] == "lstm"
 
 
 def test_an_unfinished_model_is_not_exported(tmp_path):

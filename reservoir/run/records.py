@@ -186,12 +186,16 @@ def portable_config(content: dict) -> dict:
     return signed(out) if INTEGRITY_KEY in content else out
 
 
-def read_signed_json(path: Path, what: str, remedy: str) -> dict:
+def read_signed_json(path: Path, what: str, remedy: str, always_signed: bool = False) -> dict:
     """A file ``write_signed_json`` wrote, trusted only as written: an edited or damaged one is refused in one
-    line that ends with ``remedy``; one written before such files were signed is used with one warning."""
+    line that ends with ``remedy``; one written before such files were signed is used with one warning, unless
+    every version wrote its hash (``always_signed``), where one without it has lost it and is refused."""
     content = read_json(path, what, f"it is damaged (cut short, or edited); {remedy}")
     if not isinstance(content, dict):
         raise ResultsError(f"{path} ({what}) is damaged: it is not a JSON object; {remedy}")
+    if always_signed and INTEGRITY_KEY not in content:
+        raise ResultsError(f"{path} ({what}) has lost its integrity hash, which every version that writes it "
+                           f"records: it is trusted only as it was written; {remedy}")
     _verify(content, Path(path), what, f"{path} ({what}) was edited or damaged after it was written (its integrity "
             f"hash no longer matches); {remedy}")
     return {k: v for k, v in content.items() if k != INTEGRITY_KEY}

@@ -163,7 +163,7 @@ def read_export(source: str | Path) -> Exported:
             raise ExportError(f"{folder / name} is missing: an exported model's folder holds {', '.join(FILES)}; "
                               "export it again (python export.py results/<run> TO=<folder>)")
     remedy = "export the model again (python export.py results/<run> TO=<folder>)"
-    config = read_signed_json(folder / CONFIG, "the export's config", remedy)
+    config = read_signed_json(folder / CONFIG, "the export's config", remedy, always_signed=True)
     if config.get("library") != LIBRARY or config.get("format") != FORMAT:
         raise ExportError(f"{folder / CONFIG} is not a ReservoirNLP export (library {LIBRARY!r}, format {FORMAT}); "
                           "load it with the library that wrote it")
@@ -201,9 +201,26 @@ def write_tensors(path: Path, state: dict) -> None:
     save_file(tensors, str(path), metadata={"format": "pt", SHAPES_KEY: json.dumps(shapes, sort_keys=True)})
 
 
-def ensure_new(folder: Path) -> None:
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+def check_destination(folder: Path) -> bool:
+    """Refuse, before anything is read or written, a ``TO`` an export cannot become: a file, a folder with files in
+    it, a path through a file, or a place this process cannot write. True where ``folder`` is an empty folder
+    already (it is kept, and the export's files are moved into it)."""
+    if folder.is_file() or (folder.exists() and not folder.is_dir()):
+        raise ExportError(f"TO={folder} is a file: give a new folder (or an empty one) for the export")
+    if folder.is_dir() and any(folder.iterdir()):
         raise ExportError(f"TO={folder} exists and is not empty: an export never writes over files; give a new "
                           "folder, or delete that one first")
-    if folder.exists():
-        os.rmdir(folder)
+    place = folder if folder.is_dir() else next(p for p in folder.absolute().parents if p.exists())
+    if not place.is_dir():
+        raise ExportError(f"TO={folder} goes through {place}, which is a file, not a folder: give a folder's path")
+    if not os.access(place, os.W_OK | os.X_OK):
+        cause = "the file system is read-only" if _read_only(place) else "permission denied"
+        raise ExportError(f"TO={folder} cannot be written ({place}: {cause}); give a folder this user can write")
+    return folder.is_dir()
+
+
+def _read_only(place: Path) -> bool:
+    try:
+        return bool(os.statvfs(place).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

@@ -37,17 +37,23 @@ REPOSITORY_URL = "https://github.com/reservoir-nlp/reservoir-nlp"
 
 
 def load_export_plugins(exported: Exported) -> None:
-    """The plugin a family comes from, loaded as the run named it and exactly the code it was trained with."""
+    """The plugin a family comes from, loaded as the run named it and exactly the code it was trained with: each
+    file is checked against the SHA-256 the export recorded before it is imported, so changed code never runs."""
     named = exported.run_config["effective_config"].get("PLUGINS")
+    family = exported.config["family"]
+    if named and not exported.config.get("plugins"):
+        raise ExportError(f"{exported.folder}: its family {family} comes from plugins ({named}) whose SHA-256 the "
+                          "export does not record, so they were not imported; export the model again")
+    changed = changed_plugins(exported.config.get("plugins"))
+    if changed:
+        raise ExportError(f"{exported.folder}: its family {family} comes from a plugin that was not imported: "
+                          f"{changed[0]}; put the plugin file the export was made with where config.json's plugins "
+                          "names it")
     try:
         load_plugins(named)
     except ConfigError as e:
-        raise ExportError(f"{exported.folder}: its family {exported.config['family']} comes from a plugin that cannot "
-                          f"be loaded here ({e}); put the plugin where the export names it") from None
-    changed = changed_plugins(exported.config.get("plugins"))
-    if changed:
-        raise ExportError(f"{exported.folder}: its family {exported.config['family']} was exported with plugin "
-                          f"{changed[0]}: load it with the plugin file the export names (config.json's plugins)")
+        raise ExportError(f"{exported.folder}: its family {family} comes from a plugin that cannot be loaded here "
+                          f"({e}); put the plugin where the export names it") from None
 
 
 def _check_state(model: nn.Module, state: dict, where: Path) -> None:
@@ -109,6 +115,17 @@ class Pretrained(nn.Module, PyTorchModelHubMixin, library_name="reservoir-nlp", 
 
     def generate(self, *args, **kwargs):
         return self.model.generate(*args, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *, force_download: bool = False, token=None,
+                        cache_dir=None, local_files_only: bool = False, revision=None, **_ignored) -> Pretrained:
+        """The export at ``pretrained_model_name_or_path`` (a folder, ``user/name`` or ``hf://user/name``), every
+        file checked before anything is read into a model: a damaged folder or a missing path is the project's
+        one-line ``ExportError``, as the command-line tools say it (the mixin's own reader would first parse
+        config.json itself and speak huggingface_hub's errors)."""
+        return cls._from_pretrained(model_id=str(pretrained_model_name_or_path), revision=revision,
+                                    cache_dir=cache_dir, force_download=force_download,
+                                    local_files_only=local_files_only, token=token)
 
     @classmethod
     def _from_pretrained(cls, *, model_id: str, revision=None, cache_dir=None, force_download=False,
