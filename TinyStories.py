@@ -15,6 +15,7 @@ from configs import ConfigError, config_from_argv, given_settings, recorded_keys
 from reservoir.models import with_added_options
 from reservoir.platform import device as dev
 from reservoir.platform import stopping
+from reservoir.platform.entry import entry_point
 from reservoir.platform.messages import TAG, OneLineError, warn
 from reservoir.run.experiment import run_experiment
 from reservoir.run.folders import claim_run_folder, find_run_dir, resume_outlook, resumed_config
@@ -41,6 +42,7 @@ def resolve_resume(config: dict, named=()) -> tuple[dict, object]:
                            "start a new run") from None
 
 
+@entry_point
 def main(argv: list[str]) -> int:
     config = config_from_argv(argv)
     claim = None

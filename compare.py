@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from configs import ConfigError, parse_options
+from reservoir.platform.entry import entry_point
 from reservoir.platform.files import atomic_write_text
 from reservoir.platform.messages import TAG, OneLineError
 from reservoir.studies.comparison import Side, compare, describe
@@ -64,6 +65,7 @@ def parse_args(argv: list[str]) -> tuple[Side, Side, dict]:
     return Side.parse(sides[0]), Side.parse(sides[1]), options
 
 
+@entry_point
 def main(argv: list[str]) -> int:
     side_a, side_b, options = parse_args(argv)
     try:

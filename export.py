@@ -17,6 +17,7 @@ from pathlib import Path
 
 from configs import ConfigError, parse_options
 from reservoir.config import is_integer
+from reservoir.platform.entry import entry_point
 from reservoir.platform.messages import TAG, OneLineError
 from reservoir.share import export_model
 from reservoir.share.export import check_repository_id, push_export
@@ -53,6 +54,7 @@ def parse_args(argv: list[str]) -> tuple[Path, dict]:
     return Path(argv[0]), options
 
 
+@entry_point
 def main(argv: list[str]) -> int:
     run_dir, options = parse_args(argv)
     try:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from configs import ConfigError, parse_options, wants_help
+from reservoir.platform.entry import entry_point
 from reservoir.platform.messages import OneLineError
 from reservoir.run.plots import PLOTS, plot_runs
 
@@ -24,6 +25,7 @@ def usage() -> str:
     return f"{__doc__}\nKeys:\n{keys}\n\nPlots written (when the runs hold the numbers they need):\n{plots}"
 
 
+@entry_point
 def main(argv: list[str]) -> int:
     if wants_help(argv):
         print(usage())

@@ -17,10 +17,12 @@ import sys
 
 from configs import split_arguments, wants_help
 from reservoir.platform import stopping
+from reservoir.platform.entry import entry_point
 from reservoir.platform.messages import TAG, OneLineError, say
 from reservoir.studies.probes import PROBE_KEYS, ProbeSet, run_probe_set, write_probe_report
 
 
+@entry_point
 def main(argv: list[str]) -> int:
     if wants_help(argv):
         print(__doc__)

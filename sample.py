@@ -22,6 +22,7 @@ from pathlib import Path
 from configs import ConfigError, parse_options
 from reservoir.config import is_integer, is_number
 from reservoir.platform import device as dev
+from reservoir.platform.entry import entry_point
 from reservoir.platform.messages import TAG, OneLineError
 from reservoir.run.sampling import SampleSettings, write_stories
 from reservoir.share import load_trained
@@ -83,6 +84,7 @@ def _number(options: dict, key: str, default, kind, minimum, allow_none: bool = 
     return kind(value)
 
 
+@entry_point
 def main(argv: list[str]) -> int:
     run_dir, options = parse_args(argv)
     try:

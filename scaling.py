@@ -40,6 +40,7 @@ from pathlib import Path
 
 from configs import split_arguments, wants_help
 from reservoir.platform.device import runs_on_cpu
+from reservoir.platform.entry import entry_point
 from reservoir.platform.files import repository_path
 from reservoir.platform.messages import TAG, OneLineError, say
 from reservoir.platform.stopping import ended_by_a_signal
@@ -150,6 +151,7 @@ def typed_command(argv: list[str]) -> str:
     return shlex.join(["python", "scaling.py", *argv])
 
 
+@entry_point
 def main(argv: list[str]) -> int:
     if wants_help(argv):
         print(__doc__)

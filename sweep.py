@@ -33,6 +33,7 @@ from reservoir.config import load_plugins, named_plugins
 from reservoir.data.tokens import prepare_data
 from reservoir.models import ModelSettingsError
 from reservoir.platform import stopping
+from reservoir.platform.entry import entry_point
 from reservoir.platform.messages import TAG, OneLineError
 from reservoir.run.experiment import run_experiment
 from reservoir.studies.storage import lost_storage_in
@@ -82,6 +83,7 @@ def parse_args(argv: list[str]) -> Sweep:
                  Path(base["RESULTS_DIR"]) / "sweeps" / name, base["SEED"])
 
 
+@entry_point
 def main(argv: list[str]) -> int:
     sweep = None
     try:

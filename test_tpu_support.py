@@ -22,6 +22,7 @@ import torch
 
 from configs import ConfigError, config_from_argv, default_config, parse_overrides
 from reservoir.platform import device as dev
+from reservoir.platform.entry import entry_point
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 _CONFIG = default_config()  # replaced by command-line overrides when run as a script
@@ -313,6 +314,7 @@ def _where(error: BaseException) -> str:
     return f"{os.path.basename(frame.filename)} line {frame.lineno}: {(frame.line or '').strip()}"
 
 
+@entry_point
 def main(argv: list[str]) -> int:
     global _CONFIG
     _CONFIG = config_from_argv(argv)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from reservoir.data import fetch as fetch_module
 from reservoir.data.fetch import DATASETS, main
 from tests.conftest import NO_TEXT, ROOT, SHAKESPEARE_TEXT, TINYSTORIES_TEXT, real_text
 
@@ -103,6 +104,28 @@ def test_a_place_that_cannot_take_the_files_is_one_line_naming_the_setting(tmp_p
                      f"error: {to / 'shakespeare' / 'input.txt'} is a folder where the file input.txt goes: move it "
                      "away, then fetch again"]
     assert "RESULTS_DIR" not in str(refused.value) and (to / "tinystories").read_text() == "x"
+
+
+def test_a_to_below_a_file_is_refused_before_anything_is_downloaded(server, tmp_path):
+    served, url = server
+    (served / "input.txt").write_bytes(b"x" * 10)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    fetched = []
+    real = fetch_module.download
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fetch_module, "download", lambda *a: fetched.append(a) or real(*a))
+        with pytest.raises(SystemExit) as refused:
+            main(["shakespeare", f"TO={afile}/data", f"SOURCE={url}"])
+    assert str(refused.value) == (f"error: TO={afile}/data goes through {afile}, which is a file: give TO a folder "
+                                  "(TO=data), or move that file away")
+    assert fetched == []
+
+
+def test_help_is_the_usage_on_stdout_and_exit_0_piped_or_not(capsys):
+    assert main(["--help"]) == 0 and main(["shakespeare", "-h"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("usage:") == 2 and "python -m reservoir.data.fetch tinystories-slices" in out and not err
 
 
 def test_offline_one_run_names_every_file_and_says_how_each_is_cut_and_that_one_in_place_is_wrong(tmp_path):

@@ -1,8 +1,12 @@
 """The house: reservoir/ is grouped by the stage of a result's life, and imports only go down a floor."""
 
 import ast
+import os
+import signal
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -99,3 +103,18 @@ def test_run_outputs_stay_out_of_git_but_the_committed_records_do_not():
     listed = subprocess.run(["git", "check-ignore", "--no-index", *ignored, *kept], cwd=ROOT, capture_output=True,
                             text=True).stdout.split()
     assert listed == ignored
+
+
+@pytest.mark.parametrize("script", ["TinyStories.py", "compare.py", "export.py", "plot_results.py", "probes.py",
+                                    "sample.py", "scaling.py", "sweep.py", "test_tpu_support.py",
+                                    "-m reservoir.data.fetch"])
+def test_help_into_a_pipe_closed_early_ends_quietly(script):
+    """``--help | head -1`` printed a BrokenPipeError traceback (scaling.py, sample.py, sometimes TinyStories.py):
+    here the reader has gone before the script writes a byte, every time."""
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.run([sys.executable, *script.split(), "--help"], cwd=ROOT, stdout=write,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 128 + signal.SIGPIPE, proc.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reservoir.platform.machine import MachineError, instruction_set, processor, usable_cores
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, TINY, run_cli, run_script
 from tests.test_study_records import _documented_study_command, _study_from
 
 ELSEWHERE = "AMD EPYC 7B13 (a processor no record names)"
@@ -181,3 +181,35 @@ def test_the_worked_plugin_study_writes_where_git_ignores_it():
     paths = [f"results/{study}/points.jsonl" for study in sorted(studies)]
     ignored = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True)
     assert ignored.stdout.split() == paths, "a study of the page would show in git status"
+
+
+ENTRY_POINTS = ["TinyStories.py", "compare.py", "export.py", "plot_results.py", "probes.py", "sample.py", "scaling.py",
+                "sweep.py", "test_tpu_support.py"]
+
+
+@pytest.mark.parametrize("variable, value, said", [
+    ("RESERVOIR_PRETEND_CORES", "0", "give a whole number of cores, at least 1"),
+    ("RESERVOIR_PRETEND_ISA", "banana", "RESERVOIR_PRETEND_ISA=banana: give one of the instruction sets"),
+    ("RESERVOIR_PRETEND_PROCESSOR", " ", "RESERVOIR_PRETEND_PROCESSOR is set but empty")])
+def test_a_bad_pretend_variable_is_refused_by_every_entry_point_before_anything_runs(tmp_path, variable, value, said):
+    """RESERVOIR_PRETEND_CORES=0 let TinyStories.py train a model before refusing (a run folder with a checkpoint
+    and no summary was left), and RESERVOIR_PRETEND_ISA=banana was recorded as the run's instruction set."""
+    for script in ENTRY_POINTS:
+        args = [*TINY, "MODELS=['lstm']", "MAX_STEPS=3", f"RESULTS_DIR={tmp_path / 'results'}",
+                f"CACHE_DIR={tmp_path / 'cache'}"] if script == "TinyStories.py" else ["--help"]
+        proc = run_script(script, *args, env={variable: value}, check=False)
+        assert proc.returncode == 1 and proc.stderr.strip() == f"error: {proc.stderr.strip()[7:]}", (script, proc)
+        assert said in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, (script, proc.stderr)
+        assert not proc.stdout, (script, proc.stdout)
+    assert not (tmp_path / "results").exists() and not (tmp_path / "cache").exists()
+    from reservoir.data.fetch import main as fetch
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(variable, value)
+        with pytest.raises(SystemExit, match=said):
+            fetch(["--help"])
+
+
+def test_a_known_instruction_set_is_recorded_in_torch_s_spelling(tmp_path):
+    run_cli(tmp_path, "MODELS=['ngram']", "MAX_STEPS=1", "RUN_NAME=r", env={"RESERVOIR_PRETEND_ISA": "avx512"})
+    assert json.loads((tmp_path / "results" / "r" / "config.json").read_text())["device"]["isa"] == "AVX512"

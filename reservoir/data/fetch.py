@@ -25,6 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from reservoir.platform.entry import entry_point
 from reservoir.platform.files import StorageError, atomic_write
 from reservoir.platform.messages import OneLineError, say
 
@@ -163,17 +164,19 @@ def fetch(piece: Piece, to: Path, source: str | None = None, given: Path | None 
 KEYS = ("TO", "SOURCE", "FROM", "REPLACE")
 
 
+@entry_point
 def main(argv: list[str]) -> int:
-    names = [a for a in argv if "=" not in a]
+    asked_for_help = any(a in ("-h", "--help") for a in argv)
+    names = [a for a in argv if "=" not in a and a not in ("-h", "--help")]
     options = dict(a.split("=", 1) for a in argv if "=" in a)
     unknown = [n for n in names if n not in DATASETS] + [k for k in options if k not in KEYS]
-    if not names or unknown or any(a in ("-h", "--help") for a in argv):
+    if asked_for_help or not names or unknown:
         usage = __doc__.split("\n\n")[1]
-        print(f"{'error: unknown ' + repr(unknown[0]) + chr(10) if unknown else ''}usage:\n{usage}\n"
-              f"data sets: {', '.join(DATASETS)}; keys: TO (default data), SOURCE (another server), FROM (the whole "
-              "files downloaded by hand: their folder), REPLACE (True: replace a file that holds other text)",
-              file=sys.stderr)
-        return 0 if not unknown and names else 2
+        print(f"{'error: unknown ' + repr(unknown[0]) + chr(10) if unknown and not asked_for_help else ''}usage:\n"
+              f"{usage}\ndata sets: {', '.join(DATASETS)}; keys: TO (default data), SOURCE (another server), FROM "
+              "(the whole files downloaded by hand: their folder), REPLACE (True: replace a file that holds other "
+              "text)", file=sys.stdout if asked_for_help else sys.stderr)
+        return 0 if asked_for_help else 2
     replace = options.get("REPLACE", "False").strip().lower()
     if replace not in ("true", "false"):
         raise SystemExit(f"error: REPLACE={options['REPLACE']}: give True or False")
@@ -184,6 +187,10 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"error: FROM={options['FROM']} does not exist: give the folder the whole files were "
                          "downloaded to")
     to = Path(options.get("TO", "data")).expanduser()
+    above = next(p for p in to.absolute().parents if p.exists())
+    if not above.is_dir():  # found before anything is downloaded
+        raise SystemExit(f"error: TO={options.get('TO', 'data')} goes through {above}, which is a file: give TO a "
+                         "folder (TO=data), or move that file away")
     failed = []
     for name in names:
         for piece in DATASETS[name]:

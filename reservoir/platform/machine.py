@@ -162,11 +162,25 @@ def processor() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+ISA_NAMES = ("DEFAULT", "AVX2", "AVX512", "VSX", "ZVECTOR", "SVE128", "SVE256", "SVE512")  # torch's CPU kernels
+
+
+def check_pretended() -> None:
+    """Every RESERVOIR_PRETEND_* value checked at once, as each entry point starts (before any data is read or any
+    model trained): a processor named, a known instruction set, a whole number of cores >= 1."""
+    processor()
+    usable_cores()
+    isa = pretended("isa")
+    if isa is not None and isa.upper() not in ISA_NAMES:
+        raise MachineError(f"RESERVOIR_PRETEND_ISA={isa}: give one of the instruction sets torch's CPU kernels "
+                           f"report ({', '.join(ISA_NAMES)}), or unset it")
+
+
 def instruction_set() -> str:
     """The widest vector instructions torch's CPU kernels dispatch to here ('AVX512', 'AVX2', 'DEFAULT', ...;
     ATEN_CPU_CAPABILITY lowers it), or RESERVOIR_PRETEND_ISA: with the processor, what decides a run's floats."""
     if (isa := pretended("isa")) is not None:
-        return isa
+        return isa.upper()
     import torch
 
     try:
