@@ -103,8 +103,9 @@ def main(argv: list[str]) -> int:
         info = dev.select_device({"DEVICE": options.get("DEVICE", "auto")})
         where = dev.sampling_device(info, model.host_only)
         state = "finished" if run.finished else "unfinished, last checkpoint"
+        sys.stdout.flush()
         print(f"{TAG} {run_dir}: {run.model} at step {run.step} ({state}, training seed {run.seed}), on {where}",
-              file=sys.stderr)
+              file=sys.stderr, flush=True)  # before the stories, where both streams go to one terminal or file
         stories = write_stories(model, tokenizer, prompts, settings, where)
     except OneLineError as e:
         raise SystemExit(f"error: {e}") from None

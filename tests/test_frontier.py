@@ -636,6 +636,24 @@ def test_by_time_each_processor_is_a_view_of_its_own_and_a_class_is_read_within_
     assert "![each family's lower envelope against training seconds](frontier-time.png)" in section
 
 
+def test_a_report_of_a_file_says_it_is_a_file(tmp_path):
+    afile = tmp_path / "passwd"
+    afile.write_text("root:x:0:0")
+    proc = run_script("scaling.py", f"REPORT={afile}", check=False)
+    assert proc.returncode == 1 and f"error: {afile} is a file, not a folder: REPORT=" in proc.stderr, proc.stderr
+    assert "does not exist" in run_script("scaling.py", f"REPORT={tmp_path / 'none'}", check=False).stderr
+
+
+def test_a_study_without_a_reference_family_names_none_in_its_report():
+    """frontier.md said "At each of None's envelope points" for a study without a transformer."""
+    rows = [_timed("linear_reservoir", 10, 2.0), _timed("frozen_retention", 40, 1.9)]
+    text = format_study(build_frontier(rows, {"study": "t", "budgets": [1e12], "grid": {
+        "FAMILIES": ["frozen_retention", "linear_reservoir"], "LEARNING_RATES": [1e-3], "SIZES": ["xs"],
+        "BATCH_SIZES": [8]}, "settings": [], "plan": {}}), "frontier.png")
+    assert "None" not in text.split("# By training time")[1], text.split("# By training time")[1][:1500]
+    assert "no reference family to set the classes against" in text
+
+
 def _costed(family, budget, bpc):
     """A grid point whose step does 1e9 FLOPs by the FLOP convention (batch 8): budget / 1e9 steps."""
     return {**_row(family, budget, bpc), "cell": f"{family}-xs", "train_steps": int(budget / 1e9)}

@@ -344,6 +344,55 @@ def test_a_push_that_cannot_reach_the_hub_is_one_line_after_the_export_it_keeps(
     assert Pretrained.from_pretrained(tmp_path / "out").record["model"] == "lstm"
 
 
+def test_advice_on_the_export_paths_works_when_followed(every_model_run, exports, tmp_path):
+    """compare.py <lstm export>:esn advised RESUME (which refuses exports); a stopped run's export advised MODEL=,
+    then refused the name; a diverged model's export said checkpoints stay on the machine that trained it."""
+    other = run_script("compare.py", f"{exports['lstm']}:esn", f"{every_model_run}:ngram", check=False)
+    assert other.returncode == 1 and f"{exports['lstm']} is an exported model of lstm alone, not esn" in other.stderr
+    assert "<run>:esn" in other.stderr and "RESUME" not in other.stderr
+    run_cli(tmp_path, "MODELS=['transformer','ngram']", "MAX_STEPS=20", "LOG_EVERY=5", "CHECKPOINT_EVERY=0",
+            "EVAL_POINTS=1", "LEARNING_RATE=1e9", "RUN_NAME=nan")
+    diverged = tmp_path / "results" / "nan"
+    for said in (export(diverged, "transformer", tmp_path / "x", check=False),
+                 run_script("sample.py", diverged, "MODEL=transformer", check=False),
+                 run_script("compare.py", f"{diverged}:transformer", f"{diverged}:ngram", check=False)):
+        assert said.returncode == 1 and "diverged at step 5" in said.stderr, said.stderr
+        assert "stay on the machine" not in said.stderr and "RESUME" not in said.stderr, said.stderr
+    run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=20", "RUN_NAME=stopped")
+    stopped = tmp_path / "results" / "stopped"
+    (stopped / "summary.json").write_text("[]")  # as if stopped before its record
+    for proc in (export(stopped, "lstm", tmp_path / "y", check=False),
+                 run_script("export.py", stopped, f"TO={tmp_path / 'y'}", check=False)):
+        assert proc.returncode == 1 and f"python TinyStories.py RESUME={stopped})" in proc.stderr, proc.stderr
+        assert "MODEL=<name>" not in proc.stderr
+    resumed = run_cli(tmp_path, f"RESUME={stopped}")  # the advice, followed
+    assert "lstm: finished in the checkpoint" in resumed.stdout
+    export(stopped, "lstm", tmp_path / "y")
+
+
+def test_an_offline_hub_id_is_shown_as_it_was_given(tmp_path, monkeypatch):
+    import huggingface_hub.constants as hub
+
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    proc = run_script("sample.py", "hf://me/x", check=False)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: hf://me/x (no such folder here"), proc.stderr
+    with pytest.raises(ExportError, match=r"^hf://me/x \(no such folder here"):
+        Pretrained.from_pretrained(Path("hf://me/x"))
+
+
+def test_generating_from_an_export_keeps_the_prompt_s_shape_and_is_the_run_s_story(every_model_run, exports):
+    model = Pretrained.from_pretrained(exports["lstm"])
+    ids = torch.from_numpy(model.tokenizer.encode("Once upon")).unsqueeze(0)
+    out = model.generate(ids, 20, temperature=0.8, generator=torch.Generator().manual_seed(3))
+    assert out.shape[0] == 1 and out.dim() == 2 and torch.equal(out[0, :ids.shape[1]], ids[0])
+    run_model = load_run(every_model_run, "lstm")[0]
+    with torch.no_grad():
+        same = run_model.generate(ids[0], 20, temperature=0.8, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(out[0], same) and model.generate(ids[0], 5).dim() == 1
+    assert model.tokenizer.decode(out[0].tolist()).startswith("Once upon")
+
+
 def test_an_unfinished_model_is_not_exported(tmp_path):
     run_cli(tmp_path, "MODELS=['lstm']", "MAX_STEPS=20", "RUN_NAME=u")
     run = tmp_path / "results" / "u"

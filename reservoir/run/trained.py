@@ -99,7 +99,13 @@ def load_trained(run_dir: str | Path, model_name: str | None = None, train_seed:
     train_seed = seeds[0] if train_seed is None else train_seed
     checkpoint = checkpoint_file(run_dir, model_name, train_seed, seeds)
     if not checkpoint.is_file():
-        if any(r.get("model") == model_name and r.get("seed", train_seed) == train_seed for r in summaries):
+        records = [r for r in summaries if r.get("model") == model_name and r.get("seed", train_seed) == train_seed]
+        if records and records[-1].get("status") == "diverged":
+            raise CheckpointError(f"{checkpoint} does not exist: {model_name} (seed {train_seed}) diverged at step "
+                                  f"{records[-1].get('diverged_at_step')} ({records[-1].get('reason')}) before its "
+                                  f"first checkpoint, so there is no model to load; train it again "
+                                  f"({records[-1].get('advice') or 'with a lower learning rate'})")
+        if records:
             raise CheckpointError(f"{checkpoint} is not in this copy of {run_dir}: {model_name} (seed {train_seed}) "
                                   "finished there and its records are here, but checkpoints stay on the machine that "
                                   "trained it (they are never committed); run this there, or train the point again")

@@ -90,9 +90,10 @@ def model_card(config: dict, license_id: str) -> str:
                     f", 95% interval ±{ci:.4f} (a bootstrap over story blocks)" if ci is not None else ""))
     command = training_command(run["requested_config"], config["model"], config["seed"])
     lines = [
-        f"# {name}: a {family} language model trained with ReservoirNLP",
+        f"# {name}: `{family}`, a language model trained with ReservoirNLP",
         "",
-        f"A `{family}` model ({config['kind']}: trained {record.get('trained')}) on {corpus}, exported from a "
+        f"A `{family}` model (class: {config['kind']}; what its training set: {record.get('trained')}) trained on "
+        f"{corpus}, exported from a "
         "ReservoirNLP run with its records. Every number below is the run's own record, also in `config.json`.",
         "",
         "| | |", "| --- | --- |",

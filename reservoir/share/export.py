@@ -22,7 +22,14 @@ from reservoir.models import build_model
 from reservoir.models.registry import class_of, family_of
 from reservoir.platform.files import current_umask, storage_error
 from reservoir.platform.messages import first_line
-from reservoir.run.records import check_summary, portable_config, read_run_config, signed, write_json_atomic
+from reservoir.run.records import (
+    check_summary,
+    portable_config,
+    read_json,
+    read_run_config,
+    signed,
+    write_json_atomic,
+)
 from reservoir.run.trained import load_trained
 from reservoir.share.card import model_card
 from reservoir.share.folder import (
@@ -35,6 +42,7 @@ from reservoir.share.folder import (
     ExportError,
     check_destination,
     file_sha256,
+    is_export,
     write_tensors,
 )
 
@@ -54,9 +62,14 @@ def export_config(run_dir: Path, model, tokenizer, run, license_id: str) -> dict
     run_config = read_run_config(run_dir)
     records = [r for r in check_summary(run.summaries, run_dir / "summary.json")
                if r.get("model") == run.model and r.get("seed", run.seed) == run.seed]
+    diverged = [r for r in records if r.get("status") == "diverged"]
+    if diverged:
+        raise ExportError(f"{run_dir}: {run.model} (seed {run.seed}) diverged at step "
+                          f"{diverged[-1].get('diverged_at_step')} ({diverged[-1].get('reason')}): it has no score for "
+                          "its card to state; train it again with the change its record suggests, and export that")
     if not run.finished or not records:
         raise ExportError(f"{run_dir}: {run.model} (seed {run.seed}) has not finished, so it has no record for its "
-                          "card to state: finish the run (python TinyStories.py RESUME=...) and export it then")
+                          f"card to state: finish the run (python TinyStories.py RESUME={run_dir}) and export it then")
     block = run.config[run.model.upper()]
     built = build_model(run.model, tokenizer.vocab_size, {**run.config, "SEED": run.seed})
     family = family_of(run.model, block)
@@ -113,12 +126,25 @@ def push_export(folder: Path, repo: str, private: bool) -> str:
                           f"'{folder}').push_to_hub('{repo}')\"") from None
 
 
+def _check_something_finished(run_dir: Path) -> None:
+    """A run with no scored model has nothing an export's card could state: say how to finish it (naming one of
+    its models would only be refused for the same reason)."""
+    summary = run_dir / "summary.json"
+    if run_dir.is_dir() and not is_export(run_dir) and (run_dir / CONFIG).is_file():
+        records = check_summary(read_json(summary, "the run's summary"), summary) if summary.is_file() else []
+        if not any(r.get("val_bpc") is not None for r in records):
+            raise ExportError(f"{run_dir} has no finished model with a score to export: finish the run (python "
+                              f"TinyStories.py RESUME={run_dir}), then export it")
+
+
 def export_model(run_dir: str | Path, model_name: str | None, train_seed: int | None, to: Path,
                  license_id: str) -> Path:
     """The folder ``to`` holding ``model_name`` (trained with ``train_seed``) of ``run_dir``; see the module."""
     run_dir, to = Path(run_dir), Path(to)
     check_license(license_id)
     into_empty = check_destination(to)
+    if model_name is None:
+        _check_something_finished(run_dir)
     model, tokenizer, run = load_trained(run_dir, model_name, train_seed)
     content = export_config(run_dir, model, tokenizer, run, license_id)
     staging, moved = None, []

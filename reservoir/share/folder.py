@@ -69,7 +69,8 @@ def local_folder(source: str | Path, **download) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
 
-    read_as = f"{source} (no such folder here, so read as the Hub repository {repo})"
+    shown = f"hf://{repo}" if str(source).startswith("hf:") else source  # a Path would show hf:/user/name
+    read_as = f"{shown} (no such folder here, so read as the Hub repository {repo})"
     try:
         return Path(snapshot_download(repo, allow_patterns=list(FILES), **download))
     except HFValidationError as e:

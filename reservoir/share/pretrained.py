@@ -113,8 +113,15 @@ class Pretrained(nn.Module, PyTorchModelHubMixin, library_name="reservoir-nlp", 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(ids)
 
-    def generate(self, *args, **kwargs):
-        return self.model.generate(*args, **kwargs)
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, **options) -> torch.Tensor:
+        """The prompt's token ids (``(1, T)``, or 1-D) and at most ``max_new_tokens`` more, in the prompt's shape
+        (so ``tokenizer.decode(out[0].tolist())`` reads a (1, T) prompt's story). ``options``: the family's
+        ``generate`` options, ``temperature`` (0: greedy), ``top_k``, ``top_p``, ``stop_id`` (the tokenizer's
+        end-of-story id stops at a story's end) and ``generator`` (a seeded ``torch.Generator``: the same story
+        on every device)."""
+        with torch.no_grad():
+            out = self.model.generate(prompt, max_new_tokens, **options)
+        return out.view(1, -1) if prompt.dim() == 2 else out
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *, force_download: bool = False, token=None,

@@ -29,7 +29,7 @@ from reservoir.platform import device as dev
 from reservoir.run.evaluation import BOOTSTRAP_SAMPLES, Evaluator
 from reservoir.run.records import ResultsError
 from reservoir.share import load_trained, run_records
-from reservoir.share.folder import hub_id
+from reservoir.share.folder import hub_id, is_export
 from reservoir.studies.diagnostics import diagnose
 
 SAME_DATA_KEYS = ("tokenizer_hash", "val_tokens", "val_chars", "val_stories")
@@ -92,22 +92,32 @@ def _finished(side: Side) -> list[Trained]:
         if hub_id(source) is None and not source.is_dir():
             raise ResultsError(f"{source} is not a folder; give a run folder such as results/<run>[:<model>], an "
                                "exported model's folder or its Hub id (hf://user/name)")
-        run_dir, config_json, rows = run_records(source)
-        runs.append((run_dir, config_json, [r for r in rows if r.get("val_bpc") is not None]))
+        runs.append(run_records(source))
     if side.model is None:
-        scored = [r for _, _, rows in runs for r in rows]
+        scored = [r for _, _, rows in runs for r in rows if r.get("val_bpc") is not None]
         if not scored:
             raise ResultsError(f"{side.label()} has no finished model with a score yet")
         side.model = min(scored, key=lambda r: r["val_bpc"])["model"]
     trained = []
     for run_dir, config_json, rows in runs:
         models = config_json["effective_config"]["MODELS"]
+        if is_export(run_dir) and side.model not in [r["model"] for r in rows]:  # it holds one of its run's models
+            raise ResultsError(f"{run_dir} is an exported model of {rows[0]['model'] if rows else 'one model'} alone, "
+                               f"not {side.model}: compare {side.model} from the run folder it was exported from "
+                               f"(<run>:{side.model}), or export that model too")
         if side.model not in models:
             raise ResultsError(f"{side.model!r} is not a model of {run_dir} (its models: {', '.join(models)})")
-        trained += [Trained(run_dir, config_json, r) for r in rows if r["model"] == side.model]
+        trained += [Trained(run_dir, config_json, r) for r in rows if r["model"] == side.model
+                    and r.get("val_bpc") is not None]
+        diverged = [r for r in rows if r["model"] == side.model and r.get("status") == "diverged"]
+        if diverged and not trained:
+            raise ResultsError(f"{side.label()}: {side.model} diverged at step {diverged[-1].get('diverged_at_step')}"
+                               f" in {run_dir} ({diverged[-1].get('reason')}), so it has no "
+                               "score to compare (a resume does not retry it); train it again with the change its "
+                               "record suggests, in a new run")
     if not trained:
         raise ResultsError(f"{side.label()}: {side.model} has no finished, scored training yet; finish the run "
-                           "(python TinyStories.py RESUME=...) before comparing it")
+                           f"(python TinyStories.py RESUME={runs[0][0]}) before comparing it")
     seeds = [t.row.get("seed") for t in trained]
     if len(set(seeds)) != len(seeds):
         raise ResultsError(f"{side.label()}: the runs share a training seed of {side.model} ({seeds}); "

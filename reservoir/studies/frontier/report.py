@@ -60,8 +60,8 @@ def study_folders(folder: Path) -> list[Path]:
     if (folder / STUDY_FILE).exists():
         return [folder]
     if not folder.is_dir():
-        raise FrontierError(f"{folder} does not exist: REPORT=<a study folder, or a folder of studies such as "
-                            "results>")
+        raise FrontierError(f"{folder} {'is a file, not a folder' if folder.exists() else 'does not exist'}: "
+                            "REPORT=<a study folder, or a folder of studies such as results>")
     found = sorted(p.parent for p in folder.glob(f"*/{STUDY_FILE}"))
     if not found:
         raise FrontierError(f"{folder} holds no frontier study (no {STUDY_FILE} in it or in its sub-folders): "
@@ -767,15 +767,17 @@ def _by_time(report: dict, h: str, plot: str) -> list[str]:
              "not the models, so points are never pooled across processors: each processor the records name is a "
              f"view of its own (\"{NOT_RECORDED}\": records written before records named their processor), with how "
              "many of its points trained while the machine was oversubscribed (their steps ran about 1.5x slower). "
-             f"At each of {reference}'s envelope points, each class's best point trained within as many seconds, and "
-             "its gap (– : none of the class trained that fast; \"beyond\": none of its points on this processor "
-             "trained as long, so the two are not compared there). No curve is fitted through times that scatter "
-             "with the load.", "", f"![each family's lower envelope against training seconds]({plot})", ""]
+             + (f"At each of {reference}'s envelope points, each class's best point trained within as many seconds, "
+                "and its gap (– : none of the class trained that fast; \"beyond\": none of its points on this "
+                "processor trained as long, so the two are not compared there). " if reference else
+                "The study has no reference family to set the classes against, so no gap is given. ")
+             + "No curve is fitted through times that scatter with the load.", "",
+             f"![each family's lower envelope against training seconds]({plot})", ""]
     for processor, view in timed["processors"].items():
         families = ", ".join(f"{f} {n}" for f, n in view["families"].items())
         lines += [f"**{processor}**: {view['points']} points, {view['hours']:.1f} training hours "
-                  f"({view['oversubscribed']} oversubscribed): {families}. "
-                  f"{_sentence(time_verdict(view, reference))}.", ""]
+                  f"({view['oversubscribed']} oversubscribed): {families}."
+                  + (f" {_sentence(time_verdict(view, reference))}." if reference else ""), ""]
         if not view["matched"]:
             continue
         head = " | ".join(f"{name} | gap" for name in GOAL_CLASSES.values())
