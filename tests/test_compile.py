@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from reservoir.platform.device import compile_cache_dir
 from sample import SEPARATOR
 from tests.conftest import run_cli, run_script, summary_of
 
@@ -23,7 +24,11 @@ def test_a_compiled_step_scores_as_eager_does_within_tolerance_and_compiles_noth
     """Two evaluations during training and the final one (stream mode, with its windows twin): the evaluations
     compile their own graphs, once per way of calling the model, and none of them counts as the training step's."""
     run_cli(tmp_path, *SHORT, "EVAL_POINTS=3", "RUN_NAME=eager")
-    run_cli(tmp_path, *SHORT, "EVAL_POINTS=3", "COMPILE=True", "RUN_NAME=compiled")
+    said = run_cli(tmp_path, *SHORT, "EVAL_POINTS=3", "COMPILE=True", "RUN_NAME=compiled").stderr
+    # each compile is said (seconds cold, less from the cache), with where the graphs are kept
+    assert "transformer: training step compiled in " in said and "lstm: training step compiled in " in said
+    assert "evaluation: model calls compiled in " in said
+    assert f"its graphs are cached in {compile_cache_dir()}" in said, said
     eager, compiled = (summary_of(tmp_path / "results" / name) for name in ("eager", "compiled"))
     for model, ways in (("transformer", 1), ("lstm", 2)):  # windows; and a recurrent model's stream, chunk by chunk
         fit = compiled[model]["fit"]

@@ -557,6 +557,16 @@ def wrap_for_training(info: DeviceInfo, model: torch.nn.Module) -> torch.nn.Modu
 _COMPILE_FAILURES_SAID: set[str] = set()  # compile failures this process has told its user of
 
 
+def compile_cache_dir() -> str:
+    """Where torch.compile keeps its compiled graphs on this machine (TORCHINDUCTOR_CACHE_DIR, or its default in the
+    system's temporary folder): hundreds of MB after a study, outside the project."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:  # another torch's layout
+        return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's inductor cache (TORCHINDUCTOR_CACHE_DIR)"
+    return str(cache_dir())
+
+
 class CompiledStep:
     """A training step's loss (the model's forward and the loss; through them, their backward) compiled by
     ``torch.compile`` on CPU and CUDA (``COMPILE=True``), static shapes: a fit's batches are one shape, so once
@@ -575,6 +585,7 @@ class CompiledStep:
     def __init__(self, step, info: DeviceInfo | None, enabled: bool, name: str, what: str = "training step",
                  fresh: bool = True, mode: str | None = None):
         self.step, self.name, self.what = step, name, what
+        self.main = info is None or info.is_main_process
         on_xla = info is not None and info.is_xla
         self.wanted = bool(enabled) and not on_xla
         if enabled and on_xla and fresh:
@@ -622,7 +633,11 @@ class CompiledStep:
             self.recompiled_shapes += shape in self.shapes
             self.shapes.add(shape)
             self.compiles += made
-            self.compile_seconds += time.perf_counter() - start
+            took = time.perf_counter() - start
+            self.compile_seconds += took
+            say(f"{self.name}: {self.what} compiled in {took:.1f}s (torch.compile; its graphs are cached in "
+                f"{compile_cache_dir()}, where a later run of the same shape reads them)", self.main,
+                file=sys.stderr)  # beside the progress bars: sample.py's stdout is its stories
         return out
 
     def warmed_up(self) -> None:

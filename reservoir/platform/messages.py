@@ -22,10 +22,12 @@ class OneLineError(Exception):
     DataError, ResultsError, ...), so a script catches this one type."""
 
 
-def say(message: str, main: bool = True) -> None:
+def say(message: str, main: bool = True, file=None) -> None:
+    """A status line (``file``: stdout unless given; a script whose stdout is its product says it on stderr)."""
     if main:
-        tqdm.write(f"{TAG} {message}", file=sys.stdout)
-        sys.stdout.flush()
+        file = file or sys.stdout
+        tqdm.write(f"{TAG} {message}", file=file)
+        file.flush()
 
 
 def warn(message: str) -> None:

@@ -100,7 +100,7 @@ class ModelCalls:
         if not (self.compile and on_device) or self._step_failed():
             return _window_logits, _stream_logits
         if self._calls is None:
-            self._calls = tuple(dev.CompiledStep(fn, info, True, name, what="evaluation", fresh=False)
+            self._calls = tuple(dev.CompiledStep(fn, info, True, name, what="model calls", fresh=False)
                                 for fn in (_window_logits, _stream_logits))
         return self._calls
 

@@ -58,7 +58,7 @@ def decode_steps(model, compiled: bool, cuda_graphs: bool = False) -> dict:
     name, mode = type(model).__name__, "reduce-overhead" if cuda_graphs else None
     return {"step": dev.CompiledStep(type(model).static_step, None, True, name, what="decode step", fresh=False,
                                      mode=mode),
-            "window": dev.CompiledStep(LanguageModel._window_logits, None, True, name, what="decode step",
+            "window": dev.CompiledStep(LanguageModel._window_logits, None, True, name, what="decode window",
                                        fresh=False, mode=mode)}
 
 
