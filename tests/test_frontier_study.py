@@ -289,7 +289,8 @@ def test_the_readme_s_line_on_other_accountings_is_what_the_committed_reports_sa
     tiny, shakespeare = within(reports["tinystories"]), within(reports["shakespeare"])
     counts = [f"{k} of {n}" for k, n in tiny]
     listed = counts[0] if len(counts) == 1 else f"{', '.join(counts[:-1])} and {counts[-1]}"
-    assert f"at {listed} of Transformer++'s times on TinyStories" in line
+    total = f"{sum(k for k, _ in tiny)} of {sum(n for _, n in tiny)}"
+    assert f"at {total} of Transformer++'s times on TinyStories (per processor: {listed})" in line
     assert all(k == n for k, n in shakespeare) and f"all {sum(n for _, n in shakespeare)} on Shakespeare" in line
 
 

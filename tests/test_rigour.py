@@ -526,3 +526,46 @@ def test_a_lone_point_says_what_it_is_and_a_control_is_labelled_by_what_it_switc
     assert SCORED_ONCE_NOTE in said and ONE_PASS_NOTE not in said, said
     assert "reservoir_attention+write reservoir=False" in said
     assert any(line.startswith("reservoir_attention+write reservoir=False ") for line in proc.stdout.splitlines())
+
+
+def test_the_figures_a_newcomer_reads_say_what_the_tables_say(tmp_path, monkeypatch):
+    """frontier.png labelled each line at its last point (Transformer++ 1.239 at 4e13) beside a table at 1.95e13
+    (1.332) and drew no goal; a run's bpc_vs_flops.png spanned six decades for the n-gram's 4.7e6 FLOPs, and
+    bpc_vs_train_flops.png put seven models on one vertical line, both legends showing the dashed n-gram as a dot;
+    probes.png marked no chance level."""
+    import matplotlib.pyplot as plt
+
+    from reservoir.run.plots import plot_runs
+    from reservoir.studies.frontier.report import headline, plot_frontier, table_budget
+    from reservoir.studies.probes import PROBE_TASKS, chance, plot_probes, read_records
+    from tests.conftest import committed_copy
+
+    committed = committed_copy(tmp_path / "committed")
+    report = json.loads((committed / "frontier-tinystories" / "frontier.json").read_text())
+    at = table_budget(report)
+    assert f"| family (at {at:.3g} FLOPs)" in headline(report)
+    fig = plot_frontier.__wrapped__(report)
+    labels = {t.get_text() for t in fig.axes[0].texts}
+    for family, points in report["envelope"].items():
+        score = next(p["bpc_mean"] for p in points if p["budget"] == at)
+        assert f"{family} {score:.3f}" in labels, (family, sorted(labels))
+    assert any(label.startswith("the goal: within 5% of transformer++")
+               for label in fig.axes[0].get_legend_handles_labels()[1])
+    probes = plot_probes.__wrapped__(read_records(committed / "probes"))
+    for ax in probes.axes[:-1]:
+        task = ax.get_title()
+        assert task in PROBE_TASKS and any(set(line.get_ydata()) == {chance(task)} for line in ax.lines), task
+    drawn = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: drawn.append(fig))
+    plot_runs([committed / "default-run"], tmp_path / "plots")
+    by_name = {f.texts[0].get_text() if f.texts else f._suptitle.get_text(): f for f in drawn if f is not None}
+    flops = next(f for title, f in by_name.items() if title.startswith("Validation bits/char vs training FLOPs"))
+    assert flops.axes[0].get_xlim()[0] > 1e9  # the n-gram is a line across, not a point at 4.7e6
+    compute = next(f for title, f in by_name.items() if title.startswith("Final bits/char vs training compute"))
+    xs = [line.get_xdata()[0] for line in compute.axes[0].lines if len(line.get_xdata()) == 1]
+    assert len(set(xs)) >= 7  # side by side, not on one vertical line
+    for fig in (flops, compute):
+        legend = fig.axes[0].get_legend() or fig.legends[0]
+        handle = next(h for h, t in zip(legend.legend_handles, legend.get_texts(), strict=True)
+                      if t.get_text() == "ngram")
+        assert handle.get_linestyle() == "--" and handle.get_marker() in ("None", "", None)

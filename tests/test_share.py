@@ -120,6 +120,8 @@ def test_the_card_states_the_record_and_the_command_that_trains_it_again(every_m
         assert stated["model-index"][0]["results"][0]["metrics"][0]["value"] == record["val_bpc"]
         assert stated["license"] == "mit" and stated["library_name"] == "reservoir-nlp"
         assert f"**{record['val_bpc']:.4f}** ± {record['val_bpc_ci95']:.4f}" in card
+        assert f", trained part: {record['trained']}." in card  # was "trained: trained everything", "a lstm"
+        assert " a lstm " not in card and " a esn " not in card and "trained trained" not in card
         run = json.loads((every_model_run / "config.json").read_text())
         assert run["data"]["train_sha256"] in card and run["versions"]["torch"] in card
         assert run["device"]["processor"] in card

@@ -447,6 +447,7 @@ def test_a_documented_study_command_on_the_committed_study_changes_none_of_its_f
     plan = run_in_process("scaling.py", [*command, "PLAN=True"], env=elsewhere, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "Nothing left to train" in plan.stdout and "| edge walks (" in plan.stdout
+    assert "Columns: points, the stage's runs" in plan.stdout and "left, what the study's records" in plan.stdout
     assert sorted(p.relative_to(tmp_path / "results" / name) for p in (tmp_path / "results" / name).rglob("*")) == \
         recorded  # "nothing written": not even a lock
     assert all(row.split("|")[-3].strip() == "0" for row in plan.stdout.splitlines() if row.startswith("| ")
@@ -723,6 +724,9 @@ def test_a_plan_counts_every_stage_s_points_as_the_study_s_command_starts_them(t
     plan = estimate(study, measure, unprobed, 1, recorded_cells(study))
     planned = {s["stage"].split(" (")[0]: s["points_left"] for s in plan["stages"] if s["points_left"]}
     assert planned == {"references": 1, "controls": 1, "edge walks": 2} and left_to_train(plan) == 4
+    # a later stage's points count as a grid budget's do, recorded or not (its row read 0 when all were recorded)
+    totals = {s["stage"].split(" (")[0]: s["points"] for s in plan["stages"] if s.get("after_grid")}
+    assert totals["references"] == 10 and totals["controls"] == 6 and totals["draws"] == 3, totals
 
     started: list[Path] = []
 

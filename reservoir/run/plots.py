@@ -55,9 +55,9 @@ FAMILY_COLOURS = {
     "transformer++": "#1f77b4", "transformer": "#17becf", "random_transformer": "#aec7e8", "lstm": "#2ca02c",
     "frozen_retention": "#d62728", "frozen_retention+write": "#ff7f0e", "frozen_retention+forget": "#e377c2",
     "reservoir_attention": "#9467bd", "reservoir_attention+write": "#bcbd22", "deep_linear_reservoir": "#8c564b",
-    "linear_reservoir": "#637939", "esn": "#000000", "deep_esn": "#843c39", "nvar": "#7b4173", "ngram": "#7f7f7f",
-}
-OTHER_COLOURS = ["#98df8a", "#ffbb78", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79"]
+    "linear_reservoir": "#393b79", "esn": "#000000", "deep_esn": "#843c39", "nvar": "#7b4173", "ngram": "#7f7f7f",
+}  # linear_reservoir's indigo: olive beside reservoir_attention+write's yellow-green was hard to tell apart
+OTHER_COLOURS = ["#98df8a", "#ffbb78", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#637939"]
 
 
 def family_colour(family: str) -> str:
@@ -130,8 +130,10 @@ def _log_axes(ax, xlabel: str, ylabel: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
-def _legend(runs: list[dict], models: list[str]) -> list:
-    handles = [Line2D([], [], color=family_colour(m), lw=2, label=m) for m in models]
+def _legend(runs: list[dict], models: list[str], references=()) -> list:
+    """A line per family, as drawn (a reference dashed), and a line style per run where there are several."""
+    handles = [Line2D([], [], color=family_colour(m), lw=1 if m in references else 2,
+                      ls="--" if m in references else "-", label=m) for m in models]
     if len(runs) > 1:
         handles += [Line2D([], [], color="black", ls=RUN_STYLES[i % len(RUN_STYLES)], label=run_label(run))
                     for i, run in enumerate(runs)]
@@ -157,7 +159,7 @@ def learning_curve(rows: list[dict], x_key: str) -> tuple[list[float], list[floa
 
 def _curves(runs, x_key, xlabel, title, out: Path) -> Path | None:
     fig, axes, groups = _panels(runs, title)
-    models, lone, drawn = [], set(), False
+    models, lone, drawn, references = [], set(), False, set()
     for ax, (_, group) in zip(axes, groups, strict=True):
         for run in group:
             style = RUN_STYLES[runs.index(run) % len(RUN_STYLES)]
@@ -171,6 +173,10 @@ def _curves(runs, x_key, xlabel, title, out: Path) -> Path | None:
                 colour = family_colour(family)
                 models += [family] if family not in models else []
                 drawn = True
+                if model == "ngram" and x_key == "flops":  # counts, not FLOPs: a point decades left of the rest
+                    ax.axhline(mean[-1], color=colour, ls="--", lw=1)
+                    references.add(family)
+                    continue
                 if len(xs) == 1:  # scored once: a one-pass fit at the end of its pass, or EVAL_POINTS=1
                     ax.plot(xs, mean, "s", color=colour, markersize=8)
                     one_pass = any(r["model"] == model and r.get("bound_by") == "data" for r in run["summary"])
@@ -183,7 +189,8 @@ def _curves(runs, x_key, xlabel, title, out: Path) -> Path | None:
     if not drawn:
         plt.close(fig)
         return None
-    return _save(fig, axes[-1], out, _legend(runs, models), sorted(lone))
+    notes = sorted(lone) + ([REFERENCE_NOTE] if references else [])
+    return _save(fig, axes[-1], out, _legend(runs, models, references), notes)
 
 
 def _finals(run: dict) -> list[dict]:
@@ -235,12 +242,41 @@ def _bars(runs, value, xlabel, title, out: Path, references: bool, log: bool = F
     return out
 
 
+DODGE = 1.04  # the factor between two points of one x, side by side on a log axis
+DODGE_NOTE = "points of (nearly) one x stand side by side, in order of their scores: runs of one budget"
+
+
+def _coinciding(points: list) -> list[list]:
+    """``points`` (x first) in groups whose x lie within DODGE of each other."""
+    groups: list[list] = []
+    for point in sorted(points, key=lambda p: p[0]):
+        if groups and point[0] <= groups[-1][0][0] * DODGE:
+            groups[-1].append(point)
+        else:
+            groups.append([point])
+    return [g for g in groups if len(g) > 1]
+
+
+def _dodged(points: list) -> list:
+    """``points`` (x, record, ...) with those of (nearly) one x spread side by side around it, best score first:
+    a budget every model spent in full would put them all on one vertical line."""
+    out = []
+    for group in _coinciding(points):
+        centre = group[0][0]
+        ordered = sorted(group, key=lambda p: p[1]["val_bpc"])
+        for k, point in enumerate(ordered):
+            out.append((centre * DODGE ** (k - (len(ordered) - 1) / 2), *point[1:]))
+    crowded = {id(p) for g in _coinciding(points) for p in g}
+    return out + [p for p in points if id(p) not in crowded]
+
+
 def _scatter(runs, x_key, xlabel, title, out: Path) -> Path | None:
     """Final bits/char against a size or cost, one marker per run; models without one (the n-gram has no
     trained parameters, and counts rather than FLOPs) are reference lines."""
     fig, axes, groups = _panels(runs, title)
-    models, drawn, reference = [], False, False
+    models, drawn, references, side_by_side = [], False, set(), False
     for ax, (_, group) in zip(axes, groups, strict=True):
+        points = []
         for run in group:
             marker = MARKERS[runs.index(run) % len(MARKERS)]
             for r in _finals(run):
@@ -251,20 +287,26 @@ def _scatter(runs, x_key, xlabel, title, out: Path) -> Path | None:
                 x = r.get(x_key)
                 if r["model"] == "ngram" or not x:
                     ax.axhline(r["val_bpc"], color=colour, ls="--", lw=1)
-                    reference = True
+                    references.add(r["family"])
                     continue
-                ax.errorbar([x], [r["val_bpc"]], yerr=[_spread(r)], fmt=marker, color=colour, markersize=7,
-                            capsize=3)
-                drawn = True
+                points.append((x, r, marker, colour))
+        side_by_side |= bool(_coinciding(points))
+        for x, r, marker, colour in _dodged(points):
+            ax.errorbar([x], [r["val_bpc"]], yerr=[_spread(r)], fmt=marker, color=colour, markersize=7, capsize=3)
+            drawn = True
         _log_axes(ax, xlabel, "final validation bits / character (lower is better)")
     if not drawn:
         plt.close(fig)
         return None
-    handles = [Line2D([], [], color=family_colour(m), marker="o", ls="", label=m) for m in models]
+    handles = [Line2D([], [], color=family_colour(m), lw=1, ls="--", label=m) if m in references else
+               Line2D([], [], color=family_colour(m), marker="o", ls="", label=m) for m in models]
     if len(runs) > 1:
         handles += [Line2D([], [], color="black", marker=MARKERS[i % len(MARKERS)], ls="", label=run_label(run))
                     for i, run in enumerate(runs)]
-    return _save(fig, axes[-1], out, handles, [REFERENCE_NOTE] if reference else [])
+    notes = [REFERENCE_NOTE] if references else []
+    if side_by_side:
+        notes.append(DODGE_NOTE)
+    return _save(fig, axes[-1], out, handles, notes)
 
 
 def plot_runs(paths: list[Path], out: Path | None = None) -> list[Path]:

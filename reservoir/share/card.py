@@ -92,9 +92,9 @@ def model_card(config: dict, license_id: str) -> str:
     lines = [
         f"# {name}: `{family}`, a language model trained with ReservoirNLP",
         "",
-        f"A `{family}` model (class: {config['kind']}; what its training set: {record.get('trained')}) trained on "
-        f"{corpus}, exported from a "
-        "ReservoirNLP run with its records. Every number below is the run's own record, also in `config.json`.",
+        f"Family `{family}`, class {config['kind']}, trained part: {record.get('trained')}. Trained on {corpus}, "
+        "exported from a ReservoirNLP run with its records. Every number below is the run's own record, also in "
+        "`config.json`.",
         "",
         "| | |", "| --- | --- |",
         f"| validation bits/char | **{record['val_bpc']:.4f}**" + (f" ± {ci:.4f}" if ci is not None else "") + " |",

@@ -395,7 +395,7 @@ def format_probes(records: dict[str, dict], level: int = 1, image: str = "probes
         spec = PROBE_TASKS[task]
         lines += [f"{h}# {task} (length {spec.length}, vocabulary {spec.vocab}, {spec.items} "
                   f"{'key-value pairs' if task == 'mqar' else 'tokens to copy'}; chance about "
-                  f"{1 / (spec.vocab // 2 if task == 'mqar' else spec.vocab - 2):.3f})", "",
+                  f"{chance(task):.3f})", "",
                   "| family | " + " | ".join(f"size {k}: accuracy (state, rate)" for k in range(3)) + " |",
                   "| --- | --- | --- | --- |"]
         for family in _reported(rows):
@@ -406,6 +406,13 @@ def format_probes(records: dict[str, dict], level: int = 1, image: str = "probes
                     if k in cells else "–" for k in range(3)) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def chance(task: str) -> float:
+    """The accuracy of a uniform guess among the answers a task's sequences can hold (MQAR: its values, half the
+    vocabulary; copying: every token but the two markers)."""
+    spec = PROBE_TASKS[task]
+    return 1 / (spec.vocab // 2 if task == "mqar" else spec.vocab - 2)
 
 
 @figure(dpi=110)
@@ -430,6 +437,9 @@ def plot_probes(records: dict[str, dict]):
             if points:
                 ax.plot(*zip(*points, strict=True), label=family, color=family_colour(family),
                         linestyle="--" if family == "random_transformer" else "-", **nested_marker(k, len(families)))
+        ax.axhline(chance(task), color="dimgrey", linestyle=":", linewidth=1, zorder=0)
+        ax.annotate(f"chance {chance(task):.3f}", (0.01, chance(task)), xycoords=("axes fraction", "data"),
+                    xytext=(0, 3), textcoords="offset points", fontsize=7, color="dimgrey")
         ax.set(xscale="log", xlabel="state size (numbers held to read on)", ylabel="test accuracy", title=task,
                ylim=(0, 1.02))
         ax.grid(alpha=0.3)

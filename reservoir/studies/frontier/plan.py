@@ -26,7 +26,10 @@ from types import SimpleNamespace
 
 from reservoir.platform.machine import MachineLoad
 from reservoir.platform.messages import progress
+from reservoir.studies.frontier.contexts import CONTEXT_FOLDER
+from reservoir.studies.frontier.edges import EDGE_FOLDER
 from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, RESERVOIR_FAMILIES
+from reservoir.studies.frontier.records import CONTROL_FOLDER, DRAW_FOLDER
 
 # seconds a point spends besides training, evaluating and sampling (its start, data, FLOP count): about 1 s forked
 # on the CPU (measured: a point's time besides training was its probed scoring, within 1-3 s); a new Python (a GPU's
@@ -398,7 +401,11 @@ def after_grid_stages(study, measure, seconds_per_step, besides, known: bool) ->
     start; the rest only once ``known`` (the grid, its seeds and the lead budget recorded: until then the
     envelope they start from may change), else a row says they are not planned yet. The edge walks' next
     steps are the ones known now: a step that beats its point is followed by one more, known only then."""
-    def priced(name, jobs, note=""):
+    packed = study.store.packed()["points"]
+
+    def priced(name, jobs, note="", folder=None):
+        """The stage's points: those its records hold (under ``folder``), at what they spent, and those left to
+        train (``jobs``), priced."""
         flops = seconds = 0.0
         for job in jobs:
             if job.cell is None:
@@ -408,12 +415,19 @@ def after_grid_stages(study, measure, seconds_per_step, besides, known: bool) ->
             steps = math.ceil(job.budget / per_step)
             flops += job.seeds * steps * per_step
             seconds += job.seeds * (steps * seconds_per_step(job.cell) + besides(job.cell))
-        return {"stage": name + note, "points": len(jobs), "flops": flops, "seconds": seconds,
-                "points_at_most": len(jobs), "seconds_at_most": seconds, "flops_at_most": flops,
-                "points_left": len(jobs), "seconds_left": seconds, "after_grid": True}
+        left, left_seconds, pending = len(jobs), seconds, {study.store.key(job.folder) for job in jobs}
+        done = [point for key, point in packed.items()
+                if folder and key.startswith(f"{folder}/") and key not in pending]
+        for point in done:
+            records = point.get("summary") or []
+            flops += sum(r.get("train_flops") or 0 for r in records)
+            seconds += sum(r.get("train_seconds") or 0 for r in records) + POINT_OVERHEAD_S
+        return {"stage": name + note, "points": left + len(done), "flops": flops, "seconds": seconds,
+                "points_at_most": left + len(done), "seconds_at_most": seconds, "flops_at_most": flops,
+                "points_left": left, "seconds_left": left_seconds, "after_grid": True}
 
     stages = study.stages
-    rows = [priced("references", study.reference_jobs())] if stages.get("references") else []
+    rows = [priced("references", study.reference_jobs(), folder="references")] if stages.get("references") else []
     later = [name for key, name in (("controls", "controls"), ("contexts", "contexts"), ("edges", "edge walks"),
                                     ("draws", "draws")) if stages.get(key)]
     if not known:
@@ -422,18 +436,19 @@ def after_grid_stages(study, measure, seconds_per_step, besides, known: bool) ->
                          "points_left": None})
         return rows
     if stages.get("controls"):
-        rows.append(priced("controls", study.control_jobs()))
+        rows.append(priced("controls", study.control_jobs(), folder=CONTROL_FOLDER))
     if stages.get("contexts"):
         rows.append(priced("contexts (the leaders at 4 x SEQ_LEN)",
-                           study.context_jobs(study.report(views=False))))
+                           study.context_jobs(study.report(views=False)), folder=CONTEXT_FOLDER))
     if stages.get("edges"):
         walks = study.edge_walks()
         jobs, _ = study.edge_jobs(walks, measure, {})
         open_walks = sum(w["next"] is not None for w in walks)
         rows.append(priced(f"edge walks ({len(walks) - open_walks} of {len(walks)} ended", jobs,
-                           f"; {open_walks} open: their next steps)" if open_walks else ")"))
+                           f"; {open_walks} open: their next steps)" if open_walks else ")", folder=EDGE_FOLDER))
     if stages.get("draws"):
-        rows.append(priced("draws (each draw on the other seeds)", study.draw_jobs(study.report(views=False))))
+        rows.append(priced("draws (each draw on the other seeds)", study.draw_jobs(study.report(views=False)),
+                           folder=DRAW_FOLDER))
     return rows
 
 
@@ -518,6 +533,12 @@ def format_plan(plan: dict, study, load: dict | None = None, probed: bool = True
         if s["points_left"] is None:  # a stage the records cannot tell yet
             cells = ["?"] * len(cells)
         lines.append(f"| {s['stage']} | " + " | ".join(map(str, cells)) + " |")
+    lines += ["", "Columns: points, the stage's runs (a grid budget's cells that halving keeps, or a later stage's "
+              "runs), recorded or not; FLOPs, the training FLOPs they spend; device time, their seconds on one "
+              "device (one CPU thread, a GPU or a TPU chip), training, evaluating and sampling; at most, the "
+              "same if halving keeps every cell within WITHIN of its family's best"
+              + ("; left, what the study's records do not hold yet, which is what its command still trains."
+                 if left else ".") + " A ? is a stage that its records cannot price yet."]
     if not probed:
         lines += ["", f"Nothing left to train: the study's records hold every point its command would train now "
                   f"({len(study.store.packed()['points'])} points recorded), every stage after the "

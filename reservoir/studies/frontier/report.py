@@ -171,26 +171,49 @@ def _met_by(goal: list[dict], kind: str) -> int:
     return sum(1 for g in goal if g["classes"][kind] is not None and g["classes"][kind]["met"])
 
 
+def table_budget(report: dict) -> float | None:
+    """The budget the headline table and figure read every family at: the largest every family reached."""
+    by = _by_budget(report)
+    families = [f for f in report["families"] if by.get(f)]
+    shared = [b for b in report["budgets"] if families and all(b in by[f] for f in families)]
+    return shared[-1] if shared else None
+
+
+def best_references(report: dict) -> list[dict]:
+    """The best-scoring run of each reference model (the n-gram orders, the ESN sizes), best first."""
+    best: dict[str, dict] = {}
+    for r in report.get("references") or []:
+        if r["val_bpc"] is not None and (r["model"] not in best or r["val_bpc"] < best[r["model"]]["val_bpc"]):
+            best[r["model"]] = r
+    return sorted(best.values(), key=lambda r: r["val_bpc"])
+
+
+RECIPES = {"transformer": "GPT-2 recipe", "transformer++": "Transformer++ recipe"}
+
+
 def headline(report: dict) -> str:
-    """The README's table: each family (the better transformer recipe as "the transformer") at the top
-    budget every family reached, with seeds, the gap to the transformer, the compute multiplier and N_opt."""
-    by, reference = _by_budget(report), report["reference"]
-    families = [f for f in report["families"] if by.get(f) and (f == reference or f not in (
-        "transformer", "transformer++"))]
-    shared = [b for b in report["budgets"] if all(b in by[f] for f in families)]
-    if not shared or reference is None:
+    """The README's table: each family (the reference transformer as "the transformer") at the top budget every
+    family reached, with seeds, the gap to the transformer, the compute multiplier and N_opt; then each reference
+    model's best run (trained once, at its own FLOPs), as the headline figure draws them."""
+    by, reference, top = _by_budget(report), report["reference"], table_budget(report)
+    if top is None or reference is None:
         return "(no budget that every family reached yet)"
-    top = shared[-1]
+    families = [f for f in report["families"] if by.get(f)]
     multipliers = {f: {r["budget"]: r for r in rows} for f, rows in report["compute_multiplier"].items()}
     lines = [f"| family (at {top:.3g} FLOPs) | class | bits/char (seeds) | vs {reference} | compute multiplier | "
              "N_opt |", "| --- | --- | --- | --- | --- | --- |"]
     for f in sorted(families, key=lambda f: by[f][top]["bpc_mean"]):
         p, m = by[f][top], multipliers.get(f, {}).get(top)
         mult = _multiplier(m)
-        name = f"{f} (the transformer)" if f == reference else f
+        name = f"{f} (the transformer)" if f == reference else f"{f} ({RECIPES[f]})" if f in RECIPES else f
         gap = p["bpc_mean"] / by[reference][top]["bpc_mean"] - 1
         lines.append(f"| {name} | {_class(f)} | {_bpc(p)} ({len(p['seeds'])}) | {gap:+.1%} | {mult} | "
                      f"{p['params_trained']:,} ({p['size']}) |")
+    for r in best_references(report):
+        gap = r["val_bpc"] / by[reference][top]["bpc_mean"] - 1
+        lines.append(f"| {r['model']} ({r['name']}: a reference, one pass of {r['train_flops']:.2g} FLOPs) | "
+                     f"{_class(r['model'])} | "
+                     f"{r['val_bpc']:.3f} (1) | {gap:+.1%} | – | {r['params_trained']:,} |")
     return "\n".join(lines)
 
 
@@ -414,6 +437,11 @@ DETAIL_PLOTS = {"frontier-isoflop.png": ("isoflop", "params_trained", "trained p
                                     "learning-rate sensitivity: the best over sizes and batches at each rate")}
 
 
+def variant_style(family: str) -> str:
+    """A gated twin's line style, so it stays apart from its base where their envelopes overlap."""
+    return "--" if family.endswith("+write") else "-." if family.endswith("+forget") else "-"
+
+
 def detail_plot(plot: str, name: str) -> str:
     """Where a detail figure lies beside the headline figure ``plot`` (frontier.png, or a path that ends in it)."""
     return plot[: -len("frontier.png")] + name
@@ -459,18 +487,26 @@ def plot_frontier(report: dict):
             ax.scatter(*zip(*faint, strict=True), color=family_colour(family), alpha=0.15, s=8, zorder=1)
     budgets = report["budgets"]
     grid = np.geomspace(budgets[0] / 1.3, budgets[-1] * 1.3, 100)
+    at = table_budget(report)  # the lines are labelled where the README's table reads them
+    reference = report.get("reference")
+    if reference and report["envelope"].get(reference):  # the goal: within 5% of the reference
+        points = report["envelope"][reference]
+        xs, ys = [p["budget"] for p in points], [p["bpc_mean"] for p in points]
+        ax.fill_between(xs, ys, [y * (1 + GOAL) for y in ys], color=family_colour(reference), alpha=0.12, lw=0,
+                        zorder=0, label=f"the goal: within {GOAL:.0%} of {reference}")
     ends = []
     for family in families:
         points = report["envelope"][family]
         colour = family_colour(family)
         ax.errorbar([p["budget"] for p in points], [p["bpc_mean"] for p in points],
-                    yerr=[p["bpc_sd"] or 0 for p in points], fmt="o-", color=colour, capsize=3, markersize=4,
-                    lw=1.5, zorder=3, label=family)
+                    yerr=[p["bpc_sd"] or 0 for p in points], fmt="o", linestyle=variant_style(family), color=colour,
+                    capsize=3, markersize=4, lw=1.5, zorder=3, label=family)
         fit = report["fits"].get(family, {})
         if fit.get("converged"):
             ax.plot(grid, curve(grid, fit["E"], fit["A"], fit["alpha"], fit["C0"]), color=colour, linestyle=":",
                     alpha=0.8, zorder=2)
-        ends.append((points[-1]["bpc_mean"], points[-1]["budget"], family))
+        end = next((p for p in points if p["budget"] == at), points[-1])
+        ends.append((end["bpc_mean"], end["budget"], family))
     ax.set_xscale("log")
     ax.set_ylim(low, high)
     right = budgets[-1] * 1.6
@@ -494,26 +530,29 @@ def plot_frontier(report: dict):
                 va="bottom")
     esn = [r for r in references if r["model"] == "esn" and r["train_flops"]]
     notes = []
-    if esn:
-        if any(low <= r["val_bpc"] <= high for r in esn):
-            ax.plot([r["train_flops"] for r in esn], [r["val_bpc"] for r in esn], "x--", color=family_colour("esn"),
-                    alpha=0.7)
-            best = min(esn, key=lambda r: r["val_bpc"])
-            ax.annotate(f"esn (500–4000 units, one pass) {best['val_bpc']:.2f}", (best["train_flops"],
-                        best["val_bpc"]), xytext=(4, 4), textcoords="offset points", fontsize=7,
-                        color=family_colour("esn"), annotation_clip=True)
-        else:
-            notes.append(f"esn (500–4000 units, one pass) {min(r['val_bpc'] for r in esn):.2f}–"
-                         f"{max(r['val_bpc'] for r in esn):.2f}")
+    inside = [r for r in esn if low <= r["val_bpc"] <= high]  # a line to points off the panel would leave it
+    if inside:
+        ax.plot([r["train_flops"] for r in inside], [r["val_bpc"] for r in inside], "x--",
+                color=family_colour("esn"), alpha=0.7)
+        best = min(inside, key=lambda r: r["val_bpc"])
+        ax.annotate(f"{best['name']} (one pass) {best['val_bpc']:.2f}", (best["train_flops"], best["val_bpc"]),
+                    xytext=(4, 4), textcoords="offset points", fontsize=7, color=family_colour("esn"),
+                    annotation_clip=True)
+    outside = [r for r in esn if r not in inside]
+    if outside:
+        notes.append(", ".join(f"{r['name']} {r['val_bpc']:.2f}" for r in outside) + " (one pass)")
     notes += above
     if notes:
         ax.text(0.01, 0.99, "above this range: " + "; ".join(notes), transform=ax.transAxes, fontsize=7,
                 color="dimgrey", va="top", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+    goal = [h for h, label in zip(*ax.get_legend_handles_labels(), strict=True) if label.startswith("the goal")]
+    if goal:
+        ax.legend(handles=goal, loc="lower left", fontsize=8, framealpha=0.85)
     ax.set_xlabel("training FLOPs")
     ax.set_ylabel("validation bits/char (lower is better)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.set_title("lower envelope per family (± sd over seeds; dotted: the fitted L(C); faint: every grid point)",
-                 fontsize=9)
+    ax.set_title("lower envelope per family (± sd over seeds; dotted: the fitted L(C); faint: every grid point; "
+                 f"labels at {at:.3g} FLOPs, as the README's table)" if at else "lower envelope per family", fontsize=9)
     fig.suptitle(f"frontier study {report['study']} ({report['corpus']})", fontsize=10)
     fig.subplots_adjust(right=0.78)
     return fig
