@@ -711,3 +711,17 @@ def test_reservoir_attentions_write_gate_starts_as_the_ungated_reservoir_and_lea
         optimizer.zero_grad()
     assert {"b_re", "b_im"} <= set(frozen) and all(torch.equal(b, frozen[n]) for n, b in gated.named_buffers())
     assert gated.write_gate.abs().sum() > 0
+
+
+def test_scaling_a_large_reservoir_says_what_it_does_before_it_takes_minutes(monkeypatch, capsys):
+    """A 10,000-unit ESN printed nothing for about 6 minutes before it trained: its dense eigendecomposition."""
+    from reservoir.models import reservoirs
+
+    weights = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    scaled = reservoirs.scale_to_spectral_radius(weights, 0.9)
+    assert torch.linalg.eigvals(scaled.double()).abs().max().item() == pytest.approx(0.9)
+    assert "reservoir to spectral radius" not in capsys.readouterr().out  # a small one is quick: nothing said
+    monkeypatch.setattr(reservoirs, "SAY_DRAWS_FROM_UNITS", 64)
+    reservoirs.scale_to_spectral_radius(weights, 0.9)
+    said = capsys.readouterr().out
+    assert "scaling a 64-unit reservoir to spectral radius 0.9: all its eigenvalues" in said and "units³" in said

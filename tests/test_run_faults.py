@@ -494,3 +494,18 @@ def test_a_finished_model_evaluated_again_on_resume_logs_its_final_evaluation_on
     assert "finished in the checkpoint" in resumed.stdout
     finals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sum(bool(r["final"]) for r in finals) == 1
+
+
+def test_a_ridge_fit_whose_budget_affords_part_of_one_pass_says_so_and_what_to_change(tmp_path):
+    """A 10,000-unit ESN at the default run's budget fitted on 0.04 epochs and said nothing: its XᵀX costs units²
+    a token, so the budget ran out a few chunks into its one pass."""
+    whole = run_cli(tmp_path, "MODELS=['esn']", "FLOP_BUDGET=1e15", "RUN_NAME=whole")
+    flops = summary_of(tmp_path / "results" / "whole")["esn"]["train_flops"]
+    assert "of one pass over its training data" not in whole.stderr
+    part = run_cli(tmp_path, "MODELS=['esn']", f"FLOP_BUDGET={flops / 2:.6g}", "RUN_NAME=part")
+    line = next(line for line in part.stderr.splitlines() if "of one pass over its training data" in line)
+    assert "WARNING: esn: FLOP_BUDGET=" in line and "raise FLOP_BUDGET to " in line and "fewer units" in line
+    share = int(line.split("affords ")[1].split("%")[0])
+    assert 40 <= share <= 55, line
+    record = summary_of(tmp_path / "results" / "part")["esn"]
+    assert record["fit"]["bound_by"] == "flops" and record["epochs"] < 0.6

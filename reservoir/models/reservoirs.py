@@ -18,6 +18,7 @@ from torch import nn
 
 from reservoir.models.base import LanguageModel
 from reservoir.models.ridge import RidgeAccumulator, fit_probability_floor, floor_logits
+from reservoir.platform.messages import say
 
 
 def _sparse_matrix(rows: int, cols: int, connectivity: float, generator: torch.Generator) -> torch.Tensor:
@@ -36,9 +37,25 @@ def _fixed_degree_matrix(units: int, degree: int, generator: torch.Generator) ->
     return weights
 
 
+SAY_DRAWS_FROM_UNITS = 2048  # a dense eigendecomposition of this many units or more takes seconds to minutes
+
+
 def scale_to_spectral_radius(weights: torch.Tensor, spectral_radius: float) -> torch.Tensor:
+    """``weights`` scaled so their largest |eigenvalue| is ``spectral_radius``: every eigenvalue, exactly (a dense
+    eigendecomposition, cubic in units, said on the console where it takes long)."""
+    units = weights.shape[0]
+    if units >= SAY_DRAWS_FROM_UNITS:
+        say(f"scaling a {units:,}-unit reservoir to spectral radius {spectral_radius:g}: all its eigenvalues, a "
+            f"dense eigendecomposition whose time grows with units³ (about {_draw_seconds(units):,.0f} s on one "
+            "CPU thread)")
     radius = torch.linalg.eigvals(weights.double()).abs().max().item()
     return weights * (spectral_radius / radius)
+
+
+def _draw_seconds(units: int) -> float:
+    """A rough one-thread time for ``eigvals`` of a dense units x units double matrix: 10,000 units took about
+    360 s on a 2-core Xeon (units³ scaling)."""
+    return 360 * (units / 10_000) ** 3
 
 
 def diagonal_scan(x_re: torch.Tensor, x_im: torch.Tensor, lam_re: torch.Tensor, lam_im: torch.Tensor,

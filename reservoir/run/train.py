@@ -726,6 +726,12 @@ def _fit_ridge(job: Fit) -> Outcome:
     if budget.max_flops and cost.flops(1) > budget.max_flops:
         raise BudgetError(f"FLOP_BUDGET={budget.max_flops:.3g} does not cover one chunk of {name}'s ridge fit "
                           f"({cost.flops(1):.3g} FLOPs with its solve and calibration); raise FLOP_BUDGET")
+    affordable = cost.steps_within(budget.max_flops)
+    if affordable is not None and affordable < chunks and job.main:  # a closed-form fit sees part of its data
+        warn(f"{name}: FLOP_BUDGET={budget.max_flops:.3g} affords {affordable / chunks:.0%} of one pass over its "
+             f"training data ({affordable:,} of {chunks:,} chunks; its ridge fit costs "
+             f"{cost.per_step / (per_process * seq * info.world_size):,.0f} FLOPs a token); raise FLOP_BUDGET to "
+             f"{cost.flops(chunks):.3g} for a whole pass, or make {name} smaller (fewer units)")
     model.to(info.device)
     calibration = [(x.to(info.device), y.to(info.device)) for x, y in calibration]
     progress = Progress(tokens=cal[:, 1:].numel(), flops=cost.flops(0))  # the calibration tail is training too
