@@ -569,3 +569,5 @@ def test_the_figures_a_newcomer_reads_say_what_the_tables_say(tmp_path, monkeypa
         handle = next(h for h, t in zip(legend.legend_handles, legend.get_texts(), strict=True)
                       if t.get_text() == "ngram")
         assert handle.get_linestyle() == "--" and handle.get_marker() in ("None", "", None)
+    monkeypatch.undo()
+    plt.close("all")
