@@ -4,6 +4,7 @@ memory and stream-evaluated bits/char: ReservoirNLP vs reservoirpy 0.4.2, on the
     .venv-bench/bin/python bench/bench_esn.py            # both sides, one process each
     python bench/bench_esn.py ours                       # only ours
     python bench/bench_esn.py ESN.fit_stride=2           # our side with other ESN settings
+    python bench/bench_esn.py draw 4096 10000 32768      # drawing a reservoir: seconds and peak RSS, each apart
 
 Data: the first 200k characters of ../shared/data/tinystories/TinyStories-train-sample.txt
 (training) and the first 100k of TinyStories-valid-sample.txt (evaluation), char level.
@@ -107,7 +108,26 @@ def theirs() -> dict:
             "fit_peak_mb": peak, "bpc": bits_per_char(logp), "prob_floor": floor}
 
 
+def draw(units: int) -> dict:
+    """One ESN reservoir of ``units`` drawn and scaled to its spectral radius, as a run draws it (one thread)."""
+    from reservoir.models.reservoirs import Reservoir
+
+    torch.set_num_threads(1)
+    before, start = _rss_mb(), time.perf_counter()
+    Reservoir(77, units, 0.9, 0.3, 1.0, 0.1, 0.0, 10, 0.1, seed=1337)
+    return {"units": units, "seconds": round(time.perf_counter() - start, 1),
+            "peak_rss_mb": round(_rss_mb()), "rss_growth_mb": round(_rss_mb() - before)}
+
+
 def main(argv):
+    if argv and argv[0] == "draw":  # each size in a process of its own: peak RSS is a process's
+        if len(argv) == 2:
+            print(json.dumps(draw(int(argv[1]))))
+            return
+        for units in argv[1:]:
+            r = subprocess.run([sys.executable, __file__, "draw", units], capture_output=True, text=True)
+            print(r.stdout.strip() or r.stderr[-2000:])
+        return
     if not SHARED.is_dir():
         sys.exit(f"bench needs the TinyStories slices at {SHARED}")
     overrides = [a for a in argv if "=" in a]
