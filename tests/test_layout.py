@@ -105,9 +105,20 @@ def test_run_outputs_stay_out_of_git_but_the_committed_records_do_not():
     assert listed == ignored
 
 
-@pytest.mark.parametrize("script", ["TinyStories.py", "compare.py", "export.py", "plot_results.py", "probes.py",
-                                    "sample.py", "scaling.py", "sweep.py", "test_tpu_support.py",
-                                    "-m reservoir.data.fetch"])
+def test_every_entry_point_starts_and_ends_through_entry_point():
+    """Each root script's main and the fetch's are wrapped by ``entry_point`` (the pretend check, a closed pipe):
+    the next test shows what that does across a real process boundary, for a root script and the fetch."""
+    from reservoir.data import fetch
+    from reservoir.platform.entry import entry_point
+    from tests.conftest import _script_module
+    from tests.test_machine import ENTRY_POINTS
+
+    wrapper = entry_point(lambda argv: 0).__code__
+    mains = {script: _script_module(script).main for script in ENTRY_POINTS} | {"fetch": fetch.main}
+    assert {name: main.__code__ is wrapper for name, main in mains.items()} == dict.fromkeys(mains, True)
+
+
+@pytest.mark.parametrize("script", ["scaling.py", "-m reservoir.data.fetch"])
 def test_help_into_a_pipe_closed_early_ends_quietly(script):
     """``--help | head -1`` printed a BrokenPipeError traceback (scaling.py, sample.py, sometimes TinyStories.py):
     here the reader has gone before the script writes a byte, every time."""

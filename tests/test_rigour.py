@@ -540,6 +540,7 @@ def test_the_figures_a_newcomer_reads_say_what_the_tables_say(tmp_path, monkeypa
     from reservoir.studies.probes import PROBE_TASKS, chance, plot_probes, read_records
     from tests.conftest import committed_copy
 
+    plt.close("all")  # what the tests before it drew and kept open
     committed = committed_copy(tmp_path / "committed")
     report = json.loads((committed / "frontier-tinystories" / "frontier.json").read_text())
     at = table_budget(report)

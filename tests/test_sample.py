@@ -134,16 +134,3 @@ def test_a_prompt_with_characters_outside_the_vocabulary_is_warned_about(tmp_pat
     plain = run_script("sample.py", tmp_path / "results" / "s", "PROMPT=Once upon a time", "MAX_NEW_TOKENS=5")
     assert "vocabulary" not in plain.stderr
 
-
-def test_the_status_line_comes_before_the_stories_where_both_streams_meet(every_model_run):
-    """sample.py's status line (stderr) came after the story (stdout) where a reader sent both to one place."""
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
-    proc = subprocess.run([sys.executable, str(ROOT / "sample.py"), str(every_model_run), "MODEL=lstm",
-                           "MAX_NEW_TOKENS=20", "PROMPT=Once upon"], cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout
-    assert proc.stdout.index("lstm at step") < proc.stdout.index("Once upon"), proc.stdout

@@ -55,6 +55,19 @@ def repeated(first_at: float | None) -> bool:
     return first_at is not None and time.monotonic() - first_at < SAME_REQUEST_S
 
 
+def once_per_request(act):
+    """A signal handler that calls ``act(signum)`` once per request: the same request delivered again within
+    SAME_REQUEST_S (timeout's copy to the group) is dropped, a person's second signal is passed on."""
+    first_at: list[float | None] = [None]
+
+    def handler(signum, frame) -> None:
+        if not repeated(first_at[0]):
+            first_at[0] = time.monotonic()
+            act(signum)
+
+    return handler
+
+
 def _handler(signum, frame) -> None:
     global _requested, _requested_at
     name = signal.Signals(signum).name

@@ -257,17 +257,16 @@ def _coinciding(points: list) -> list[list]:
     return [g for g in groups if len(g) > 1]
 
 
-def _dodged(points: list) -> list:
-    """``points`` (x, record, ...) with those of (nearly) one x spread side by side around it, best score first:
-    a budget every model spent in full would put them all on one vertical line."""
-    out = []
+def _dodged(points: list) -> tuple[list, bool]:
+    """``points`` (x, record, ...) with those of (nearly) one x spread side by side around it, best score first (a
+    budget every model spent in full would put them all on one vertical line), and whether any were moved."""
+    out, crowded = [], set()
     for group in _coinciding(points):
         centre = group[0][0]
-        ordered = sorted(group, key=lambda p: p[1]["val_bpc"])
-        for k, point in enumerate(ordered):
-            out.append((centre * DODGE ** (k - (len(ordered) - 1) / 2), *point[1:]))
-    crowded = {id(p) for g in _coinciding(points) for p in g}
-    return out + [p for p in points if id(p) not in crowded]
+        for k, point in enumerate(sorted(group, key=lambda p: p[1]["val_bpc"])):
+            out.append((centre * DODGE ** (k - (len(group) - 1) / 2), *point[1:]))
+            crowded.add(id(point))
+    return out + [p for p in points if id(p) not in crowded], bool(crowded)
 
 
 def _scatter(runs, x_key, xlabel, title, out: Path) -> Path | None:
@@ -290,8 +289,9 @@ def _scatter(runs, x_key, xlabel, title, out: Path) -> Path | None:
                     references.add(r["family"])
                     continue
                 points.append((x, r, marker, colour))
-        side_by_side |= bool(_coinciding(points))
-        for x, r, marker, colour in _dodged(points):
+        placed, moved = _dodged(points)
+        side_by_side |= moved
+        for x, r, marker, colour in placed:
             ax.errorbar([x], [r["val_bpc"]], yerr=[_spread(r)], fmt=marker, color=colour, markersize=7, capsize=3)
             drawn = True
         _log_axes(ax, xlabel, "final validation bits / character (lower is better)")

@@ -120,6 +120,11 @@ class RecordedConfig(dict):
 _UNCHECKED_SAID: set[Path] = set()
 
 
+def divergence(record: dict) -> str:
+    """How a diverged model's record says it stopped: "diverged at step N (reason)"."""
+    return f"diverged at step {record.get('diverged_at_step')} ({record.get('reason')})"
+
+
 def read_summary(run_dir: Path, what: str = "the run's summary") -> list[dict]:
     """A run's summary.json for a study or report to build on, checked (``check_summary``)."""
     path = Path(run_dir) / "summary.json"

@@ -19,7 +19,7 @@ from reservoir.run.checkpoint import (
     load_checkpoint,
     restore_model,
 )
-from reservoir.run.records import ResultsError, read_json, read_run_config, run_seeds
+from reservoir.run.records import ResultsError, divergence, read_json, read_run_config, run_seeds
 
 
 def load_tokenizer(run_dir: Path, config_json: dict):
@@ -101,9 +101,9 @@ def load_trained(run_dir: str | Path, model_name: str | None = None, train_seed:
     if not checkpoint.is_file():
         records = [r for r in summaries if r.get("model") == model_name and r.get("seed", train_seed) == train_seed]
         if records and records[-1].get("status") == "diverged":
-            raise CheckpointError(f"{checkpoint} does not exist: {model_name} (seed {train_seed}) diverged at step "
-                                  f"{records[-1].get('diverged_at_step')} ({records[-1].get('reason')}) before its "
-                                  f"first checkpoint, so there is no model to load; train it again "
+            raise CheckpointError(f"{checkpoint} does not exist: {model_name} (seed {train_seed}) "
+                                  f"{divergence(records[-1])} before its first checkpoint, so there is no model to "
+                                  f"load; train it again "
                                   f"({records[-1].get('advice') or 'with a lower learning rate'})")
         if records:
             raise CheckpointError(f"{checkpoint} is not in this copy of {run_dir}: {model_name} (seed {train_seed}) "

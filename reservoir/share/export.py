@@ -24,9 +24,10 @@ from reservoir.platform.files import current_umask, storage_error
 from reservoir.platform.messages import first_line
 from reservoir.run.records import (
     check_summary,
+    divergence,
     portable_config,
-    read_json,
     read_run_config,
+    read_summary,
     signed,
     write_json_atomic,
 )
@@ -64,8 +65,7 @@ def export_config(run_dir: Path, model, tokenizer, run, license_id: str) -> dict
                if r.get("model") == run.model and r.get("seed", run.seed) == run.seed]
     diverged = [r for r in records if r.get("status") == "diverged"]
     if diverged:
-        raise ExportError(f"{run_dir}: {run.model} (seed {run.seed}) diverged at step "
-                          f"{diverged[-1].get('diverged_at_step')} ({diverged[-1].get('reason')}): it has no score for "
+        raise ExportError(f"{run_dir}: {run.model} (seed {run.seed}) {divergence(diverged[-1])}: it has no score for "
                           "its card to state; train it again with the change its record suggests, and export that")
     if not run.finished or not records:
         raise ExportError(f"{run_dir}: {run.model} (seed {run.seed}) has not finished, so it has no record for its "
@@ -129,9 +129,8 @@ def push_export(folder: Path, repo: str, private: bool) -> str:
 def _check_something_finished(run_dir: Path) -> None:
     """A run with no scored model has nothing an export's card could state: say how to finish it (naming one of
     its models would only be refused for the same reason)."""
-    summary = run_dir / "summary.json"
     if run_dir.is_dir() and not is_export(run_dir) and (run_dir / CONFIG).is_file():
-        records = check_summary(read_json(summary, "the run's summary"), summary) if summary.is_file() else []
+        records = read_summary(run_dir) if (run_dir / "summary.json").is_file() else []
         if not any(r.get("val_bpc") is not None for r in records):
             raise ExportError(f"{run_dir} has no finished model with a score to export: finish the run (python "
                               f"TinyStories.py RESUME={run_dir}), then export it")

@@ -27,7 +27,7 @@ from reservoir.data.tokens import prepare_data
 from reservoir.models.settings import model_settings
 from reservoir.platform import device as dev
 from reservoir.run.evaluation import BOOTSTRAP_SAMPLES, Evaluator
-from reservoir.run.records import ResultsError
+from reservoir.run.records import ResultsError, divergence
 from reservoir.share import load_trained, run_records
 from reservoir.share.folder import hub_id, is_export
 from reservoir.studies.diagnostics import diagnose
@@ -111,8 +111,7 @@ def _finished(side: Side) -> list[Trained]:
                     and r.get("val_bpc") is not None]
         diverged = [r for r in rows if r["model"] == side.model and r.get("status") == "diverged"]
         if diverged and not trained:
-            raise ResultsError(f"{side.label()}: {side.model} diverged at step {diverged[-1].get('diverged_at_step')}"
-                               f" in {run_dir} ({diverged[-1].get('reason')}), so it has no "
+            raise ResultsError(f"{side.label()}: {side.model} {divergence(diverged[-1])} in {run_dir}, so it has no "
                                "score to compare (a resume does not retry it); train it again with the change its "
                                "record suggests, in a new run")
     if not trained:

@@ -263,13 +263,7 @@ def run_point(args: list[str], on_cpu: bool = False) -> int:
     Ctrl-C to the study is passed on to it, so it checkpoints before the study stops (its exit code says how)."""
     proc = start_point(args, dict(os.environ), on_cpu)
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    sent_at = [None]
-
-    def forward(signum, frame):  # the point decides how to stop; a request delivered twice is passed on once
-        if not stopping.repeated(sent_at[0]):
-            sent_at[0] = time.monotonic()
-            proc.send_signal(signum)
-
+    forward = stopping.once_per_request(proc.send_signal)  # the point decides how to stop
     for signum in previous:
         signal.signal(signum, forward)
     try:
@@ -300,14 +294,14 @@ def run_points(jobs: list[tuple[Path, list[str]]], workers: int | list[Slot], fi
     running: dict[int, tuple[subprocess.Popen | _ForkedProcess, object, Path, int]] = {}
     jobs = list(jobs)
     codes: list[int | None] = [None] * len(jobs)
-    stopping_signal = {"sent": None, "at": None}
+    stopping_signal = {"sent": None}
 
-    def forward(signum, frame):
-        if stopping.repeated(stopping_signal["at"]):  # timeout's second copy of the same request: sent already
-            return
-        stopping_signal["sent"], stopping_signal["at"] = signum, time.monotonic()
+    def send_to_all(signum):
+        stopping_signal["sent"] = signum
         for proc, *_ in running.values():
             proc.send_signal(signum)
+
+    forward = stopping.once_per_request(send_to_all)
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     for signum in previous:  # the points are in groups of their own: each gets the signal once, from here
