@@ -5,6 +5,7 @@ memory and stream-evaluated bits/char: ReservoirNLP vs reservoirpy 0.4.2, on the
     python bench/bench_esn.py ours                       # only ours
     python bench/bench_esn.py ESN.fit_stride=2           # our side with other ESN settings
     python bench/bench_esn.py draw 4096 10000 32768      # drawing a reservoir: seconds and peak RSS, each apart
+    python bench/bench_esn.py readout 2000 32768         # a softmax readout, one pass over the whole slices
 
 Data: the first 200k characters of ../shared/data/tinystories/TinyStories-train-sample.txt
 (training) and the first 100k of TinyStories-valid-sample.txt (evaluation), char level.
@@ -54,7 +55,9 @@ def ours(overrides=()) -> dict:
     from configs import parse_overrides
     from reservoir.models import build_model
     tok, train, val = load()
-    config = parse_overrides(list(overrides))
+    # reservoirpy's settings (SHARED_CONFIG's ESN is tuned otherwise since): the two sides compared alike
+    config = parse_overrides(["ESN.units=1000", "ESN.spectral_radius=0.9", "ESN.leak_rate=0.3", "ESN.input_scaling=1.0",
+                              "ESN.ridge=1.0", *overrides])
     model = build_model("esn", tok.vocab_size, config)
     per = (len(train) - 1) // STREAMS  # the training text as STREAMS contiguous streams advanced together
     x = torch.from_numpy(train[: STREAMS * per].reshape(STREAMS, per))
@@ -119,7 +122,34 @@ def draw(units: int) -> dict:
             "peak_rss_mb": round(_rss_mb()), "rss_growth_mb": round(_rss_mb() - before)}
 
 
+def readout(units: int) -> dict:
+    """An ESN of ``units`` with a softmax readout, trained by TinyStories.py for one pass over the whole training
+    slice (its features harvested in streams, reservoir/run/harvest.py), evaluated as the default run evaluates;
+    in a process of its own, one thread: wall time, training tokens/s, FLOPs, bits/char and peak RSS."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        args = ["MODELS=esn", "ESN.readout=softmax", f"ESN.units={units}", f"DATASET={SHARED}",
+                "FLOP_BUDGET=1.953125e13", "TOKEN_BUDGET=933888", "EVAL_POINTS=1", "PLOTS=False", "SAMPLE_TOKENS=0",
+                f"RESULTS_DIR={out}", "RUN_NAME=r", f"CACHE_DIR={out}/cache"]
+        start = time.perf_counter()
+        r = subprocess.run([sys.executable, str(ROOT / "TinyStories.py"), *args], capture_output=True, text=True,
+                           env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        wall = time.perf_counter() - start
+        if r.returncode:
+            return {"units": units, "failed": r.stderr[-1500:]}
+        record = json.loads((Path(out) / "r" / "summary.json").read_text())[0]
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {"units": units, "wall_s": round(wall), "train_s": round(record["train_seconds"]),
+            "tokens_per_s": round(record["tokens_per_second"]), "train_flops": record["train_flops"],
+            "epochs": record["epochs"], "bpc": round(record["val_bpc"], 3), "peak_rss_mb": round(peak)}
+
+
 def main(argv):
+    if argv and argv[0] == "readout":  # each size in a process of its own: peak RSS is a process's
+        for units in argv[1:]:
+            print(json.dumps(readout(int(units))), flush=True)
+        return
     if argv and argv[0] == "draw":  # each size in a process of its own: peak RSS is a process's
         if len(argv) == 2:
             print(json.dumps(draw(int(argv[1]))))

@@ -95,9 +95,9 @@ SHARED_CONFIG = {
                "deep_linear_reservoir", "linear_reservoir"],  # trained and compared, in order
     "PLUGINS": [],  # your own families: .py files (or modules) that declare them; MODELS may then name them
     # (docs/extending.md)
-    "ESN": {"units": 1000, "spectral_radius": 0.9, "leak_rate": 0.3, "input_scaling": 1.0, "degree": 10,
+    "ESN": {"units": 1700, "spectral_radius": 0.3, "leak_rate": 1.0, "input_scaling": 3.0, "degree": 10,
             "rc_connectivity": 0.1, "input_connectivity": 0.1, "bias_scaling": 0.5, "washout": 0,
-            "readout": "ridge", "ridge": 1.0, "readout_hidden": 256, "include_input": True,
+            "readout": "ridge", "ridge": 0.01, "readout_hidden": 256, "include_input": True,
             "fit_stride": 1, "learning_rate": 3e-3,
             "batch_size": 32},  # echo state network; fit_stride: ridge-fit every n-th state (faster fit)
     "DEEP_ESN": {"units": 500, "layers": 2, "spectral_radius": 0.9, "leak_rate": 0.3, "input_scaling": 1.0,

@@ -96,10 +96,11 @@ def test_the_stages_import_from_any_folder(tmp_path):
 def test_run_outputs_stay_out_of_git_but_the_committed_records_do_not():
     """A run, a demo, scratch/ or a comparison written under results/ showed up as untracked files to commit."""
     ignored = ["results/demo/summary.json", "results/demo/comparisons/lstm-vs-demo-ngram.json", "scratch/probes/x",
-               "results/scaling/flops-1.00e12/summary.json", "results/frontier-new/lstm-xs-lr0.004-b8/flops-3/x"]
+               "results/scaling/flops-1.00e12/summary.json", "results/frontier-new/lstm-xs-lr0.004-b8/flops-3/x",
+               "results/sweeps/s/trials/trial-0001/summary.json", "results/sweeps/s/slice.png"]
     kept = ["results/REPORT.md", "results/README.md", "results/default-run/summary.json", "results/probes/probes.md",
             "results/frontier-tinystories/points.jsonl", "results/frontier-new/frontier-study.json",
-            "results/frontier-new/comparisons/a.json"]
+            "results/frontier-new/comparisons/a.json", "results/sweeps/s/best.json", "results/sweeps/s/journal.log"]
     listed = subprocess.run(["git", "check-ignore", "--no-index", *ignored, *kept], cwd=ROOT, capture_output=True,
                             text=True).stdout.split()
     assert listed == ignored

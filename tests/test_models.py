@@ -746,5 +746,25 @@ def test_a_reservoir_past_the_dense_size_is_drawn_at_its_spectral_radius_in_seco
 
     monkeypatch.setattr(reservoirs, "DENSE_UNITS", 256)
     reservoir = reservoirs.Reservoir(20, 600, 0.9, 0.3, 1.0, 0.1, 0.0, 10, 0.1, seed=3)
-    assert torch.linalg.eigvals(reservoir.w.double()).abs().max().item() == pytest.approx(0.9, rel=1e-6)  # float32
+    radius = torch.linalg.eigvals(reservoir.dense_matrix().double()).abs().max().item()
+    assert radius == pytest.approx(0.9, rel=1e-6)  # float32
     assert "dense eigendecomposition" not in capsys.readouterr().out
+
+
+def test_a_reservoir_past_the_dense_size_keeps_its_non_zeros_alone_the_same_draw_and_the_same_states(monkeypatch):
+    """Past DENSE_UNITS, W is kept as its non-zeros (what a checkpoint holds: 3.9 MB at 32,768 units, not 4.3 GB):
+    the same numbers as the dense draw, and the states it computes, on the CSR path and the dense one (XLA's)."""
+    from reservoir.models import reservoirs
+
+    dense = reservoirs.Reservoir(20, 600, 0.9, 1.0, 1.0, 0.1, 0.5, 10, 0.1, seed=3)
+    monkeypatch.setattr(reservoirs, "DENSE_UNITS", 256)
+    sparse = reservoirs.Reservoir(20, 600, 0.9, 1.0, 1.0, 0.1, 0.5, 10, 0.1, seed=3)
+    assert "w" not in sparse.state_dict() and sparse.state_dict()["w_value"].numel() == 600 * 10
+    torch.testing.assert_close(sparse.dense_matrix(), dense.w, rtol=1e-6, atol=0)
+    for name in ("w_in", "bias"):
+        assert torch.equal(getattr(sparse, name), getattr(dense, name))
+    ids = torch.randint(0, 20, (3, 50), generator=torch.Generator().manual_seed(0))
+    expected = dense(ids)[0]
+    torch.testing.assert_close(sparse(ids)[0], expected, rtol=1e-5, atol=1e-6)
+    sparse.sparse = False  # the dense product, as on a device without sparse kernels
+    torch.testing.assert_close(sparse(ids)[0], expected, rtol=1e-5, atol=1e-6)

@@ -254,7 +254,8 @@ def test_each_family_declares_what_it_leaves_untrained_and_a_study_compares_the_
         {TRAINED}
     assert sorted(RESERVOIR_FAMILIES) == sorted(["frozen_retention", "reservoir_attention", "deep_linear_reservoir",
                                                  "linear_reservoir", "frozen_retention+write",
-                                                 "reservoir_attention+write"])
+                                                 "reservoir_attention+write", "esn+softmax", "esn+mlp"])
+    assert {class_of(f) for f in ("esn+softmax", "esn+mlp")} == {RESERVOIR}
     assert "leaky_tanh" not in RESERVOIR_FAMILIES
     load_plugins([str(plugin)])
     assert class_of("leaky_tanh") == RESERVOIR and "leaky_tanh" in RESERVOIR_FAMILIES

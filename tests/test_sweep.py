@@ -53,8 +53,8 @@ def test_a_sweep_writes_best_json_plots_and_continues(tmp_path):
     assert sorted(t.number for t in trials) == list(range(4))
     assert all(t.state.name == "COMPLETE" for t in trials)  # a finished model is never pruned on its final score
     first = min(trials, key=lambda t: t.number)  # a new study first measures the settings it would replace
-    assert first.params == {"ESN.spectral_radius": 0.9, "ESN.leak_rate": 0.3, "ESN.input_scaling": 1.0,
-                            "ESN.ridge": 1.0} and first.user_attrs["starting_settings"]
+    assert first.params == {"ESN.spectral_radius": 0.3, "ESN.leak_rate": 1.0, "ESN.input_scaling": 3.0,
+                            "ESN.ridge": 0.01} and first.user_attrs["starting_settings"]  # SHARED_CONFIG's
     assert best["best_value_bpc"] <= first.value
     assert best["best_is_starting_settings"] == (best["best_trial"] == first.number)
     again = sweep(tmp_path, "MODEL=esn", "TRIALS=4", "SWEEP_NAME=esn-tiny")

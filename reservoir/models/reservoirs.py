@@ -57,21 +57,41 @@ def scale_to_spectral_radius(weights: torch.Tensor, spectral_radius: float) -> t
     return weights * (spectral_radius / radius)
 
 
-def largest_eigenvalue_modulus(weights: torch.Tensor) -> float:
-    """The spectral radius of a sparse square matrix, by ARPACK (implicitly restarted Arnoldi) from a fixed start,
-    so a seed draws the same reservoir on every run. A random reservoir's eigenvalues fill a disc, many of them
-    nearly as large as the largest, so it asks for the 16 largest (in a 64-vector space) and keeps the top one:
-    asked for one, ARPACK returned one 2.5% short in 1 of 32 draws; asked for 16, every draw matched the dense
-    value to 1e-13 (500-2,000 units; 0.8 s at 10,000 units and 4.7 s at 32,768, one thread)."""
+def largest_eigenvalue_modulus(weights) -> float:
+    """The spectral radius of a sparse square matrix (a tensor, or scipy's sparse matrix), by ARPACK
+    (implicitly restarted Arnoldi) from a fixed start, so a seed draws the same reservoir on every run. A random
+    reservoir's eigenvalues fill a disc, many of them nearly as large as the largest, so it asks for the 16
+    largest (in a 64-vector space) and keeps the top one: asked for one, ARPACK returned one 2.5% short in 1 of
+    32 draws; asked for 16, every draw matched the dense value to 1e-13 (500-2,000 units; 0.8 s at 10,000
+    units and 4.7 s at 32,768, one thread)."""
     import numpy as np
     from scipy.sparse import csr_matrix
     from scipy.sparse.linalg import eigs
 
-    rows, cols = weights.nonzero(as_tuple=True)
-    matrix = csr_matrix((weights[rows, cols].double().numpy(), (rows.numpy(), cols.numpy())), shape=weights.shape)
-    values = eigs(matrix, k=16, ncv=64, which="LM", tol=1e-10, v0=np.ones(weights.shape[0]),
+    matrix = weights
+    if isinstance(weights, torch.Tensor):
+        rows, cols = weights.nonzero(as_tuple=True)
+        matrix = csr_matrix((weights[rows, cols].double().numpy(), (rows.numpy(), cols.numpy())),
+                            shape=weights.shape)
+    values = eigs(matrix, k=16, ncv=64, which="LM", tol=1e-10, v0=np.ones(matrix.shape[0]),
                   return_eigenvectors=False)
     return float(np.abs(values).max())
+
+
+def fixed_degree_entries(units: int, degree: int, generator: torch.Generator, spectral_radius: float):
+    """``_fixed_degree_matrix``'s draw, the same numbers, kept as its non-zeros: (2, nnz) row and column
+    indices and (nnz,) values, scaled to ``spectral_radius`` by ARPACK. A 32,768-unit reservoir's W is then
+    3.9 MB of values, not 4.3 GB dense: what a checkpoint holds and what its hash reads."""
+    from scipy.sparse import csr_matrix
+
+    cols = torch.stack([torch.randperm(units, generator=generator)[:degree] for _ in range(units)])
+    values = torch.randn(units, degree, generator=generator)
+    rows = torch.arange(units).repeat_interleave(degree)
+    index = torch.stack([rows, cols.flatten()])
+    order = torch.argsort(index[0] * units + index[1])  # row-major: a CSR matrix's order
+    index, values = index[:, order], values.flatten()[order]
+    matrix = csr_matrix((values.double().numpy(), (index[0].numpy(), index[1].numpy())), shape=(units, units))
+    return index, values * (spectral_radius / largest_eigenvalue_modulus(matrix))
 
 
 def _draw_seconds(units: int) -> float:
@@ -187,15 +207,28 @@ class Reservoir(nn.Module):
                  degree: int | None, rc_connectivity: float, seed: int):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        w = (_fixed_degree_matrix(units, degree, g) if degree
-             else _sparse_matrix(units, units, rc_connectivity, g))
-        self.register_buffer("w", scale_to_spectral_radius(w, spectral_radius))
+        self.stored_sparse = bool(degree) and units > DENSE_UNITS
+        if self.stored_sparse:  # W as its non-zeros: the dense matrix would be units² numbers
+            index, values = fixed_degree_entries(units, degree, g, spectral_radius)
+            self.register_buffer("w_index", index)
+            self.register_buffer("w_value", values)
+        else:
+            w = (_fixed_degree_matrix(units, degree, g) if degree
+                 else _sparse_matrix(units, units, rc_connectivity, g))
+            self.register_buffer("w", scale_to_spectral_radius(w, spectral_radius))
         self.register_buffer("w_in", input_scaling * _sparse_matrix(n_inputs, units, input_connectivity, g))
         self.register_buffer("bias", bias_scaling * (2 * torch.rand(units, generator=g) - 1))
         self.units, self.leak_rate = units, leak_rate
-        self.sparse = bool(self.w.count_nonzero() < 0.05 * self.w.numel())
+        self.sparse = self.stored_sparse or bool(self.w.count_nonzero() < 0.05 * self.w.numel())
         self._w_csr = None  # a sparse copy for the recurrence where sparse kernels exist (CPU, CUDA)
         self.time_scan = None  # set by LanguageModel.use_time_scan: a compiled loop over time (XLA)
+
+    def dense_matrix(self) -> torch.Tensor:
+        """W as a dense (units, units) matrix, however it is stored (XLA's scan multiplies dense matrices)."""
+        if not self.stored_sparse:
+            return self.w
+        return torch.zeros(self.units, self.units, device=self.w_value.device).index_put_(
+            tuple(self.w_index), self.w_value)
 
     def _recurrent(self, x_cols: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
         """drive + W @ x for states stored as columns (units, B), in one kernel."""
@@ -203,9 +236,10 @@ class Reservoir(nn.Module):
             if self._w_csr is None or self._w_csr.device != x_cols.device:
                 with warnings.catch_warnings():  # "sparse CSR support is in beta": CSR @ dense is solid
                     warnings.simplefilter("ignore", UserWarning)
-                    self._w_csr = self.w.to_sparse_csr()
+                    self._w_csr = (torch.sparse_coo_tensor(self.w_index, self.w_value, (self.units, self.units))
+                                   .coalesce().to_sparse_csr() if self.stored_sparse else self.w.to_sparse_csr())
             return torch.addmm(drive, self._w_csr, x_cols)
-        return torch.addmm(drive, self.w, x_cols)
+        return torch.addmm(drive, self.dense_matrix(), x_cols)
 
     def _drive(self, inputs: torch.Tensor, by_id: bool) -> torch.Tensor:
         """W_in u_t + b for every step, (T, units, B): one column per stream."""
@@ -223,7 +257,7 @@ class Reservoir(nn.Module):
         if self.time_scan is not None:  # one compiled cell, however long the window
             drive = self._drive(inputs, by_id)
             x = torch.zeros_like(drive[0]) if x is None else x
-            (x, _), states = self.time_scan(leaky_tanh_cell(a), (x, self.w), drive)
+            (x, _), states = self.time_scan(leaky_tanh_cell(a), (x, self.dense_matrix()), drive)
             return states.permute(2, 0, 1), x.T
         if by_id:  # W_in u_t + b is a column of this table, picked per step (no (T, units, B) drive array)
             table, ids = (self.w_in + self.bias).T.contiguous(), inputs.T.contiguous()
@@ -282,8 +316,9 @@ class ReservoirLM(LanguageModel):
         with torch.autocast(ids.device.type, enabled=False):  # fixed dynamics stay in fp32
             return self.reservoir_features(ids, state)
 
-    def features(self, ids: torch.Tensor, state=None, return_state: bool = False):
-        feats, state = self.dense_features(ids, state)
+    def features(self, ids: torch.Tensor, state=None, return_state: bool = False, dense=None):
+        """The readout's input: the dense features (``dense``, if computed already) and the one-hot input."""
+        feats, state = self.dense_features(ids, state) if dense is None else (dense, None)
         if self.include_input:
             feats = torch.cat([feats, nn.functional.one_hot(ids, self.vocab_size).float()], dim=-1)
         return (feats, state) if return_state else feats
@@ -294,8 +329,10 @@ class ReservoirLM(LanguageModel):
                 return floor_logits(feats.float() @ self.w_out[:-1] + self.w_out[-1], self.prob_floor)
         return self.head(feats)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.readout(self.features(ids))
+    def forward(self, ids: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for ``ids`` from a zero state, or, given their ``dense`` features (harvested in a stream:
+        reservoir/run/harvest.py), the readout of those alone."""
+        return self.readout(self.features(ids, dense=dense))
 
     def forward_stream(self, ids, state):
         feats, state = self.features(ids, state, return_state=True)

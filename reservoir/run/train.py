@@ -46,6 +46,7 @@ from reservoir.run.checkpoint import (
     save_checkpoint,
 )
 from reservoir.run.evaluation import EvalPoints, Evaluations
+from reservoir.run.harvest import harvested_batches, harvests
 from reservoir.run.records import SPENT, refuse_export, run_seeds
 from reservoir.run.sampling import SampleSettings, write_stories
 from reservoir.run.writer import Run
@@ -535,8 +536,9 @@ def _train_sgd(job: Fit) -> Outcome:
         model.use_gradient_checkpointing(dev.checkpoint_function(info))
     trained = dev.wrap_for_training(info, model)
 
-    def loss_of(inputs, targets):
-        return F.cross_entropy(trained(inputs).float().flatten(0, 1), targets.flatten())
+    def loss_of(inputs, targets):  # inputs: ids, or (ids, their harvested features)
+        logits = trained(*inputs) if isinstance(inputs, tuple) else trained(inputs)
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
     step_loss = dev.CompiledStep(loss_of, info, config["COMPILE"], job.name)  # loss_of itself unless COMPILE
     job.evaluator.calls.follow(step_loss)
@@ -570,7 +572,13 @@ def _train_sgd(job: Fit) -> Outcome:
     saved_step = progress.step if job.saved is not None else None  # the last checkpoint: kept if training diverges
     saved_seconds, every_s = progress.seconds, config["CHECKPOINT_EVERY_S"]
     advice = _sgd_advice(config)
-    batches = _batches(windows, info, config, progress)
+    if harvests(model):  # a readout over a stateful reservoir: features computed once a pass, in streams
+        batches = harvested_batches(model, job.data.train, (config["BATCH_SIZE"] * info.spmd_devices,
+                                                            config["SEQ_LEN"]), job.seed, progress, info.rank,
+                                    info.world_size, config["BATCH_SIZE"] * info.replicas,
+                                    materialize=lambda: dev.mark_step(info))
+    else:
+        batches = _batches(windows, info, config, progress)
     loss_sum = torch.zeros((), device=info.device)  # stays on the device until the next log
     bar = job.progress_bar()
     bar.update(100 * min(1.0, budget.share(progress)))
@@ -587,7 +595,8 @@ def _train_sgd(job: Fit) -> Outcome:
                 group["lr"] = lr
             for micro in range(accum):
                 inputs, targets = next(batches)
-                inputs = inputs.to(info.device, non_blocking=True)  # already there on XLA (MpDeviceLoader)
+                inputs = (tuple(t.to(info.device, non_blocking=True) for t in inputs) if isinstance(inputs, tuple)
+                          else inputs.to(info.device, non_blocking=True))  # already there on XLA (MpDeviceLoader)
                 targets = targets.to(info.device, non_blocking=True)
                 with dev.no_gradient_sync(trained, skip=micro < accum - 1), dev.autocast(info):
                     loss = step_loss(inputs, targets)

@@ -1,0 +1,124 @@
+"""A readout-only reservoir's training batches, its fixed features harvested as the ridge fit harvests them.
+
+    batches = harvested_batches(model, train_ids, batch, seed, progress, rank=0, world=1)
+    (ids, dense), targets = next(batches)     # (B, T) ids, (B, T, F) features, (B, T) next tokens
+
+An echo state network trains its readout alone, and the readout reads each position by itself. So its
+features need not be computed again for every step's windows, each from a zero state. The training text
+is cut into parallel streams (HARVEST_STREAMS), which run through the reservoir together in chunks, the
+state carried from chunk to chunk, as the ridge fit and the evaluation run it. Each step then reads out
+a batch of the chunk's positions, in an order shuffled per chunk.
+
+Every position's features are computed once a pass, as a step over its window computed them once: the
+FLOPs a token are the same and are counted the same (reservoir/run/flops.py). Features are not kept from
+one pass to the next. A pass of a 32,768-unit reservoir's features is 123 GB in fp32 and 61 GB in bf16;
+computing them again costs a few percent of a cross-entropy readout's FLOPs (bench/README.md).
+
+A resumed fit computes the chunks its epoch had already read again, for their state, and trains on none
+of them twice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+HARVEST_STREAMS = 256  # streams a process runs through the reservoir at once: one time step is a (units x 256) product
+CHUNK_BYTES = 512 * 2**20  # a chunk's features in fp32, at most (a chunk is one time step at least)
+MIN_STREAM_STEPS = 64  # a stream shorter than this is mostly its start-up transient: fewer streams then
+
+
+def harvests(model) -> bool:
+    """Whether ``model`` trains on harvested features: a readout alone over a reservoir that carries a state."""
+    return getattr(model, "trained", None) == "readout" and model.stream_kind == "recurrent" \
+        and hasattr(model, "dense_features")
+
+
+def stream_layout(n_tokens: int, world: int, n_features: int, per_batch: int) -> tuple[int, int, int]:
+    """(streams per process, steps per chunk, chunks) for ``n_tokens`` training tokens and batches of
+    ``per_batch`` positions: as many streams as HARVEST_STREAMS allows that divide a batch (a batch is every
+    stream at a few time steps), each stream's steps cut into equal chunks of at most CHUNK_BYTES of features,
+    of the length that leaves the fewest steps out of the pass (those at the stream's end)."""
+    streams = max(1, min(HARVEST_STREAMS, (n_tokens - 1) // (world * MIN_STREAM_STEPS)))
+    while per_batch % streams:
+        streams -= 1
+    steps = (n_tokens - 1) // (world * streams)
+    most = min(steps, max(1, CHUNK_BYTES // (4 * streams * n_features)))
+    chunk = max(range(max(1, most // 2), most + 1), key=lambda c: (c * (steps // c), c))  # the fewest steps left
+    return streams, chunk, steps // chunk
+
+
+def harvested_batches(model, train_ids: np.ndarray, batch: tuple[int, int], seed: int, progress,
+                      rank: int = 0, world: int = 1, windows_per_batch: int | None = None, materialize=None):
+    """Training batches forever, epoch after epoch, from the position ``progress`` (epoch, offset: windows of
+    the epoch already read, all processes together, as ``train._batches`` counts them). ``batch`` = (B, T):
+    each batch holds B x T positions of this process's streams. ``materialize()``, if given, is called once
+    a chunk's features exist (on XLA they are computed there, once, not inside every step's graph)."""
+    rows, cols = batch
+    per_batch = rows * cols
+    windows_per_batch = windows_per_batch or rows * world
+    device = next(model.buffers()).device
+    n_features = model.n_features - (model.vocab_size if model.include_input else 0)
+    streams, chunk, chunks = stream_layout(len(train_ids), world, n_features, per_batch)
+    total = streams * world
+    steps = chunk * chunks
+    ids = np.asarray(train_ids[: total * steps + 1], dtype=np.int64)
+    mine = slice(rank * streams, (rank + 1) * streams)
+    inputs = torch.from_numpy(ids[:-1].reshape(total, steps)[mine].copy())  # a stream: a stretch of the text
+    targets = torch.from_numpy(ids[1:].reshape(total, steps)[mine].copy())
+    if streams * steps < per_batch:
+        raise ValueError(f"the training data gives each process {streams * steps} positions, fewer than one batch "
+                         f"({per_batch}); lower BATCH_SIZE or SEQ_LEN, or use more data")
+    steps_per_batch = per_batch // streams  # a batch: every stream at this many time steps of the chunk
+    while True:
+        skip = progress.offset // windows_per_batch * steps_per_batch  # time steps this epoch has read already
+        state, held = None, None  # held: (features, ids, targets) of time steps left from the chunk before
+        for k in range(chunks):
+            cut = slice(k * chunk, (k + 1) * chunk)
+            chunk_ids = inputs[:, cut].to(device)
+            with torch.no_grad():
+                dense, state = model.dense_features(chunk_ids, state)  # (streams, chunk, F)
+            if materialize is not None:
+                materialize()
+            if skip >= chunk:
+                skip -= chunk
+                continue
+            generator = torch.Generator().manual_seed((seed * 1_000_003 + progress.epoch) * 1_000_003 + k)
+            order = torch.randperm(chunk, generator=generator)[skip:].to(device)
+            skip = 0
+            parts = (_TimeMajor(dense), chunk_ids, targets[:, cut].to(device))
+            start = 0
+            if held is not None:  # a batch across the chunk boundary: the steps left, then this chunk's first
+                take = order[:steps_per_batch - held[0].shape[1]]
+                held = tuple(torch.cat([h, part[:, take]], dim=1) for h, part in zip(held, parts, strict=True))
+                start = len(take)
+                if held[0].shape[1] < steps_per_batch:
+                    continue
+                progress.offset += windows_per_batch
+                yield _batch(*held)
+                held = None
+            while start + steps_per_batch <= len(order):
+                take = order[start:start + steps_per_batch]
+                start += steps_per_batch
+                progress.offset += windows_per_batch
+                yield _batch(*(part[:, take] for part in parts))
+            held = tuple(part[:, order[start:]] for part in parts) if start < len(order) else None
+        progress.epoch, progress.offset = progress.epoch + 1, 0  # time steps left at the end: fewer than a batch
+
+
+class _TimeMajor:
+    """A reservoir's features (streams, steps, F), stored time-major as the reservoir writes them: ``[:, steps]``
+    copies whole (F x streams) blocks, not one strided feature at a time (3x faster at 2,000 units)."""
+
+    def __init__(self, dense: torch.Tensor):
+        self.blocks = dense.permute(1, 2, 0)  # (steps, F, streams): contiguous for a reservoir's states
+        self.shape = dense.shape
+
+    def __getitem__(self, index):
+        return self.blocks[index[1]].permute(2, 0, 1)
+
+
+def _batch(dense: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor):
+    """A batch as the fit takes it, (streams, steps) positions: the readout reads each position alone, so the
+    batch's shape need not be (BATCH_SIZE, SEQ_LEN), only hold as many positions."""
+    return (ids, dense), targets
