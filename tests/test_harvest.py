@@ -18,7 +18,7 @@ from tests.test_models import small_config
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Chunks of a few time steps and a few streams: batches cross chunk boundaries, and passes end mid-chunk."""
+    """Chunks of a few time steps of a few streams: a pass of many chunks."""
     monkeypatch.setattr(harvest, "CHUNK_BYTES", 4 * 8 * 70 * 7)  # 7 time steps of 8 streams of 70 features
     monkeypatch.setattr(harvest, "HARVEST_STREAMS", 8)
     monkeypatch.setattr(harvest, "MIN_STREAM_STEPS", 8)
@@ -33,15 +33,16 @@ def test_a_batch_holds_the_features_its_stream_carries_from_its_start(small_chun
     model = _esn()
     ids = np.random.default_rng(0).integers(0, 23, 8 * 40 + 1)
     streams, chunk, chunks = stream_layout(len(ids), 1, 70, per_batch=32)
-    assert (streams, chunk, chunks) == (8, 5, 8)  # 40 steps a stream, in chunks of 5 (of 7 at most): none left out
+    assert (streams, chunk, chunks) == (8, 4, 10)  # 40 steps a stream, in chunks of whole batches (4 steps)
     with torch.no_grad():
         whole, _ = model.dense_features(torch.from_numpy(ids[:320].reshape(8, 40)))  # each stream in one go
     progress = Progress()
     seen = torch.zeros(8, 40, dtype=torch.int64)
-    for (batch_ids, dense), targets in harvested_batches(model, ids, (4, 8), seed=0, progress=progress):
+    for (batch_ids, blocks), targets in harvested_batches(model, ids, (4, 8), seed=0, progress=progress):
         if progress.epoch:
             break
-        assert batch_ids.shape == targets.shape == (8, 4) and dense.shape == (8, 4, 70)  # 4 steps: across chunks
+        assert batch_ids.shape == targets.shape == (8, 4) and blocks.shape == (4, 70, 8)  # time-major
+        dense = blocks.permute(2, 0, 1)
         for s in range(8):
             for k in range(4):  # find the position by its features: each is one stream's state at one step
                 t = int((whole[s] - dense[s, k]).abs().amax(-1).argmin())
@@ -63,7 +64,7 @@ def test_a_resumed_fit_reads_the_batches_an_unbroken_one_reads(small_chunks):
                 return out
 
     unbroken = batches(Progress(), 25)  # 10 batches a pass: two passes and then some
-    for stop in (1, 2, 5, 10, 11, 14):  # mid-chunk, across a chunk boundary, at and after a pass's end
+    for stop in (1, 2, 5, 10, 11, 14):  # in the first pass, at its end, in the second
         progress = Progress()
         first = batches(progress, stop)
         resumed = batches(Progress(epoch=progress.epoch, offset=progress.offset), 25 - stop)
@@ -71,6 +72,27 @@ def test_a_resumed_fit_reads_the_batches_an_unbroken_one_reads(small_chunks):
             for x, y in zip(a, b, strict=True):
                 torch.testing.assert_close(x, y)
     assert not torch.equal(unbroken[0][0], unbroken[10][0])  # each pass in its own order
+
+
+@pytest.mark.parametrize("readout, include_input", [("softmax", True), ("softmax", False), ("mlp", True)])
+def test_the_readout_of_harvested_blocks_is_the_readout_of_the_same_features(readout, include_input):
+    """A softmax readout multiplies the time-major blocks as they lie (no copy of the features); the logits and
+    the readout's gradients are those of the features read the ordinary way."""
+    model = build_model("esn", 23, small_config("ESN.units=70", f"ESN.readout={readout}",
+                                                f"ESN.include_input={include_input}"))
+    ids = torch.randint(0, 23, (6, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        dense, _ = model.dense_features(ids)
+    blocks = dense.permute(1, 2, 0).contiguous()  # (T, F, B), as a reservoir stores its states
+    expected = model.readout(model.features(ids, dense=dense))
+    expected.square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    got = model(ids, blocks)
+    got.square().sum().backward()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 def test_only_a_readout_over_a_carried_state_is_harvested():

@@ -329,10 +329,21 @@ class ReservoirLM(LanguageModel):
                 return floor_logits(feats.float() @ self.w_out[:-1] + self.w_out[-1], self.prob_floor)
         return self.head(feats)
 
-    def forward(self, ids: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits for ``ids`` from a zero state, or, given their ``dense`` features (harvested in a stream:
-        reservoir/run/harvest.py), the readout of those alone."""
-        return self.readout(self.features(ids, dense=dense))
+    def forward(self, ids: torch.Tensor, blocks: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V) for ids (B, T) from a zero state; or, given ``blocks``, their dense features harvested
+        in streams (reservoir/run/harvest.py) and stored time-major, (T, F, B), as a reservoir writes its states:
+        the readout of those alone. A softmax readout multiplies the blocks as they lie, one (V x F) @ (F x B)
+        product a time step: the (B, T, F + V) features are never copied together (at 2,000 units that copy was
+        a sixth of a step)."""
+        if blocks is None:
+            return self.readout(self.features(ids))
+        if self.readout_kind != "softmax":
+            return self.readout(self.features(ids, dense=blocks.permute(2, 0, 1)))
+        dense = blocks.shape[1]
+        logits = torch.matmul(self.head.weight[:, :dense], blocks)  # (T, V, B)
+        if self.include_input:  # the one-hot input's product: a column of the weights per position
+            logits = logits + self.head.weight[:, dense:][:, ids.T].transpose(0, 1)
+        return (logits + self.head.bias[:, None]).permute(2, 0, 1)
 
     def forward_stream(self, ids, state):
         feats, state = self.features(ids, state, return_state=True)

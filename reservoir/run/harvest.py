@@ -1,7 +1,7 @@
 """A readout-only reservoir's training batches, its fixed features harvested as the ridge fit harvests them.
 
     batches = harvested_batches(model, train_ids, batch, seed, progress, rank=0, world=1)
-    (ids, dense), targets = next(batches)     # (B, T) ids, (B, T, F) features, (B, T) next tokens
+    (ids, blocks), targets = next(batches)    # ids (S, k), their features (k, F, S), next tokens (S, k)
 
 An echo state network trains its readout alone, and the readout reads each position by itself. So its
 features need not be computed again for every step's windows, each from a zero state. The training text
@@ -23,8 +23,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-HARVEST_STREAMS = 256  # streams a process runs through the reservoir at once: one time step is a (units x 256) product
-CHUNK_BYTES = 512 * 2**20  # a chunk's features in fp32, at most (a chunk is one time step at least)
+# Chosen by measurement (bench/README.md): at 2,000 units, one thread, 64 streams in chunks of one batch train at
+# 43-46k tokens/s, 256 streams in 512 MB chunks at 31k: a small chunk's features are still in the caches when the
+# readout reads them, and memory the allocator keeps is not mapped and faulted in again for every chunk
+HARVEST_STREAMS = 64  # streams a process runs through the reservoir at once: one time step is a (units x 64) product
+CHUNK_BYTES = 32 * 2**20  # a chunk's features in fp32, at most (a chunk is one batch at least)
 MIN_STREAM_STEPS = 64  # a stream shorter than this is mostly its start-up transient: fewer streams then
 
 
@@ -36,23 +39,28 @@ def harvests(model) -> bool:
 
 def stream_layout(n_tokens: int, world: int, n_features: int, per_batch: int) -> tuple[int, int, int]:
     """(streams per process, steps per chunk, chunks) for ``n_tokens`` training tokens and batches of
-    ``per_batch`` positions: as many streams as HARVEST_STREAMS allows that divide a batch (a batch is every
-    stream at a few time steps), each stream's steps cut into equal chunks of at most CHUNK_BYTES of features,
-    of the length that leaves the fewest steps out of the pass (those at the stream's end)."""
+    ``per_batch`` positions. As many streams as HARVEST_STREAMS allows that divide a batch: a batch is every
+    stream at a few time steps. Each stream's steps are cut into equal chunks of whole batches, at most
+    CHUNK_BYTES of features, of the length that leaves the fewest steps out of the pass (at the streams'
+    ends): no batch spans two chunks, so every batch is one shape (XLA compiles one step)."""
     streams = max(1, min(HARVEST_STREAMS, (n_tokens - 1) // (world * MIN_STREAM_STEPS)))
     while per_batch % streams:
         streams -= 1
-    steps = (n_tokens - 1) // (world * streams)
-    most = min(steps, max(1, CHUNK_BYTES // (4 * streams * n_features)))
-    chunk = max(range(max(1, most // 2), most + 1), key=lambda c: (c * (steps // c), c))  # the fewest steps left
-    return streams, chunk, steps // chunk
+    steps, per = (n_tokens - 1) // (world * streams), per_batch // streams
+    if steps < per:
+        raise ValueError(f"the training data gives each process {streams * steps} positions, fewer than one batch "
+                         f"({per_batch}); lower BATCH_SIZE or SEQ_LEN, or use more data")
+    most = max(1, min(steps, CHUNK_BYTES // (4 * streams * n_features)) // per)  # batches a chunk may hold
+    batches = max(range(max(1, most // 2), most + 1), key=lambda b: (b * per * (steps // (b * per)), b))
+    return streams, batches * per, steps // (batches * per)
 
 
 def harvested_batches(model, train_ids: np.ndarray, batch: tuple[int, int], seed: int, progress,
                       rank: int = 0, world: int = 1, windows_per_batch: int | None = None, materialize=None):
     """Training batches forever, epoch after epoch, from the position ``progress`` (epoch, offset: windows of
     the epoch already read, all processes together, as ``train._batches`` counts them). ``batch`` = (B, T):
-    each batch holds B x T positions of this process's streams. ``materialize()``, if given, is called once
+    each batch holds B x T positions of this process's streams, shaped (streams, B x T / streams): the readout
+    reads each position alone, so only how many a batch holds matters. ``materialize()``, if given, is called once
     a chunk's features exist (on XLA they are computed there, once, not inside every step's graph)."""
     rows, cols = batch
     per_batch = rows * cols
@@ -60,19 +68,14 @@ def harvested_batches(model, train_ids: np.ndarray, batch: tuple[int, int], seed
     device = next(model.buffers()).device
     n_features = model.n_features - (model.vocab_size if model.include_input else 0)
     streams, chunk, chunks = stream_layout(len(train_ids), world, n_features, per_batch)
-    total = streams * world
-    steps = chunk * chunks
+    total, steps, per = streams * world, chunk * chunks, per_batch // streams
     ids = np.asarray(train_ids[: total * steps + 1], dtype=np.int64)
     mine = slice(rank * streams, (rank + 1) * streams)
     inputs = torch.from_numpy(ids[:-1].reshape(total, steps)[mine].copy())  # a stream: a stretch of the text
     targets = torch.from_numpy(ids[1:].reshape(total, steps)[mine].copy())
-    if streams * steps < per_batch:
-        raise ValueError(f"the training data gives each process {streams * steps} positions, fewer than one batch "
-                         f"({per_batch}); lower BATCH_SIZE or SEQ_LEN, or use more data")
-    steps_per_batch = per_batch // streams  # a batch: every stream at this many time steps of the chunk
     while True:
-        skip = progress.offset // windows_per_batch * steps_per_batch  # time steps this epoch has read already
-        state, held = None, None  # held: (features, ids, targets) of time steps left from the chunk before
+        skip = progress.offset // windows_per_batch * per  # time steps this epoch has read already
+        state = model.initial_state(streams, device)  # not None: on XLA every chunk is then one graph
         for k in range(chunks):
             cut = slice(k * chunk, (k + 1) * chunk)
             chunk_ids = inputs[:, cut].to(device)
@@ -84,41 +87,23 @@ def harvested_batches(model, train_ids: np.ndarray, batch: tuple[int, int], seed
                 skip -= chunk
                 continue
             generator = torch.Generator().manual_seed((seed * 1_000_003 + progress.epoch) * 1_000_003 + k)
-            order = torch.randperm(chunk, generator=generator)[skip:].to(device)
-            skip = 0
+            order = torch.randperm(chunk, generator=generator)  # on the host: a slice of it is data, not a graph
             parts = (_TimeMajor(dense), chunk_ids, targets[:, cut].to(device))
-            start = 0
-            if held is not None:  # a batch across the chunk boundary: the steps left, then this chunk's first
-                take = order[:steps_per_batch - held[0].shape[1]]
-                held = tuple(torch.cat([h, part[:, take]], dim=1) for h, part in zip(held, parts, strict=True))
-                start = len(take)
-                if held[0].shape[1] < steps_per_batch:
-                    continue
+            for start in range(skip, chunk, per):
+                take = order[start:start + per].to(device)
                 progress.offset += windows_per_batch
-                yield _batch(*held)
-                held = None
-            while start + steps_per_batch <= len(order):
-                take = order[start:start + steps_per_batch]
-                start += steps_per_batch
-                progress.offset += windows_per_batch
-                yield _batch(*(part[:, take] for part in parts))
-            held = tuple(part[:, order[start:]] for part in parts) if start < len(order) else None
-        progress.epoch, progress.offset = progress.epoch + 1, 0  # time steps left at the end: fewer than a batch
+                yield (parts[1][:, take], parts[0][:, take]), parts[2][:, take]
+            skip = 0
+        progress.epoch, progress.offset = progress.epoch + 1, 0
 
 
 class _TimeMajor:
     """A reservoir's features (streams, steps, F), stored time-major as the reservoir writes them: ``[:, steps]``
-    copies whole (F x streams) blocks, not one strided feature at a time (3x faster at 2,000 units)."""
+    copies whole (F x streams) blocks, not one strided feature at a time (3x faster at 2,000 units), and gives
+    them as they lie, (steps, F, streams), which the readout multiplies without copying them again."""
 
     def __init__(self, dense: torch.Tensor):
         self.blocks = dense.permute(1, 2, 0)  # (steps, F, streams): contiguous for a reservoir's states
-        self.shape = dense.shape
 
     def __getitem__(self, index):
-        return self.blocks[index[1]].permute(2, 0, 1)
-
-
-def _batch(dense: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor):
-    """A batch as the fit takes it, (streams, steps) positions: the readout reads each position alone, so the
-    batch's shape need not be (BATCH_SIZE, SEQ_LEN), only hold as many positions."""
-    return (ids, dense), targets
+        return self.blocks[index[1]]
