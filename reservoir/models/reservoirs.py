@@ -84,7 +84,9 @@ def fixed_degree_entries(units: int, degree: int, generator: torch.Generator, sp
     3.9 MB of values, not 4.3 GB dense: what a checkpoint holds and what its hash reads."""
     from scipy.sparse import csr_matrix
 
-    cols = torch.stack([torch.randperm(units, generator=generator)[:degree] for _ in range(units)])
+    cols = torch.empty(units, degree, dtype=torch.int64)
+    for row in range(units):  # copied out row by row: a kept slice would hold its whole permutation (8.6 GB at 32k)
+        cols[row] = torch.randperm(units, generator=generator)[:degree]
     values = torch.randn(units, degree, generator=generator)
     rows = torch.arange(units).repeat_interleave(degree)
     index = torch.stack([rows, cols.flatten()])
