@@ -58,10 +58,11 @@ def point_name(budget: float) -> str:
     return "flops-" + f"{budget:.2e}".replace("+", "")
 
 
-def step_cost(name: str, config: dict, data=None, counts: dict | None = None) -> tuple[float | None, int]:
+def step_cost(name: str, config: dict, data=None, counts: dict | None = None, model=None) -> tuple[float | None, int]:
     """(FLOPs of one training step of model ``name`` under ``config``, reservoir/run/flops.py; None for a model not
     trained by gradient steps) and its trained parameters, on ``data`` (prepared from ``config`` when not
-    given: cached for the points); ``counts``: flops.sgd_step's, for models of this one's shape."""
+    given: cached for the points); ``counts``: flops.sgd_step's, for models of this one's shape; ``model``: the
+    model, built already (a batch size changes no model: a large reservoir is drawn once, not once a batch)."""
     from reservoir.data.tokens import prepare_data
     from reservoir.models import build_model
     from reservoir.models.settings import model_settings
@@ -69,7 +70,7 @@ def step_cost(name: str, config: dict, data=None, counts: dict | None = None) ->
 
     data = data or prepare_data(config)
     config = model_settings(config, name)
-    model = build_model(name, data.tokenizer.vocab_size, config)
+    model = model if model is not None else build_model(name, data.tokenizer.vocab_size, config)
     params = model.param_counts()["params_trainable"]
     if model.trainer != "sgd":
         return None, params
