@@ -45,7 +45,9 @@ def test_a_sweep_writes_best_json_plots_and_continues(tmp_path):
     assert best["model"] == "esn" and best["trials"]["complete"] == 3
     assert set(best["best_params"]) == {"ESN.spectral_radius", "ESN.leak_rate", "ESN.input_scaling", "ESN.ridge"}
     assert best["override"].startswith("ESN.") and f"{best['best_value_bpc']:.4f}" in proc.stdout
-    assert Path(best["run_dir"]).is_dir() and len(list((folder / "trials").iterdir())) == 3  # ordinary runs
+    assert (ROOT / best["run_dir"]).is_dir() and len(list((folder / "trials").iterdir())) == 3  # ordinary runs
+    assert not any(os.path.isabs(path) for path in (best["run_dir"], *(a.partition("=")[2] for a in
+                                                                      best["fixed_settings"])))  # no machine's paths
     for png in ("optimization_history.png", "param_importances.png", "slice.png"):
         assert (folder / png).stat().st_size > 5000
     sweep(tmp_path, "MODEL=esn", "TRIALS=4", "SWEEP_NAME=esn-tiny")  # the same study, one more trial

@@ -30,7 +30,7 @@ from reservoir.config import parse_overrides
 from reservoir.models.registry import INT, LOG, MODELS
 from reservoir.models.settings import model_settings
 from reservoir.platform import stopping
-from reservoir.platform.files import atomic_write_text
+from reservoir.platform.files import atomic_write_text, portable_path, portable_paths_in
 from reservoir.platform.machine import process_start
 from reservoir.platform.messages import OneLineError, say, warn
 from reservoir.run.records import run_seeds
@@ -365,9 +365,10 @@ def write_outputs(study, model: str, folder: Path, fixed: list[str]) -> dict:
     seconds = [t.user_attrs["seconds"] for t in complete if "seconds" in t.user_attrs]
     summary = {
         "study": study.study_name, "model": model, "best_value_bpc": best.value, "best_trial": best.number,
-        "best_params": best.params, "override": override_line(best.params), "fixed_settings": fixed,
+        "best_params": best.params, "override": override_line(best.params),
+        "fixed_settings": [portable_paths_in(a) for a in fixed],  # a record a reader clones names no machine's paths
         "best_is_starting_settings": bool(best.user_attrs.get("starting_settings")),
-        "run_dir": best.user_attrs.get("run_dir"), "host": best.user_attrs.get("host"),
+        "run_dir": portable_path(best.user_attrs.get("run_dir")), "host": best.user_attrs.get("host"),
         "trials": _state_counts(study.trials),
         "seconds_per_completed_trial": round(sum(seconds) / len(seconds), 1) if seconds else None,
     }
