@@ -1,6 +1,6 @@
 """A readout-only reservoir's training batches, its fixed features harvested as the ridge fit harvests them.
 
-    batches = harvested_batches(model, train_ids, batch, seed, progress, rank=0, world=1)
+    batches = harvested_batches(model, train_ids, batch, seed, progress, process=(0, 1))
     (ids, blocks), targets = next(batches)    # ids (S, k), their features (k, F, S), next tokens (S, k)
 
 An echo state network trains its readout alone, and the readout reads each position by itself. So its
@@ -56,15 +56,16 @@ def stream_layout(n_tokens: int, world: int, n_features: int, per_batch: int) ->
 
 
 def harvested_batches(model, train_ids: np.ndarray, batch: tuple[int, int], seed: int, progress,
-                      rank: int = 0, world: int = 1, windows_per_batch: int | None = None, materialize=None):
+                      process: tuple[int, int] = (0, 1), materialize=None):
     """Training batches forever, epoch after epoch, from the position ``progress`` (epoch, offset: windows of
-    the epoch already read, all processes together, as ``train._batches`` counts them). ``batch`` = (B, T):
+    the epoch already read, all processes together, as ``train._batches`` counts them), for the process of
+    ``process`` = (rank, world size): its own streams. ``batch`` = (B, T):
     each batch holds B x T positions of this process's streams, shaped (streams, B x T / streams): the readout
     reads each position alone, so only how many a batch holds matters. ``materialize()``, if given, is called once
     a chunk's features exist (on XLA they are computed there, once, not inside every step's graph)."""
-    rows, cols = batch
+    (rows, cols), (rank, world) = batch, process
     per_batch = rows * cols
-    windows_per_batch = windows_per_batch or rows * world
+    windows_per_batch = rows * world  # a step's windows, every process's together
     device = next(model.buffers()).device
     n_features = model.n_features - (model.vocab_size if model.include_input else 0)
     streams, chunk, chunks = stream_layout(len(train_ids), world, n_features, per_batch)

@@ -574,9 +574,8 @@ def _train_sgd(job: Fit) -> Outcome:
     advice = _sgd_advice(config)
     if harvests(model):  # a readout over a stateful reservoir: features computed once a pass, in streams
         batches = harvested_batches(model, job.data.train, (config["BATCH_SIZE"] * info.spmd_devices,
-                                                            config["SEQ_LEN"]), job.seed, progress, info.rank,
-                                    info.world_size, config["BATCH_SIZE"] * info.replicas,
-                                    materialize=lambda: dev.mark_step(info))
+                                                            config["SEQ_LEN"]), job.seed, progress,
+                                    (info.rank, info.world_size), materialize=lambda: dev.mark_step(info))
     else:
         batches = _batches(windows, info, config, progress)
     loss_sum = torch.zeros((), device=info.device)  # stays on the device until the next log
