@@ -29,12 +29,19 @@ def _sparse_matrix(rows: int, cols: int, connectivity: float, generator: torch.G
     return weights * mask
 
 
+def _fixed_degree_draw(units: int, degree: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each neuron's ``degree`` recurrent connections (Jaeger's sparse reservoirs): their columns and weights,
+    (units, degree) each."""
+    cols = torch.empty(units, degree, dtype=torch.int64)
+    for row in range(units):  # copied out row by row: a kept slice would hold its whole permutation (8.6 GB at 32k)
+        cols[row] = torch.randperm(units, generator=generator)[:degree]
+    return cols, torch.randn(units, degree, generator=generator)
+
+
 def _fixed_degree_matrix(units: int, degree: int, generator: torch.Generator) -> torch.Tensor:
-    """Each neuron receives exactly ``degree`` recurrent connections (Jaeger's sparse reservoirs)."""
-    weights = torch.zeros(units, units)
-    cols = torch.stack([torch.randperm(units, generator=generator)[:degree] for _ in range(units)])
-    weights.scatter_(1, cols, torch.randn(units, degree, generator=generator))
-    return weights
+    """``_fixed_degree_draw`` as a dense matrix."""
+    cols, values = _fixed_degree_draw(units, degree, generator)
+    return torch.zeros(units, units).scatter_(1, cols, values)
 
 
 SAY_DRAWS_FROM_UNITS = 2048  # a dense eigendecomposition of this many units or more takes seconds
@@ -79,15 +86,12 @@ def largest_eigenvalue_modulus(weights) -> float:
 
 
 def fixed_degree_entries(units: int, degree: int, generator: torch.Generator, spectral_radius: float):
-    """``_fixed_degree_matrix``'s draw, the same numbers, kept as its non-zeros: (2, nnz) row and column
-    indices and (nnz,) values, scaled to ``spectral_radius`` by ARPACK. A 32,768-unit reservoir's W is then
+    """``_fixed_degree_draw`` kept as its non-zeros, the numbers of ``_fixed_degree_matrix``: (2, nnz) row and
+    column indices and (nnz,) values, scaled to ``spectral_radius`` by ARPACK. A 32,768-unit reservoir's W is then
     3.9 MB of values, not 4.3 GB dense: what a checkpoint holds and what its hash reads."""
     from scipy.sparse import csr_matrix
 
-    cols = torch.empty(units, degree, dtype=torch.int64)
-    for row in range(units):  # copied out row by row: a kept slice would hold its whole permutation (8.6 GB at 32k)
-        cols[row] = torch.randperm(units, generator=generator)[:degree]
-    values = torch.randn(units, degree, generator=generator)
+    cols, values = _fixed_degree_draw(units, degree, generator)
     rows = torch.arange(units).repeat_interleave(degree)
     index = torch.stack([rows, cols.flatten()])
     order = torch.argsort(index[0] * units + index[1])  # row-major: a CSR matrix's order
