@@ -186,3 +186,18 @@ def test_a_built_in_family_s_count_asks_no_one_to_declare_a_cost(name, capsys):
     assert "leave out" not in capsys.readouterr().err
     assert per_token > 0
     assert flops._conversion(torch.ones(3, 3)) == 0
+
+
+def test_a_reservoir_kept_as_its_non_zeros_counts_the_same_and_asks_no_one_to_declare_a_cost(monkeypatch, capsys):
+    """Past DENSE_UNITS, W is kept as its non-zeros and laid out as CSR through a COO tensor: a study's 8,000-unit
+    ESN told its user "FLOPs of ESN leave out aten._sparse_coo_tensor_with_dims_and_tensors" (a constructor that
+    multiplies nothing). The same draw stored either way counts the same FLOPs, and nothing is said."""
+    from reservoir.models import reservoirs
+
+    flops._SAID.clear()
+    dense, _, _ = per_token_ridge("esn", "ESN.units=400")  # sparse enough to run as CSR either way
+    monkeypatch.setattr(reservoirs, "DENSE_UNITS", 256)
+    sparse, model, _ = per_token_ridge("esn", "ESN.units=400")
+    assert model.reservoir.stored_sparse
+    assert "leave out" not in capsys.readouterr().err
+    assert sparse == dense

@@ -143,12 +143,16 @@ def _cholesky_solve(rhs, factor, *args, out_val=None, **kwargs) -> int:
 
 _ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
               "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+
+
 def _conversion(*args, out_val=None, **kwargs) -> int:
     """A change of storage format (dense to a sparse layout): it moves numbers, it multiplies none."""
     return 0
 
 
-_CONVERSIONS = ("_to_sparse_csr", "_to_sparse", "_to_sparse_csc", "_to_sparse_bsr", "to_sparse")  # the ESNs' CSR
+# the ESNs' CSR, from a dense W or (past DENSE_UNITS) from its non-zeros through a COO tensor
+_CONVERSIONS = ("_to_sparse_csr", "_to_sparse", "_to_sparse_csc", "_to_sparse_bsr", "to_sparse",
+                "_sparse_coo_tensor_with_dims_and_tensors")
 
 
 _FORMULAS_BY_NAME = {**{name: _conversion for name in _CONVERSIONS},
