@@ -479,6 +479,38 @@ def test_a_plan_of_a_study_with_records_says_what_is_left_to_train_and_prices_th
     assert "left to train" not in format_plan(estimate(study, measure, one_second), study)  # before a study runs
 
 
+def test_a_grown_study_s_plan_counts_the_seeds_and_leaders_its_other_families_recorded(tmp_path):
+    """A study grown by a family (the committed studies with the ESN's) priced every envelope's seeds and every
+    leader as left: a budget counted as seeded, and the leaders as carried, only once every family's cells there
+    were recorded, the new family's too. A family's envelope is its own, so what its records hold is not counted
+    as left (nor trained again)."""
+    from reservoir.studies.frontier.plan import estimate, recorded_cells
+
+    def one_second(cell):
+        return 1.0
+
+    one_second.besides_training = lambda cell: 0.0
+    study, measure = micro_study(tmp_path, "LEAD_BUDGET=1.2e10", "LEADERS=transformer++,lstm")
+    plan = study.plan(measure)
+    seed, top, lead = study.config["SEED"], study.budgets[-1], study.stages["lead_budget"]
+    new_family = study.cells()[0].family  # nothing recorded: the family the study was grown by
+    old = {b: [c for c in study.cells() if c.family != new_family and plan[c.name][b] is None] for b in study.budgets}
+    records = {study.store.key(study.folder(c, b)): {"config": {}, "summary": [{"seed": seed, "val_bpc": 2.0 + k}]}
+               for b, cells in old.items() for k, c in enumerate(cells)}
+    extra = [{"seed": s, "val_bpc": 2.0} for s in study.extra_seeds()]
+    for b, cells in old.items():  # each budget's envelope (its first cell, the lowest) has its other seeds
+        records[study.store.key(study.folder(cells[0], b, seeds=True))] = {"config": {}, "summary": extra}
+    records[study.store.key(study.folder(old[top][0], lead))] = {"config": {}, "summary": [
+        {"seed": seed, "val_bpc": 1.9}]}
+    records[study.store.key(study.folder(old[top][0], lead, seeds=True))] = {"config": {}, "summary": extra}
+    study.store.absorb(records)
+    stages = estimate(study, measure, one_second, recorded=recorded_cells(study))["stages"]
+    seeds = next(s for s in stages if s["stage"].startswith("envelope seeds"))
+    leaders = next(s for s in stages if s["stage"].startswith("lead budget"))
+    assert seeds["points_left"] == seeds["points"] - len(study.budgets)
+    assert leaders["points"] == 2 and leaders["points_left"] == 1
+
+
 def test_a_plan_whose_probe_ran_beside_other_work_says_its_times_are_too_high(tmp_path):
     """The same study's plan, probed beside two one-thread studies and then beside a test suite too, said 5.78 h
     and 7.59 h for one unchanged stage, and nothing told the reader which to trust: a probe that ran on an

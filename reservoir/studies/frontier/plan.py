@@ -371,11 +371,15 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
                 families += [max(present, key=lambda f: cost([costliest(f, top, lead)], lead, top)[1])
                              ] if present else []
         cells = [c for c in (costliest(f, top, lead) for f in families) if c is not None]
-        finished = set()
-        if recorded is not None and top in decided and all(trained(c, top) for c in decided[top]):
-            seeds = [study.config["SEED"], *study.extra_seeds()]
-            finished = {c.family for c in study.leaders() if study.finished(study.folder(c, lead), seeds[:1])
-                        and study.finished(study.folder(c, lead, seeds=True), seeds[1:])}
+        seeds = [study.config["SEED"], *study.extra_seeds()]
+        if recorded is not None and study.stages["leaders"] != "auto":  # each its own family's envelope at the top
+            leaders = [c for f, c in _best_recorded(study, top).items() if f in families]
+        elif recorded is not None and top in decided and all(trained(c, top) for c in decided[top]):
+            leaders = study.leaders()  # "auto" picks among families: known once every family is
+        else:
+            leaders = []
+        finished = {c.family for c in leaders if study.finished(study.folder(c, lead), seeds[:1])
+                    and study.finished(study.folder(c, lead, seeds=True), seeds[1:])}
         to_train = [c for c in cells if c.family not in finished]
         first, more = stage("", cells, cells, to_train, lead, top), stage("", cells, cells, to_train, lead, None, extra)
         stages.append({**{key: first[key] + more[key] for key in first if key != "stage"},
@@ -458,20 +462,27 @@ def left_to_train(plan: dict) -> int | None:
     return None if None in counts else sum(counts)
 
 
+def _best_recorded(study, budget: float) -> dict:
+    """{family: its cell with the lowest first-seed bits/char recorded at ``budget``}."""
+    best: dict = {}
+    for c in study.cells():
+        score = (study.first_seed_record(c, budget) or {}).get("val_bpc")
+        if score is not None and (c.family not in best or score < best[c.family][0]):
+            best[c.family] = (score, c)
+    return {family: c for family, (_, c) in best.items()}
+
+
 def _envelope_seeded(study, decided: dict) -> set:
-    """{(family, budget)} whose envelope cell (its best first-seed record there) has its extra seeds recorded, at
-    budgets where every cell halving keeps holds its first-seed record (until then the envelope may change)."""
+    """{(family, budget)} whose envelope cell (its best first-seed record there) has its extra seeds recorded. A
+    family's envelope is its own: where halving's cells are known (``decided``), once that family's cells there all
+    hold their first-seed records, whatever other families still train (a study grown by a family keeps the seeds
+    its other families recorded); past them, its best recorded cell."""
     done = set()
-    for budget, live in decided.items():
-        if any(study.first_seed_record(c, budget) is None for c in live):
-            continue
-        best: dict = {}
-        for c in study.cells():
-            score = (study.first_seed_record(c, budget) or {}).get("val_bpc")
-            if score is not None and (c.family not in best or score < best[c.family][0]):
-                best[c.family] = (score, c)
-        done |= {(family, budget) for family, (_, c) in best.items()
-                 if study.finished(study.folder(c, budget, seeds=True), study.extra_seeds())}
+    for budget in study.budgets:
+        live = decided.get(budget)
+        done |= {(family, budget) for family, c in _best_recorded(study, budget).items()
+                 if not (live and any(x.family == family and study.first_seed_record(x, budget) is None for x in live))
+                 and study.finished(study.folder(c, budget, seeds=True), study.extra_seeds())}
     return done
 
 
