@@ -4,13 +4,17 @@ memory and stream-evaluated bits/char: ReservoirNLP vs reservoirpy 0.4.2, on the
     .venv-bench/bin/python bench/bench_esn.py            # both sides, one process each
     python bench/bench_esn.py ours                       # only ours
     python bench/bench_esn.py ESN.fit_stride=2           # our side with other ESN settings
+    .venv-bench/bin/python bench/bench_esn.py units=10000 train_chars=50000 rc_connectivity=0.001  # 10,000 units
     python bench/bench_esn.py draw 4096 10000 32768      # drawing a reservoir: seconds and peak RSS, each apart
     python bench/bench_esn.py readout 2000 32768         # a softmax readout, one pass over the whole slices
 
 Data: the first 200k characters of ../shared/data/tinystories/TinyStories-train-sample.txt
 (training) and the first 100k of TinyStories-valid-sample.txt (evaluation), char level.
-Both models have 1000 units, spectral radius 0.9, leak rate 0.3; both get the same
-one-parameter probability-floor calibration so both have a real cross-entropy.
+Both models have 1000 units (``units=``), spectral radius 0.9, leak rate 0.3; both get the same
+one-parameter probability-floor calibration so both have a real cross-entropy. ``train_chars=`` shortens the
+training text (reservoirpy holds a sequence's every state in float64: 200k x 10,000 is 16 GB);
+``rc_connectivity=`` is reservoirpy's recurrent density (its default 0.1; 10/units gives it our 10 connections a
+unit). Validation is read in chunks of VAL_CHUNK characters, the state carried, on both sides.
 Peak memory is the growth of the process's peak RSS during the fit. End to end is what a user
 waits for: ours is ``fit_ridge`` (harvest, XᵀX, solve and the probability-floor calibration),
 theirs ``esn.fit`` (harvest and ridge; its calibration is not counted). The validation text is
@@ -32,16 +36,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SHARED = ROOT.parent / "shared" / "data" / "tinystories"
 TRAIN_CHARS, VAL_CHARS, STREAMS = 200_000, 100_000, 250
+VAL_CHUNK = 5_000  # validation characters a call: a 10,000-unit reservoir's states for all 100k are 4-8 GB
+BENCH_KEYS = {"units": 1000, "train_chars": TRAIN_CHARS, "rc_connectivity": 0.1}  # lower case: the bench's own
 
 
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def load():
+def load(train_chars: int = TRAIN_CHARS):
     from reservoir.data.tokenizers import CharTokenizer
 
-    train_text = (SHARED / "TinyStories-train-sample.txt").read_text()[:TRAIN_CHARS]
+    train_text = (SHARED / "TinyStories-train-sample.txt").read_text()[:train_chars]
     val_text = (SHARED / "TinyStories-valid-sample.txt").read_text()[:VAL_CHARS]
     tok = CharTokenizer.train([train_text])
     return tok, tok.encode(train_text), tok.encode(val_text)
@@ -51,13 +57,13 @@ def bits_per_char(log_probs_of_targets: np.ndarray) -> float:
     return float(-log_probs_of_targets.mean() / math.log(2))
 
 
-def ours(overrides=()) -> dict:
+def ours(overrides=(), units: int = 1000, train_chars: int = TRAIN_CHARS) -> dict:
     from configs import parse_overrides
     from reservoir.models import build_model
-    tok, train, val = load()
+    tok, train, val = load(train_chars)
     # reservoirpy's settings (SHARED_CONFIG's ESN is tuned otherwise since): the two sides compared alike
-    config = parse_overrides(["ESN.units=1000", "ESN.spectral_radius=0.9", "ESN.leak_rate=0.3", "ESN.input_scaling=1.0",
-                              "ESN.ridge=1.0", *overrides])
+    config = parse_overrides([f"ESN.units={units}", "ESN.spectral_radius=0.9", "ESN.leak_rate=0.3",
+                              "ESN.input_scaling=1.0", "ESN.ridge=1.0", *overrides])
     model = build_model("esn", tok.vocab_size, config)
     per = (len(train) - 1) // STREAMS  # the training text as STREAMS contiguous streams advanced together
     x = torch.from_numpy(train[: STREAMS * per].reshape(STREAMS, per))
@@ -75,34 +81,40 @@ def ours(overrides=()) -> dict:
     harvest_s = time.perf_counter() - start
     v = len(val) - 1
     vx, vy = torch.from_numpy(val[:v]).view(1, -1), torch.from_numpy(val[1:]).view(1, -1)
+    pieces, state = [], None
     with torch.no_grad():
-        logp = model(vx).log_softmax(-1).gather(-1, vy.unsqueeze(-1)).squeeze(-1).numpy()
+        for i in range(0, v, VAL_CHUNK):
+            logits, state = model.forward_stream(vx[:, i:i + VAL_CHUNK], state)
+            pieces.append(logits.log_softmax(-1).gather(-1, vy[:, i:i + VAL_CHUNK, None]).squeeze(-1))
+    logp = torch.cat(pieces, dim=1).numpy()
     return {"side": "ReservoirNLP", "harvest_chars_per_s": STREAMS * per / harvest_s, "fit_s": fit_s,
             "fit_chars_per_s": STREAMS * per / fit_s,
             "fit_peak_mb": peak, "bpc": bits_per_char(logp), **info}
 
 
-def theirs() -> dict:
+def theirs(units: int = 1000, train_chars: int = TRAIN_CHARS, rc_connectivity: float = 0.1) -> dict:
 
     from reservoirpy.nodes import Reservoir, Ridge
 
     from reservoir.models.ridge import fit_probability_floor, floor_logits
 
-    tok, train, val = load()
+    tok, train, val = load(train_chars)
     eye = np.eye(tok.vocab_size, dtype=np.float32)
     x, y = eye[train[:-1]], eye[train[1:]]
-    reservoir = Reservoir(1000, sr=0.9, lr=0.3, seed=0)
+    settings = dict(sr=0.9, lr=0.3, rc_connectivity=rc_connectivity, seed=0)
+    reservoir = Reservoir(units, **settings)
     readout = Ridge(ridge=1e-2)
     esn = reservoir >> readout
     start = time.perf_counter()
-    Reservoir(1000, sr=0.9, lr=0.3, seed=0).run(x[:20000])  # harvest alone, on a twin reservoir
+    Reservoir(units, **settings).run(x[:20000])  # harvest alone, on a twin reservoir
     harvest_s = time.perf_counter() - start
     rss0 = _rss_mb()
     start = time.perf_counter()
     esn.fit(x, y)
     fit_s = time.perf_counter() - start
     peak = _rss_mb() - rss0
-    scores = torch.from_numpy(np.asarray(esn.run(eye[val[:-1]])))
+    scores = torch.from_numpy(np.concatenate([np.asarray(esn.run(eye[val[i:min(i + VAL_CHUNK, len(val) - 1)]]))
+                                              for i in range(0, len(val) - 1, VAL_CHUNK)]))  # the state carried
     targets = torch.from_numpy(val[1:])
     floor = fit_probability_floor(scores[:20000], targets[:20000])
     logp = floor_logits(scores, floor).log_softmax(-1).gather(-1, targets.view(-1, 1)).squeeze(-1).numpy()
@@ -160,13 +172,17 @@ def main(argv):
         return
     if not SHARED.is_dir():
         sys.exit(f"bench needs the TinyStories slices at {SHARED}")
-    overrides = [a for a in argv if "=" in a]
+    bench = {**BENCH_KEYS, **{k: type(BENCH_KEYS[k])(v) for k, _, v in (a.partition("=") for a in argv)
+                              if k in BENCH_KEYS}}
+    overrides = [a for a in argv if "=" in a and a.partition("=")[0] not in BENCH_KEYS]
     if argv and argv[0] in ("ours", "theirs"):
-        print(json.dumps(ours(overrides) if argv[0] == "ours" else theirs()))
+        sizes = {"units": bench["units"], "train_chars": bench["train_chars"]}
+        print(json.dumps(ours(overrides, **sizes) if argv[0] == "ours" else
+                         theirs(**sizes, rc_connectivity=bench["rc_connectivity"])))
         return
     sides, fit_speed = ["ours", "theirs"], {}
     for side in sides:
-        r = subprocess.run([sys.executable, __file__, side, *overrides], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, __file__, side, *argv], capture_output=True, text=True)
         if r.returncode:
             print(f"{side}: failed\n{r.stderr[-2000:]}")
             continue
