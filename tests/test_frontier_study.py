@@ -307,6 +307,22 @@ def test_a_grid_list_may_grow_and_its_new_cells_join_the_study(tmp_path):
     shrunk = run_script("scaling.py", *base, "LEARNING_RATES=8e-3", check=False)
     assert shrunk.returncode != 0 and "LEARNING_RATES ([0.002, 0.008] there, [0.008] here)" in shrunk.stderr
     assert "Traceback" not in shrunk.stderr
+    # a family joins (the committed studies grown by the ESN's): only its cells train, the others' records stay
+    from reservoir.studies.store import PointRecords
+
+    def recorded():  # {point: its summary}, as the study reads its records
+        store = PointRecords(tmp_path / "results" / "grow")
+        return {key: store.summary(store.path / key) for key in store.packed()["points"]}
+
+    before = recorded()
+    joined = run_script("scaling.py", *[a for a in base if not a.startswith("FAMILIES=")], "FAMILIES=lstm,esn+softmax",
+                        "LEARNING_RATES=2e-3,8e-3", "WORKERS=1")
+    assert "3e+09 FLOPs: 4 cells, 2 already finished, 2 to train" in joined.stdout
+    report = json.loads((tmp_path / "results" / "grow" / "frontier.json").read_text())
+    assert {r["family"] for r in report["grid_points"]} == {"lstm", "esn+softmax"}
+    after = recorded()
+    assert before and {key: after[key] for key in before} == before
+    assert {key.split("-")[0] for key in after.keys() - before.keys()} == {"esn+softmax"}
 
 
 def test_train_against_validation_uses_the_seeds_that_scored_the_training_split():
