@@ -295,34 +295,32 @@ def test_the_readme_s_line_on_other_accountings_is_what_the_committed_reports_sa
 
 
 def test_a_grid_list_may_grow_and_its_new_cells_join_the_study(tmp_path):
-    base = ["STUDY=grow", "FAMILIES=lstm", "SIZES=xs", "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "KEEP=1", "WITHIN=0",
+    from reservoir.studies.store import PointRecords
+
+    base = ["STUDY=grow", "SIZES=xs", "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "KEEP=1", "WITHIN=0",
             "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=1", "DATASET=synthetic",
             "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0",
             "WARMUP_STEPS=5", f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}"]
-    run_script("scaling.py", *base, "LEARNING_RATES=2e-3")
-    grown = run_script("scaling.py", *base, "LEARNING_RATES=2e-3,8e-3", "WORKERS=1")
-    assert "3e+09 FLOPs: 2 cells, 1 already finished, 1 to train" in grown.stdout  # only the new rate trains
-    report = json.loads((tmp_path / "results" / "grow" / "frontier.json").read_text())
-    assert {r["learning_rate"] for r in report["grid_points"] if r["budget"] == 3e9} == {2e-3, 8e-3}
-    shrunk = run_script("scaling.py", *base, "LEARNING_RATES=8e-3", check=False)
-    assert shrunk.returncode != 0 and "LEARNING_RATES ([0.002, 0.008] there, [0.008] here)" in shrunk.stderr
-    assert "Traceback" not in shrunk.stderr
-    # a family joins (the committed studies grown by the ESN's): only its cells train, the others' records stay
-    from reservoir.studies.store import PointRecords
 
     def recorded():  # {point: its summary}, as the study reads its records
         store = PointRecords(tmp_path / "results" / "grow")
         return {key: store.summary(store.path / key) for key in store.packed()["points"]}
 
+    run_script("scaling.py", *base, "FAMILIES=lstm", "LEARNING_RATES=2e-3")
     before = recorded()
-    joined = run_script("scaling.py", *[a for a in base if not a.startswith("FAMILIES=")], "FAMILIES=lstm,esn+softmax",
-                        "LEARNING_RATES=2e-3,8e-3", "WORKERS=1")
-    assert "3e+09 FLOPs: 4 cells, 2 already finished, 2 to train" in joined.stdout
+    # a rate and a family join (the committed studies grown by the ESN's): only their cells train
+    grown = run_script("scaling.py", *base, "FAMILIES=lstm,esn+softmax", "LEARNING_RATES=2e-3,8e-3", "WORKERS=1")
+    assert "3e+09 FLOPs: 4 cells, 1 already finished, 3 to train" in grown.stdout  # only the new cells train
     report = json.loads((tmp_path / "results" / "grow" / "frontier.json").read_text())
+    assert {r["learning_rate"] for r in report["grid_points"] if r["budget"] == 3e9} == {2e-3, 8e-3}
     assert {r["family"] for r in report["grid_points"]} == {"lstm", "esn+softmax"}
-    after = recorded()
+    after = recorded()  # every earlier point's record stays as it was
     assert before and {key: after[key] for key in before} == before
-    assert {key.split("-")[0] for key in after.keys() - before.keys()} == {"esn+softmax"}
+    assert {key.split("/")[0] for key in after.keys() - before.keys()} >= {"lstm-xs-lr0.008-b8",
+                                                                         "esn+softmax-xs-lr0.002-b8"}
+    shrunk = run_script("scaling.py", *base, "FAMILIES=lstm,esn+softmax", "LEARNING_RATES=8e-3", check=False)
+    assert shrunk.returncode != 0 and "LEARNING_RATES ([0.002, 0.008] there, [0.008] here)" in shrunk.stderr
+    assert "Traceback" not in shrunk.stderr
 
 
 def test_train_against_validation_uses_the_seeds_that_scored_the_training_split():
