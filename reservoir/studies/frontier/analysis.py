@@ -22,6 +22,7 @@ from reservoir.studies.frontier.grid import (
     FrontierError,
     of_class,
 )
+from reservoir.studies.frontier.held import held_report
 from reservoir.studies.frontier.records import (
     STUDY_FILE,
     check_records_file,
@@ -64,11 +65,12 @@ def _dated(comparison: dict, envelope: dict) -> dict:
 
 def build_frontier(rows: list[dict], study: dict, references: list[dict] | None = None,
                    comparisons: list[dict] | None = None, controls: list[dict] | None = None,
-                   contexts: dict | None = None, edges: dict | None = None) -> dict:
+                   contexts: dict | None = None, edges: dict | None = None, held: dict | None = None) -> dict:
     """frontier.json's content from the point rows, the study's grid, its reference runs, its controls and
-    the stages' results (contexts.py, edges.py)."""
+    the stages' results (contexts.py, edges.py, held.py: where a held setting's walk moved a point, the envelope
+    takes its step)."""
     references, controls = references or [], controls or []
-    stepped = (edges or {}).get("steps") or []
+    stepped = [*((edges or {}).get("steps") or []), *((held or {}).get("rows") or [])]
     corpora = sorted({r["corpus"] for r in [*rows, *references, *controls, *stepped] if r.get("corpus")})
     if len(corpora) > 1:
         raise FrontierError(f"the records of study {study['study']} mix corpora ({' | '.join(corpora)}): one "
@@ -79,9 +81,11 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
                             "FAMILIES=... STUDY=...)")
     budgets, families = study_budgets(study), study["grid"]["FAMILIES"]
     winners = envelope_cells(rows, budgets)
+    winners.update({(m["family"], m["budget"]): m["cell"] for m in (held or {}).get("moves") or []})
+    candidates = [*rows, *((held or {}).get("rows") or [])]
     envelope: dict = {f: [] for f in families}
     for (family, budget), cell in sorted(winners.items(), key=lambda kv: kv[0][1]):
-        seeds = [r for r in rows if r["cell"] == cell and r["budget"] == budget and r["val_bpc"] is not None]
+        seeds = [r for r in candidates if r["cell"] == cell and r["budget"] == budget and r["val_bpc"] is not None]
         bpc = [r["val_bpc"] for r in seeds]
         first = next(r for r in seeds if not r["envelope_seed"])
         split = [r for r in seeds if r.get("train_split_bpc") is not None]  # seeds that scored the training split
@@ -95,7 +99,8 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
             "train_split_bpc": statistics.fmean(r["train_split_bpc"] for r in split) if split else None,
             "val_bpc_of_split_seeds": statistics.fmean(r["val_bpc"] for r in split) if split else None,
             "split_seeds": [r["seed"] for r in split],
-            "train_flops": first["train_flops"], "steps": first["train_steps"]})
+            "train_flops": first["train_flops"], "steps": first["train_steps"],
+            **({"held": first["held"]} if first.get("held") else {})})
     isoflop = {f: {repr(b): sorted(({"size": s, "params_trained": p, "bpc": v} for s, p, v in _best_per(
         rows, f, b, "size")), key=lambda x: x["params_trained"]) for b in budgets} for f in families}
     lr_sensitivity = {f: {repr(b): sorted(({"learning_rate": lr, "bpc": v} for lr, _, v in _best_per(
@@ -129,7 +134,7 @@ def build_frontier(rows: list[dict], study: dict, references: list[dict] | None 
                                     for kind in RESERVOIR_CLASSES},
             "grid_points": rows, "references": references,
             "controls": _against_envelope(controls, rows), **({"contexts": contexts} if contexts else {}),
-            **({"edges": edges} if edges else {}),
+            **({"edges": edges} if edges else {}), **({"held": held} if held else {}),
             "lead_budget": (study.get("stages") or {}).get("lead_budget"), "stages": study.get("stages"),
             "skipped": skipped,
             "not_run_pruned": pruned, "spent": spent, **({"planned": study["planned"]} if "planned" in study else {})}
@@ -252,7 +257,8 @@ def study_report(folder: Path, study: dict, rows: list[dict], records: PointReco
     for its stages several times a command)."""
     report = build_frontier(rows, study, collect_references(records), collect_comparisons(folder),
                             collect_controls(records, study["cells"], study["budgets"]),
-                            context_table(folder, records), edges_report(study, rows, records))
+                            context_table(folder, records), edges_report(study, rows, records),
+                            held_report(study, rows, records))
     if not views:
         return report
     if (study.get("stages") or {}).get("draws"):

@@ -31,14 +31,16 @@ from pathlib import Path
 from reservoir.data.tokens import corpus_label
 from reservoir.run.records import point_scores, read_signed_json, write_signed_json
 from reservoir.studies.budgets import point_name
-from reservoir.studies.frontier.grid import FAMILIES, PRESETS, SIZES, Cell, FrontierError
+from reservoir.studies.frontier.grid import FAMILIES, HELD_SETTINGS, PRESETS, SIZES, Cell, FrontierError
 from reservoir.studies.frontier.records import processor_of
 from reservoir.studies.store import PointRecords
 
 EDGE_FOLDER = "edges"
 EDGE_FILE = "edge-steps.json"
 AXES = {"size": "SIZES", "learning_rate": "LEARNING_RATES", "batch_size": "BATCH_SIZES"}  # axis -> its grid list
-_CELL_NAME = re.compile(r"^(?P<family>.+)-(?P<size>[a-z]+)-lr(?P<rate>[0-9.e+-]+)-b(?P<batch>[0-9]+)$")
+_CELL_NAME = re.compile(r"^(?P<family>.+)-(?P<size>[a-z]+)-lr(?P<rate>[0-9.e+-]+)-b(?P<batch>[0-9]+)"
+                        r"(?P<held>(?:-[a-z]+(?:2_)?[0-9.]+(?:e[+-]?[0-9]+)?)*)$")
+_HELD_MARK = re.compile(r"-(?P<mark>[a-z]+(?:2_)?)(?P<value>[0-9.]+(?:e[+-]?[0-9]+)?)")  # one held setting in a name
 
 
 def edge_budgets(budgets: list[float], lead_budget: float | None) -> list[float]:
@@ -145,9 +147,11 @@ def parse_cell(name: str) -> Cell | None:
     match = _CELL_NAME.match(name)
     if not match or match["family"] not in FAMILIES or match["size"] not in PRESETS:
         return None
+    axes = {mark: axis for axis, (_, mark) in HELD_SETTINGS.items()}
     try:
-        cell = Cell(match["family"], match["size"], float(match["rate"]), int(match["batch"]))
-    except ValueError:
+        held = tuple((axes[m["mark"]], float(m["value"])) for m in _HELD_MARK.finditer(match["held"]))
+        cell = Cell(match["family"], match["size"], float(match["rate"]), int(match["batch"]), held)
+    except (ValueError, KeyError):
         return None
     return cell if cell.name == name and cell.size in SIZES[cell.model] else None
 

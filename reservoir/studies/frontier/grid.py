@@ -23,7 +23,8 @@ from reservoir.platform.messages import OneLineError
 from reservoir.studies.budgets import positive_numbers
 
 # stages after the grid's: a running study may add them
-STAGE_KEYS = ("LEAD_BUDGET", "LEADERS", "REFERENCES", "CONTROLS", "CONTEXTS", "EDGES", "DRAWS")
+STAGE_KEYS = ("LEAD_BUDGET", "LEADERS", "REFERENCES", "CONTROLS", "CONTEXTS", "EDGES", "HELD", "DRAWS")
+LATER_STAGES = ("held",)  # stages a study file names only once asked for: the studies recorded before them unchanged
 
 
 FRONTIER_KEYS = ("FAMILIES", "SIZES", "LEARNING_RATES", "BATCH_SIZES", "KEEP", "WITHIN", "ENVELOPE_SEEDS",
@@ -149,18 +150,27 @@ class FrontierExit(Exception):
         self.code = code
 
 
+# HELD=True's settings (held.py): axis -> (the setting, a block's own where it starts with '.'; its mark in a cell's
+# name). Every grid cell holds them at the study's values; a walk's step sets one of them.
+HELD_SETTINGS = {"adam_beta2": ("ADAM_BETA2", "beta2_"), "weight_decay": ("WEIGHT_DECAY", "wd"),
+                 "dropout": (".dropout", "drop")}
+
+
 @dataclass(frozen=True)
 class Cell:
-    """One configuration of a family: a size preset, a learning rate, a batch size."""
+    """One configuration of a family: a size preset, a learning rate, a batch size; and, for a step of HELD=True's
+    walks, ``held``: the held settings it sets otherwise, as (axis, value) pairs (HELD_SETTINGS)."""
 
     family: str
     size: str
     learning_rate: float
     batch_size: int
+    held: tuple = ()
 
     @property
     def name(self) -> str:
-        return f"{self.family}-{self.size}-lr{self.learning_rate:g}-b{self.batch_size}"
+        marks = "".join(f"-{HELD_SETTINGS[axis][1]}{value:g}" for axis, value in self.held)
+        return f"{self.family}-{self.size}-lr{self.learning_rate:g}-b{self.batch_size}{marks}"
 
     @property
     def model(self) -> str:
@@ -169,15 +179,18 @@ class Cell:
     def record(self) -> dict:
         """The cell as the study file lists it (what REPORT reads back)."""
         return {"name": self.name, "family": self.family, "model": self.model, "size": self.size,
-                "learning_rate": self.learning_rate, "batch_size": self.batch_size}
+                "learning_rate": self.learning_rate, "batch_size": self.batch_size,
+                **({"held": dict(self.held)} if self.held else {})}
 
     def settings(self, control: str | None = None) -> list[str]:
         """TinyStories.py KEY=VALUE for the cell, or for one of its family's CONTROLS."""
         block = self.model.upper()
         options = {**FAMILIES[self.family][1], **SIZES[self.model][self.size],
                    **(CONTROLS[self.family][control] if control else {})}
+        held = [f"{block if key.startswith('.') else ''}{key}={value!r}"
+                for key, value in ((HELD_SETTINGS[axis][0], value) for axis, value in self.held)]
         return [f"MODELS={self.model}", *(f"{block}.{k}={v!r}" for k, v in options.items()),
-                f"LEARNING_RATE={self.learning_rate!r}", f"BATCH_SIZE={self.batch_size}"]
+                f"LEARNING_RATE={self.learning_rate!r}", f"BATCH_SIZE={self.batch_size}", *held]
 
 
 def _number_list(key: str, value, kind) -> list:
@@ -235,7 +248,7 @@ def parse_stages(own: dict[str, str], budgets: list[float], grid: dict) -> dict:
     """LEAD_BUDGET (a budget above the grid's: the leaders' top-budget envelope configurations carried there,
     every seed), LEADERS ('auto': the better transformer recipe and the best reservoir family at the top budget;
     or family names), REFERENCES (True: n-grams and the ESN as reference lines) and CONTROLS (True: each
-    reservoir family's controls at the grid's top budget), CONTEXTS, EDGES and DRAWS (True: their stages)."""
+    reservoir family's controls at the grid's top budget), CONTEXTS, EDGES, HELD and DRAWS (True: their stages)."""
     stages = {"lead_budget": None, "leaders": "auto", "references": False, "controls": False, "contexts": False,
               "edges": False, "draws": False}
     if "LEAD_BUDGET" in own and str(own["LEAD_BUDGET"]).strip().lower() not in ("none", ""):
@@ -251,7 +264,7 @@ def parse_stages(own: dict[str, str], budgets: list[float], grid: dict) -> dict:
             raise FrontierError(f"LEADERS names {unknown[0]!r}, not one of the study's FAMILIES "
                                 f"({', '.join(grid['FAMILIES'])}); or LEADERS=auto")
         stages["leaders"] = leaders
-    for key in ("REFERENCES", "CONTROLS", "CONTEXTS", "EDGES", "DRAWS"):
+    for key in ("REFERENCES", "CONTROLS", "CONTEXTS", "EDGES", "HELD", "DRAWS"):
         if key in own:
             stages[key.lower()] = _switch(key, own[key])
     return stages
@@ -349,6 +362,8 @@ def study_command(report: dict) -> str:
         parts.append("CONTEXTS=True")
     if stages.get("edges"):
         parts.append("EDGES=True")
+    if stages.get("held"):
+        parts.append("HELD=True")
     if stages.get("draws"):
         parts.append("DRAWS=True")
     parts += [a for a in portable_settings(report["settings"]) if a not in defaults]  # older files named RESULTS_DIR

@@ -29,6 +29,7 @@ from reservoir.platform.messages import progress
 from reservoir.studies.frontier.contexts import CONTEXT_FOLDER
 from reservoir.studies.frontier.edges import EDGE_FOLDER
 from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, RESERVOIR_FAMILIES
+from reservoir.studies.frontier.held import HELD_FOLDER
 from reservoir.studies.frontier.records import CONTROL_FOLDER, DRAW_FOLDER
 
 # seconds a point spends besides training, evaluating and sampling (its start, data, FLOP count): about 1 s forked
@@ -400,9 +401,9 @@ def estimate(study, measure, seconds_per_step, hosts: int = 1, recorded: dict | 
 
 def after_grid_stages(study, measure, seconds_per_step, besides, known: bool) -> list[dict]:
     """The stages a study adds after its grid, as its command would start them now (the study's own lists of
-    them: ``reference_jobs``, ``control_jobs``, ``context_jobs``, ``edge_jobs``): each point not recorded yet,
-    priced as the cell it trains (a reference: POINT_OVERHEAD_S, one pass). The references are known from the
-    start; the rest only once ``known`` (the grid, its seeds and the lead budget recorded: until then the
+    them: ``reference_jobs``, ``control_jobs``, ``context_jobs``, ``edge_jobs``, ``held_jobs``): each point not
+    recorded yet, priced as the cell it trains (a reference: POINT_OVERHEAD_S, one pass). The references are known
+    from the start; the rest only once ``known`` (the grid, its seeds and the lead budget recorded: until then the
     envelope they start from may change), else a row says they are not planned yet. The edge walks' next
     steps are the ones known now: a step that beats its point is followed by one more, known only then."""
     packed = study.store.packed()["points"]
@@ -433,7 +434,7 @@ def after_grid_stages(study, measure, seconds_per_step, besides, known: bool) ->
     stages = study.stages
     rows = [priced("references", study.reference_jobs(), folder="references")] if stages.get("references") else []
     later = [name for key, name in (("controls", "controls"), ("contexts", "contexts"), ("edges", "edge walks"),
-                                    ("draws", "draws")) if stages.get(key)]
+                                    ("held", "held settings walked"), ("draws", "draws")) if stages.get(key)]
     if not known:
         if later:
             rows.append({**priced(f"{', '.join(later)}: planned once the grid is recorded", []),
@@ -450,6 +451,12 @@ def after_grid_stages(study, measure, seconds_per_step, besides, known: bool) ->
         open_walks = sum(w["next"] is not None for w in walks)
         rows.append(priced(f"edge walks ({len(walks) - open_walks} of {len(walks)} ended", jobs,
                            f"; {open_walks} open: their next steps)" if open_walks else ")", folder=EDGE_FOLDER))
+    if stages.get("held"):
+        walks = study.held_walks()
+        open_walks = sum(w["next"] is not None for w in walks)
+        rows.append(priced(f"held settings walked ({len(walks) - open_walks} of {len(walks)} ended",
+                           study.held_jobs(walks), f"; {open_walks} open: their next points)" if open_walks else ")",
+                           folder=HELD_FOLDER))
     if stages.get("draws"):
         rows.append(priced("draws (each draw on the other seeds)", study.draw_jobs(study.report(views=False)),
                            folder=DRAW_FOLDER))

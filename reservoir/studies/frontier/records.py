@@ -111,27 +111,32 @@ def processor_of(config: dict) -> str | None:
 def collect_records(records: PointRecords, cells: list[dict], budgets: list[float]) -> list[dict]:
     """One row per point and seed that has a record: the cell, the budget, the scores, what it cost, and where it
     trained (the processor its record names, and whether the machine was oversubscribed while it did)."""
+    return [row for cell in cells for budget in budgets for extra in (False, True)
+            for row in point_rows(records, records.path / cell["name"], cell, budget, extra)]
+
+
+def point_rows(records: PointRecords, cell_folder: Path, cell: dict, budget: float, extra: bool) -> list[dict]:
+    """``collect_records``' rows of one point: the cell's (its record) at ``budget`` under ``cell_folder``, on the
+    first seed or (``extra``) the others."""
+    folder = cell_folder / (point_name(budget) + ("-seeds" if extra else ""))
+    summary = records.summary(folder)
+    if summary is None:
+        return []
+    config = records.config(folder)
+    corpus, trained_on = corpus_label(config["data"]), processor_of(config)
     rows = []
-    for cell in cells:
-        for budget in budgets:
-            for extra in (False, True):
-                folder = records.path / cell["name"] / (point_name(budget) + ("-seeds" if extra else ""))
-                summary = records.summary(folder)
-                if summary is None:
-                    continue
-                config = records.config(folder)
-                corpus, trained_on = corpus_label(config["data"]), processor_of(config)
-                for r in summary:
-                    fit = r.get("fit") or {}
-                    rows.append({**point_scores(r, folder), "cell": cell["name"], "family": cell["family"],
-                                 "size": cell["size"], "learning_rate": cell["learning_rate"],
-                                 "batch_size": cell["batch_size"], "budget": budget, "envelope_seed": extra,
-                                 "val_loss": r.get("val_loss"), "train_loss": r.get("train_loss"),
-                                 "train_steps": r.get("train_steps"), "corpus": corpus,
-                                 "spent_flops": (r.get("train_flops") or 0) - (fit.get("branched_at_flops") or 0),
-                                 "spent_seconds": (r.get("train_seconds") or 0) - (fit.get("branched_at_seconds") or 0),
-                                 "branched": bool(fit.get("branched_at_flops")), "processor": trained_on,
-                                 "oversubscribed": (r.get("machine_load") or {}).get("oversubscribed")})
+    for r in summary:
+        fit = r.get("fit") or {}
+        rows.append({**point_scores(r, folder), "cell": cell["name"], "family": cell["family"],
+                     "size": cell["size"], "learning_rate": cell["learning_rate"],
+                     "batch_size": cell["batch_size"], "budget": budget, "envelope_seed": extra,
+                     "val_loss": r.get("val_loss"), "train_loss": r.get("train_loss"),
+                     "train_steps": r.get("train_steps"), "corpus": corpus,
+                     "spent_flops": (r.get("train_flops") or 0) - (fit.get("branched_at_flops") or 0),
+                     "spent_seconds": (r.get("train_seconds") or 0) - (fit.get("branched_at_seconds") or 0),
+                     "branched": bool(fit.get("branched_at_flops")), "processor": trained_on,
+                     "oversubscribed": (r.get("machine_load") or {}).get("oversubscribed"),
+                     **({"held": cell["held"]} if cell.get("held") else {})})
     return rows
 
 

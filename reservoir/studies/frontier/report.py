@@ -377,6 +377,7 @@ def format_study(report: dict, plot: str, level: int = 2) -> str:
     if report.get("generation"):
         lines += format_generation(report["generation"], report, h, str(Path(plot).with_name(GENERATION_PLOT)))
     lines += _edges(report, h)
+    lines += _held(report, h)
     published = next((rows for (train, val), rows in PUBLISHED.items()
                       if f"{train:,} training and {val:,} validation characters" in (report.get("corpus") or "")), [])
     if published:
@@ -1073,4 +1074,51 @@ def _edges(report: dict, h: str) -> list[str]:
         lines += ["", f"At none of the {len(walks) - len(pending)} edges walked did the step beyond beat the point."]
     if pending:
         lines.append(f"{len(pending)} walks are not finished: the study's command with EDGES=True continues them.")
+    return lines
+
+
+_HELD_NAMES = {"adam_beta2": "Adam's β2", "weight_decay": "weight decay", "dropout": "dropout"}
+_HELD_ENDS = {"worse": "no: the step is worse", "within the seeds' sd": "no: within the point's seeds' sd",
+              "not on its seeds": "no: not on its other seeds", "no value beyond": "walked to its last value",
+              "not run yet": "not run yet", "seeds not run yet": "its other seeds not run yet"}
+
+
+def _held(report: dict, h: str) -> list[str]:
+    """HELD=True: each envelope point's held settings, a step at a time, and which steps moved the envelope."""
+    held = report.get("held")
+    if not held:
+        return []
+    ladders = "; ".join(f"{_HELD_NAMES[a]} {' → '.join(f'{v:g}' for v in values)}"
+                        for a, values in held["ladders"].items())
+    lines = ["", f"{h}# The held settings walked", "",
+             "Each family's envelope point at the grid's top budget and the lead budget, one step at a time along "
+             f"each setting the grid holds for every point ({ladders}), trained from step 0 (HELD=True; `held/`). "
+             "A step counts only if its first seed beats the point's by more than the point's seeds' sd; it is then "
+             "trained on the other seeds, and where its mean beats the point's it is walked on, and the envelope "
+             "takes it. Bits/char: first seed, then the mean over seeds where the step was trained on them. While a "
+             "walk is open, a point recorded on another processor is trained again here beside its steps.", ""]
+    walks = held["walks"]
+    if not walks:
+        return [*lines, "No envelope point at these budgets yet."]
+    lines += ["| family | budget | envelope point: first seed, mean ± sd | setting | steps (bits/char) | moved |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    order = {f: k for k, f in enumerate(report["families"])}
+    for w in sorted(walks, key=lambda w: (w["budget"], order.get(w["family"], 99), w["axis"])):
+        steps = [f"{s['value']:g}: {_fmt(s['val_bpc'])}" + (f", mean {_fmt(s['bpc_mean'])}" if s["bpc_mean"] else "")
+                 for s in w["steps"]]
+        verdict = f"**{w['moved']:+.3f}** ({w['best_cell']})" if w["moved"] < 0 else _HELD_ENDS[w["end"]]
+        spread = f" ± {w['bpc_sd']:.3f}" if w["bpc_sd"] else ""
+        point = (f"{w['cell']}: {_fmt(w['val_bpc'])}, {_fmt(w['bpc_mean'])}{spread}"
+                 + (" (trained here)" if w["trained_beside"] else ""))
+        lines.append(f"| {w['family']} | {w['budget']:.3g} | {point} | {_HELD_NAMES[w['axis']]} {w['from']:g} | "
+                     f"{'; '.join(steps) or '–'} | {verdict} |")
+    moves = held["moves"]
+    pending = sum(w["next"] is not None for w in walks)
+    if moves:
+        lines += ["", "The envelope takes: " + "; ".join(f"{m['family']} at {m['budget']:.3g} FLOPs, {m['cell']}"
+                                                       for m in moves) + "."]
+    elif pending < len(walks):
+        lines += ["", f"None of the {len(walks) - pending} walks that ended moved an envelope point."]
+    if pending:
+        lines.append(f"{pending} walks are not finished: the study's command with HELD=True continues them.")
     return lines

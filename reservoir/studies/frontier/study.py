@@ -73,6 +73,7 @@ from reservoir.studies.frontier.grid import (
     EVERY_SEED_CONTROLS,
     FAMILIES,
     FREE,
+    LATER_STAGES,
     ONE_PASS,
     OWN_SETTINGS,
     PRESETS,
@@ -90,6 +91,15 @@ from reservoir.studies.frontier.grid import (
     parse_stages,
     portable_settings,
     study_command,
+)
+from reservoir.studies.frontier.held import (
+    LADDERS,
+    collect_held_rows,
+    held_budgets,
+    held_folder,
+    held_moves,
+    held_walks,
+    recorded_config,
 )
 from reservoir.studies.frontier.records import (
     COMPARISONS,
@@ -312,7 +322,9 @@ class FrontierStudy:
                 "settings": portable_settings(self.settings),
                 "cells": [c.record() for c in self.cells()],
                 "plan": {name: {repr(b): why for b, why in row.items()} for name, row in plan.items()},
-                "seed": self.config["SEED"], "extra_seeds": self.extra_seeds(), "stages": self.stages,
+                "seed": self.config["SEED"], "extra_seeds": self.extra_seeds(),
+                # a stage added later is written once asked for: a study without it keeps its file as it was
+                "stages": {k: v for k, v in self.stages.items() if k not in LATER_STAGES or v},
                 **({"corpus": self.corpus} if self.corpus else {}),
                 **({"planned": self.planned} if self.planned else {}),
                 **({"plugins": plugins} if (plugins := self.plugin_code()) else {})}
@@ -428,6 +440,8 @@ class FrontierStudy:
         self.compare_at_the_top(run_points=run_points)
         if self.stages.get("edges"):
             self._run_edges(run_points, measure)
+        if self.stages.get("held"):
+            self._run_held(run_points)
         if self.stages.get("draws"):
             self._run_draws(run_points)
         self._pack_records()
@@ -618,6 +632,59 @@ class FrontierStudy:
                 jobs.append(StageJob(folder, self.direct_args(step, budget, folder), step, budget))
         jobs.sort(key=lambda job: job.budget)  # a budget's walks end first
         return jobs, listed
+
+    def held_walks(self) -> list[dict]:
+        """Every held setting's walk from an envelope point (held.py), as the records have it now."""
+        budgets = held_budgets(self.budgets, self.stages["lead_budget"])
+        return held_walks(self.records(), collect_held_rows(self.store, budgets), budgets, self.config["SEED"],
+                          self.grid["ENVELOPE_SEEDS"], recorded_config(self.store))
+
+    def _run_held(self, run_points) -> None:
+        """HELD=True (held.py): each envelope point at the grid's top budget and the lead budget, one step along
+        each setting the study holds; a step that beats it by more than its seeds' sd trains on the other seeds,
+        and one that holds on them is walked on, round by round, until each walk ends."""
+        walks = self.held_walks()
+        for round_ in range(1, 2 * max(map(len, LADDERS.values())) + 2):  # two rounds a step, at most
+            jobs = self.held_jobs(walks)
+            if not jobs:
+                break
+            say(f"frontier {self.name}: the held settings, round {round_}: {len(jobs)} points to train")
+            self._run_all(jobs, run_points, None)
+            walks = self.held_walks()
+        moved = held_moves(walks)
+        say(f"frontier {self.name}: the held settings: {len(walks)} walks, {len(moved)} envelope points moved "
+            "(REPORT: \"The held settings walked\")")
+
+    def held_jobs(self, walks: list[dict]) -> list[StageJob]:
+        """The points the held settings' walks train next: each open walk's next step (on the first seed, or on the
+        other seeds once it beat the point by more than the seeds' sd), and the point itself beside it where its
+        record names another processor than this machine's (its other seeds too, once a step needs them)."""
+        here, jobs, seeds = processor(), [], self.extra_seeds()
+
+        def add(folder: Path, cell: Cell, budget: float, other_seeds: bool) -> None:
+            if any(folder == job.folder for job in jobs):
+                return
+            args = [*self.settings, *cell.settings(), f"FLOP_BUDGET={budget!r}", *_continue_or_start(folder)]
+            fresh = not (folder / "config.json").exists()
+            jobs.append(StageJob(folder, [*args, f"SEEDS={','.join(map(str, seeds))}"] if other_seeds and fresh
+                                 else args, cell, budget, len(seeds) if other_seeds else 1))
+
+        for w in walks:
+            if w["next"] is None:
+                continue
+            start, budget = parse_cell(w["cell"]), w["budget"]
+            beside = w["trained_beside"] or processor_of(self.store.config(self.folder(start, budget))) != here
+            if beside and not w["trained_beside"]:
+                add(held_folder(self.path, start, budget), start, budget, False)
+                if w["steps"]:
+                    continue  # a walk goes past its first step once its point's own score here is known
+            if w["next_seeds"]:
+                if beside and w["bpc_mean"] is None:
+                    add(held_folder(self.path, start, budget, seeds=True), start, budget, True)
+                add(held_folder(self.path, w["next"], budget, seeds=True), w["next"], budget, True)
+            else:
+                add(held_folder(self.path, w["next"], budget), w["next"], budget, False)
+        return sorted(jobs, key=lambda job: job.budget)  # a budget's walks end first
 
     def leaders(self) -> list[Cell]:
         """The top budget's envelope cells of LEADERS (auto: "the transformer" and the best reservoir family)."""

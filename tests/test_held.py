@@ -1,0 +1,165 @@
+"""HELD=True's walks (reservoir/studies/frontier/held.py): each envelope point one step along each setting the grid
+holds, a step that beats it by more than its seeds' sd trained on the other seeds, and the envelope taking one that
+holds there; on the committed micro study's records, in this process."""
+
+import json
+import math
+import shutil
+
+import pytest
+
+from reservoir.config import parse_overrides
+from reservoir.run.records import signed
+from reservoir.studies.frontier.edges import parse_cell
+from reservoir.studies.frontier.grid import Cell
+from reservoir.studies.frontier.held import held_axes, held_folder, held_walk, held_walks, step_held
+from reservoir.studies.frontier.records import read_study_file
+from tests.conftest import ROOT
+from tests.test_study_records import _study_from
+
+FIXTURE = ROOT / "tests" / "fixtures" / "studies" / "micro"
+MICRO = ["STUDY=micro", "FAMILIES=transformer++,linear_reservoir", "SIZES=xs", "LEARNING_RATES=4e-3",
+         "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "LEAD_BUDGET=1.2e10", "REFERENCES=True", "CONTROLS=True", "MIN_STEPS=20",
+         "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=2", "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32",
+         "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=4096", "TRAIN_EVAL_TOKENS=4096", "SAMPLE_TOKENS=20", "WARMUP_STEPS=5"]
+POINT = Cell("transformer++", "xs", 4e-3, 8)
+
+
+def test_a_step_sets_one_held_setting_in_its_name_and_its_settings():
+    step = step_held(POINT, "adam_beta2", 0.99)
+    assert step.name == "transformer++-xs-lr0.004-b8-beta2_0.99" and parse_cell(step.name) == step
+    both = step_held(step_held(Cell("lstm", "s", 3e-3, 2), "weight_decay", 0.1), "dropout", 0.2)
+    assert parse_cell(both.name) == both and both.name.endswith("-b2-wd0.1-drop0.2")
+    config = parse_overrides([*step_held(step, "dropout", 0.1).settings(), "WEIGHT_DECAY=0.3"])
+    assert (config["ADAM_BETA2"], config["TRANSFORMER"]["dropout"], config["WEIGHT_DECAY"]) == (0.99, 0.1, 0.3)
+    assert "held" not in POINT.record() and step.record()["held"] == {"adam_beta2": 0.99}
+
+
+def test_dropout_is_walked_only_where_the_model_has_it():
+    config = parse_overrides([])
+    assert held_axes(POINT, config) == ["adam_beta2", "weight_decay", "dropout"]
+    assert held_axes(Cell("lstm", "s", 3e-3, 2), config) == ["adam_beta2", "weight_decay"]  # one layer: none between
+    assert held_axes(Cell("esn+softmax", "s", 3e-3, 2), config) == ["adam_beta2", "weight_decay"]
+    assert held_axes(Cell("lstm", "s", 3e-3, 2), parse_overrides(["LSTM.layers=2"]))[-1] == "dropout"
+
+
+def test_a_step_within_the_seeds_spread_ends_its_walk_and_one_beyond_it_asks_for_the_other_seeds():
+    firsts = {0.99: 1.95, 0.999: 1.90}
+
+    def walk(sd, means):
+        return held_walk(POINT, 0.95, 2.0, 2.01, sd, "adam_beta2",
+                         lambda c: firsts.get(dict(c.held)["adam_beta2"]),
+                         lambda c: means.get(dict(c.held)["adam_beta2"]))
+
+    within = walk(0.08, {})
+    assert (within["end"], within["next"], within["moved"]) == ("within the seeds' sd", None, 0.0)
+    asks = walk(0.02, {})
+    assert asks["end"] == "seeds not run yet" and asks["next_seeds"] and asks["next"] == step_held(POINT, "adam_beta2",
+                                                                                                    0.99)
+    # held on its seeds: walked on to 0.999, which beats it too, and past the ladder's end
+    on = walk(0.02, {0.99: 1.96, 0.999: 1.93})
+    assert [s["value"] for s in on["steps"]] == [0.99, 0.999] and on["end"] == "no value beyond"
+    assert on["best_cell"].endswith("-beta2_0.999") and on["moved"] == pytest.approx(1.93 - 2.01)
+    lost = walk(0.02, {0.99: 2.02})  # its first seed beat the point; its mean does not
+    assert lost["end"] == "not on its seeds" and lost["moved"] == 0.0 and lost["next"] is None
+    assert walk(0.02, {0.99: math.inf})["end"] == "not on its seeds"  # a diverged seed
+    first_diverged = held_walk(POINT, 0.95, 2.0, 2.01, 0.02, "adam_beta2", lambda c: math.inf, lambda c: None)
+    assert first_diverged["end"] == "worse" and first_diverged["steps"][0]["val_bpc"] is None
+
+
+@pytest.fixture
+def micro(tmp_path):
+    """The committed micro study with HELD=True (its records name no processor: each point is trained again beside
+    its steps)."""
+    shutil.copytree(FIXTURE, tmp_path / "micro")
+    study = _study_from([*MICRO, "HELD=True"], tmp_path)[2]()
+    recorded = read_study_file(study.path)["plan"]
+    study.write_study_file({cell: {float(b): why for b, why in row.items()} for cell, row in recorded.items()})
+    return study
+
+
+def _record(study, cell: Cell, budget: float, val_bpc=None, seeds: bool = False) -> None:
+    """``cell``'s point at ``budget`` as if trained here: the envelope point's record, its score ``val_bpc`` (None:
+    the point's own)."""
+    source, folder = study.folder(POINT, budget, seeds), held_folder(study.path, cell, budget, seeds)
+    folder.mkdir(parents=True)
+    shutil.copy(source / "config.json", folder / "config.json")
+    summary = json.loads((source / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps([signed({**r, "val_bpc": r["val_bpc"] if val_bpc is None
+                                                             else val_bpc}) for r in summary]))
+
+
+def test_the_plan_lists_the_held_walks_points_as_the_command_starts_them(micro):
+    from reservoir.studies.frontier.plan import after_grid_stages
+
+    walks = micro.held_walks()
+    # each family's point at the grid's top budget and the lead budget; dropout for the transformer alone
+    assert sorted((w["family"], w["budget"], w["axis"]) for w in walks) == sorted(
+        (f, b, a) for b in (6e9, 1.2e10) for f, axes in (("transformer++", ("adam_beta2", "weight_decay", "dropout")),
+                                                         ("linear_reservoir", ("adam_beta2", "weight_decay")))
+        for a in axes)
+    started = []
+
+    def run_points(jobs, *args, **kwargs):
+        started.extend(jobs)
+        raise SystemExit("stopped after the first round")
+
+    with pytest.raises(SystemExit):
+        micro._run_held(run_points)
+    jobs = micro.held_jobs(walks)
+    assert [(folder, args) for folder, args in started] == [(job.folder, job.args) for job in jobs]
+    assert all(job.folder.parent.parent == micro.path / "held" for job in jobs)
+    # each walk's first step, and each point once beside them (its record names no processor)
+    expected = {held_folder(micro.path, c, w["budget"]) for w in walks for c in (w["next"], parse_cell(w["cell"]))}
+    assert sorted(job.folder for job in jobs) == sorted(expected)
+    step = step_held(POINT, "adam_beta2", 0.99)
+    args = next(a for f, a in started if f == held_folder(micro.path, step, 6e9))
+    assert "ADAM_BETA2=0.99" in args and "FLOP_BUDGET=6000000000.0" in args
+    rows = after_grid_stages(micro, lambda cell: (1e7, 50_000, 256), lambda cell: 0.01, lambda cell: 1.0, True)
+    (held,) = [r for r in rows if r["stage"].startswith("held settings walked")]
+    assert held["points_left"] == len(started) and held["stage"].endswith(f"{len(walks)} open: their next points)")
+
+
+def test_a_step_that_holds_on_its_seeds_moves_the_envelope_and_the_report_says_so(micro):
+    from reservoir.studies.frontier.analysis import report_from_records
+    from reservoir.studies.frontier.report import _held
+
+    before = report_from_records(micro.path)
+    point = next(p for p in before["envelope"]["transformer++"] if p["budget"] == 6e9)
+    step = step_held(POINT, "adam_beta2", 0.99)
+    _record(micro, POINT, 6e9)  # the point trained again here, beside its steps: as recorded
+    _record(micro, step, 6e9, point["bpc"] - 0.5)  # beats the point by far more than its seeds' sd
+    (walk,) = [w for w in micro.held_walks() if w["budget"] == 6e9 and w["axis"] == "adam_beta2"
+               and w["family"] == "transformer++"]
+    assert walk["next"] == step and walk["next_seeds"] and walk["trained_beside"] and walk["bpc_mean"] is None
+    jobs = micro.held_jobs([walk])  # the step's other seeds, and the point's here to set them against
+    assert [j.folder for j in jobs] == [held_folder(micro.path, POINT, 6e9, True), held_folder(micro.path, step, 6e9,
+                                                                                               True)]
+    assert all("SEEDS=1338" in j.args for j in jobs)
+    _record(micro, POINT, 6e9, seeds=True)
+    _record(micro, step, 6e9, point["bpc"] - 0.4, seeds=True)
+    after = report_from_records(micro.path)
+    moved = next(p for p in after["envelope"]["transformer++"] if p["budget"] == 6e9)
+    assert (moved["cell"], moved["held"]) == (step.name, {"adam_beta2": 0.99})
+    assert moved["bpc_mean"] == pytest.approx(point["bpc"] - 0.45)
+    assert after["held"]["moves"] == [{"family": "transformer++", "budget": 6e9, "cell": step.name}]
+    others = [(f, p["budget"], p["cell"]) for f, ps in after["envelope"].items() for p in ps if p is not moved]
+    assert others == [(f, p["budget"], p["cell"]) for f, ps in before["envelope"].items() for p in ps if p is not point]
+    text = "\n".join(_held(after, "##"))
+    assert "The envelope takes: transformer++ at 6e+09 FLOPs, transformer++-xs-lr0.004-b8-beta2_0.99." in text
+    # the walk goes on from the step that held: the next value, on the first seed
+    (walk,) = [w for w in held_walks(micro.records(), [], [6e9], 1337, 2, lambda c, b: parse_overrides([]))
+               if w["family"] == "transformer++" and w["axis"] == "adam_beta2"]
+    assert walk["next"] == step  # without the stage's rows, the first step is next again
+    walks = micro.held_walks()
+    assert next(w for w in walks if w["budget"] == 6e9 and w["axis"] == "adam_beta2" and w["family"] ==
+                "transformer++")["next"] == step_held(POINT, "adam_beta2", 0.999)
+
+
+def test_a_study_without_the_stage_keeps_its_study_file_as_it_was(tmp_path):
+    shutil.copytree(FIXTURE, tmp_path / "micro")
+    study = _study_from(MICRO, tmp_path)[2]()
+    content = study.study_content({})
+    assert "held" not in content["stages"] and "HELD=True" not in " ".join(study.settings)
+    with_stage = _study_from([*MICRO, "HELD=True"], tmp_path)[2]()
+    assert with_stage.study_content({})["stages"]["held"] is True
