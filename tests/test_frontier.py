@@ -833,3 +833,28 @@ def test_draws_train_each_draw_on_each_seed_split_the_spread_and_train_nothing_a
     assert "# The draw against the seed" in text and "| draw \\ seed | 1337 | 1338 |" in text
     again = run_in_process("scaling.py", study)
     assert "the draw against the seed at 6e+09 FLOPs: 0 runs to train" in again.stdout
+
+
+def test_a_subword_study_scores_bits_per_character_not_per_token(tmp_path):
+    """TOKENIZER=bpe: a study's points train on subword tokens (several characters each) and every score it ranks is
+    the validation's nats over its characters: the same unit as a character study's, so the two sit in one table."""
+    import math
+
+    from reservoir.data.tokens import prepare_data
+    from tests.conftest import make_config, summary_of
+
+    settings = ["DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048",
+                "FINAL_EVAL_TOKENS=2048", "SAMPLE_TOKENS=0", "WARMUP_STEPS=5", "TOKENIZER=bpe", "VOCAB_SIZE=512"]
+    run_script("scaling.py", "FRONTIER=True", "STUDY=bpe", "FAMILIES=lstm", "SIZES=xs", "LEARNING_RATES=4e-3",
+               "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=1",
+               "WORKERS=1", *settings,
+               f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}", timeout=600)
+    study = tmp_path / "results" / "bpe"
+    record = summary_of(study / "lstm-xs-lr0.004-b8" / "flops-3.00e09")["lstm"]
+    data = prepare_data(make_config(tmp_path, *settings))
+    scored = data.tokenizer.count_chars(data.val[1:record["eval_tokens"] + 1])
+    assert scored / record["eval_tokens"] > 2  # subword tokens: characters a token
+    assert record["val_bpc"] == pytest.approx(record["val_loss"] * record["eval_tokens"] / scored / math.log(2))
+    report = json.loads((study / "frontier.json").read_text())
+    point = report["envelope"]["lstm"][0]
+    assert point["bpc"] == record["val_bpc"] and report["corpus"].startswith("bpe tokenizer")

@@ -568,3 +568,10 @@ def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported
         scaling.main([f"GENERATION={micro}", "SEED=2"])
     with pytest.raises(SystemExit, match="is not a frontier study's folder"):  # the folder of studies, not a study
         scaling.main([f"GENERATION={studies}"])
+
+
+def test_a_point_variant_bench_refuses_a_bad_point_before_it_trains_anything(studies):
+    good = "linear_reservoir-xs-lr0.004-b8@3e9"
+    for point, said in (("nosuch-xs@3e9", "is not a cell name"), (good.replace("3e9", "lots"), "must be a number")):
+        refused = run_script("bench/point_variants.py", "beta2", studies / "micro", good, point, check=False)
+        assert refused.returncode != 0 and said in refused.stderr and "bits/char" not in refused.stdout
