@@ -145,6 +145,11 @@ def test_a_step_that_holds_on_its_seeds_moves_the_envelope_and_the_report_says_s
     assert after["held"]["moves"] == [{"family": "transformer++", "budget": 6e9, "cell": step.name}]
     others = [(f, p["budget"], p["cell"]) for f, ps in after["envelope"].items() for p in ps if p is not moved]
     assert others == [(f, p["budget"], p["cell"]) for f, ps in before["envelope"].items() for p in ps if p is not point]
+    # what the later stages read stays the grid's: their cells are grid cells, their points the grid's folders
+    grid = next(p for p in micro.report(views=False)["envelope"]["transformer++"] if p["budget"] == 6e9)
+    assert grid["cell"] == POINT.name and POINT in micro.leaders()
+    assert after["comparisons"] == before["comparisons"] and not any("envelope_cells_now" in c
+                                                                     for c in after["comparisons"])
     text = "\n".join(_held(after, "##"))
     assert "The envelope takes: transformer++ at 6e+09 FLOPs, transformer++-xs-lr0.004-b8-beta2_0.99." in text
     # the walk goes on from the step that held: the next value, on the first seed

@@ -255,18 +255,22 @@ def study_report(folder: Path, study: dict, rows: list[dict], records: PointReco
     and what a study writes when it ends are one report, generation cost (measured apart) and all. ``views``
     False leaves out the draws' split and the element-wise view, which no stage reads (a study builds its report
     for its stages several times a command)."""
-    report = build_frontier(rows, study, collect_references(records), collect_comparisons(folder),
-                            collect_controls(records, study["cells"], study["budgets"]),
-                            context_table(folder, records), edges_report(study, rows, records),
-                            held_report(study, rows, records))
+    parts = (rows, study, collect_references(records), collect_comparisons(folder),
+             collect_controls(records, study["cells"], study["budgets"]), context_table(folder, records),
+             edges_report(study, rows, records))
+    grid = build_frontier(*parts)  # the grid's envelope: what the stages start from (their cells are the grid's)
     if not views:
-        return report
+        return grid
+    held = held_report(study, rows, records)
+    report = grid
+    if held:  # the envelope takes the held settings' steps that held; the comparisons and draws stay the grid's
+        report = {**build_frontier(*parts, held=held), "comparisons": grid["comparisons"]}
     if (study.get("stages") or {}).get("draws"):
         top = max(study["budgets"])
-        report["draws"] = {"budget": top, "families": draws_report(records, report, collect_draws(
-            records, study["cells"], [top]), top, draw_families(report, top))}
+        report["draws"] = {"budget": top, "families": draws_report(records, grid, collect_draws(
+            records, study["cells"], [top]), top, draw_families(grid, top))}
     counts = read_counts(folder)
     if counts:
-        report["elementwise"] = elementwise_view(rows, counts, report)
+        report["elementwise"] = elementwise_view(rows, counts, grid)
     generation = read_generation(folder)
     return {**report, "generation": generation} if generation else report

@@ -1096,7 +1096,8 @@ def _held(report: dict, h: str) -> list[str]:
              "A step counts only if its first seed beats the point's by more than the point's seeds' sd; it is then "
              "trained on the other seeds, and where its mean beats the point's it is walked on, and the envelope "
              "takes it. Bits/char: first seed, then the mean over seeds where the step was trained on them. While a "
-             "walk is open, a point recorded on another processor is trained again here beside its steps.", ""]
+             "walk is open, a point recorded on another processor is trained again here beside its steps. The paired "
+             "comparisons, controls, draws and contexts stay of the grid's envelope points.", ""]
     walks = held["walks"]
     if not walks:
         return [*lines, "No envelope point at these budgets yet."]
