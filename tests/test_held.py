@@ -168,3 +168,21 @@ def test_a_study_without_the_stage_keeps_its_study_file_as_it_was(tmp_path):
     assert "held" not in content["stages"] and "HELD=True" not in " ".join(study.settings)
     with_stage = _study_from([*MICRO, "HELD=True"], tmp_path)[2]()
     assert with_stage.study_content({})["stages"]["held"] is True
+
+
+def test_held_names_the_families_it_walks_and_a_continued_study_keeps_what_it_recorded(micro, tmp_path):
+    from reservoir.studies.frontier.grid import FrontierError, study_command
+
+    fresh = tmp_path / "fresh"  # the committed study, its file without the stage
+    shutil.copytree(FIXTURE, fresh / "micro")
+    named = _study_from([*MICRO, "HELD=linear_reservoir"], fresh)[2]()
+    assert {w["family"] for w in named.held_walks()} == {"linear_reservoir"}
+    assert "HELD=linear_reservoir" in study_command(named.study_content({}))
+    with pytest.raises(FrontierError, match="HELD names 'lstm', not one of the study's FAMILIES"):
+        _study_from([*MICRO, "HELD=lstm"], fresh)[2]()
+    # a study file that records HELD=True: a command that leaves it out keeps it; one that drops it, or walks fewer
+    # families, is refused
+    assert _study_from(MICRO, tmp_path)[2]().stages["held"] is True
+    for narrower in ("HELD=False", "HELD=linear_reservoir"):
+        with pytest.raises(FrontierError, match="records HELD=True; continuing it with HELD=.* would drop"):
+            _study_from([*MICRO, narrower], tmp_path)[2]()

@@ -264,9 +264,20 @@ def parse_stages(own: dict[str, str], budgets: list[float], grid: dict) -> dict:
             raise FrontierError(f"LEADERS names {unknown[0]!r}, not one of the study's FAMILIES "
                                 f"({', '.join(grid['FAMILIES'])}); or LEADERS=auto")
         stages["leaders"] = leaders
-    for key in ("REFERENCES", "CONTROLS", "CONTEXTS", "EDGES", "HELD", "DRAWS"):
+    for key in ("REFERENCES", "CONTROLS", "CONTEXTS", "EDGES", "DRAWS"):
         if key in own:
             stages[key.lower()] = _switch(key, own[key])
+    if "HELD" in own:  # True (every family), False, or the families to walk
+        text = str(own["HELD"]).strip().strip("'\"").lower()
+        if text in ("true", "false", "1", "0", "yes", "no"):
+            stages["held"] = _switch("HELD", own["HELD"])
+        else:
+            walked = _name_list("HELD", own["HELD"])
+            unknown = [f for f in walked if f not in grid["FAMILIES"]]
+            if unknown:
+                raise FrontierError(f"HELD names {unknown[0]!r}, not one of the study's FAMILIES "
+                                    f"({', '.join(grid['FAMILIES'])}); or HELD=True for every family")
+            stages["held"] = walked
     return stages
 
 
@@ -363,7 +374,7 @@ def study_command(report: dict) -> str:
     if stages.get("edges"):
         parts.append("EDGES=True")
     if stages.get("held"):
-        parts.append("HELD=True")
+        parts.append("HELD=" + (",".join(stages["held"]) if isinstance(stages["held"], list) else "True"))
     if stages.get("draws"):
         parts.append("DRAWS=True")
     parts += [a for a in portable_settings(report["settings"]) if a not in defaults]  # older files named RESULTS_DIR

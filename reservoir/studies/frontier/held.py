@@ -101,12 +101,17 @@ def held_walk(start: Cell, value: float, start_bpc: float, start_mean: float | N
             "best_mean": best_mean, "moved": moved, "next": pending, "next_seeds": seeds}
 
 
+def walked(stage) -> list[str] | None:
+    """The families HELD names (None: every family, HELD=True)."""
+    return stage if isinstance(stage, list) else None
+
+
 def held_walks(rows: list[dict], held_rows: list[dict], budgets: list[float], seed: int, seeds: int,
-               config_of) -> list[dict]:
-    """Every held setting's walk of every family at ``budgets``, from the grid's rows (``collect_records``) and the
-    stage's (``collect_held_rows``: the point's own too, where it was trained beside its steps); ``seeds``: how
-    many seeds an envelope point has (ENVELOPE_SEEDS); ``config_of(cell, budget)``: the settings a grid point's
-    record requested."""
+               config_of, families: list[str] | None = None) -> list[dict]:
+    """Every held setting's walk of each family of ``families`` (None: every one) at ``budgets``, from the grid's
+    rows (``collect_records``) and the stage's (``collect_held_rows``: the point's own too, where it was trained
+    beside its steps); ``seeds``: how many seeds an envelope point has (ENVELOPE_SEEDS); ``config_of(cell,
+    budget)``: the settings a grid point's record requested."""
     firsts = {(r["cell"], r["budget"]): r["val_bpc"] for r in held_rows if r["seed"] == seed}
     others: dict = {}
     for r in held_rows:
@@ -117,6 +122,7 @@ def held_walks(rows: list[dict], held_rows: list[dict], budgets: list[float], se
         best: dict = {}
         for r in rows:
             if r["budget"] == budget and not r["envelope_seed"] and r["seed"] == seed and r["val_bpc"] is not None \
+                    and (families is None or r["family"] in families) \
                     and (r["family"] not in best or r["val_bpc"] < best[r["family"]]["val_bpc"]):
                 best[r["family"]] = r
         for family, r in best.items():
@@ -198,7 +204,7 @@ def held_report(study: dict, rows: list[dict], records: PointRecords) -> dict | 
     budgets = held_budgets(study["budgets"], stages.get("lead_budget"))
     held_rows = collect_held_rows(records, budgets)
     walks = held_walks(rows, held_rows, budgets, study["seed"], 1 + len(study.get("extra_seeds") or []),
-                       recorded_config(records))
+                       recorded_config(records), walked(stages["held"]))
     for w in walks:
         w["next"] = w["next"].name if w["next"] else None
     moves = held_moves(walks)

@@ -100,6 +100,7 @@ from reservoir.studies.frontier.held import (
     held_moves,
     held_walks,
     recorded_config,
+    walked,
 )
 from reservoir.studies.frontier.records import (
     COMPARISONS,
@@ -206,18 +207,20 @@ class FrontierStudy:
         recorded = recorded_file.get("stages") or {}
         kept = []
         for key, value in recorded.items():
-            if key not in self.stages or self.stages[key] == value:
+            if (key not in self.stages and key not in LATER_STAGES) or self.stages.get(key) == value:
                 continue
             if key.upper() not in given:
                 self.stages[key] = value
                 kept.append(f"{key.upper()}={own_text(value)}")
-            elif key == "leaders" and isinstance(value, list) and isinstance(self.stages[key], list) \
+            elif key in ("leaders", "held") and isinstance(value, list) and self.stages[key] is True:
+                continue  # every family's walks: the named ones' among them
+            elif key in ("leaders", "held") and isinstance(value, list) and isinstance(self.stages[key], list) \
                     and set(value) <= set(self.stages[key]):
                 continue  # more leaders: the recorded ones' points stand, the new ones' are added
             elif value not in (False, None, "auto"):
                 raise FrontierError(f"STUDY={self.name} records {key.upper()}={own_text(value)}; continuing it with "
-                                    f"{key.upper()}={own_text(self.stages[key])} would drop what that stage found. Its "
-                                    f"recorded command continues it: {study_command(recorded_file)}")
+                                    f"{key.upper()}={own_text(self.stages.get(key))} would drop what that stage found. "
+                                    f"Its recorded command continues it: {study_command(recorded_file)}")
         if kept:
             say(f"frontier {self.name}: the command leaves out stages its study file records; kept as recorded: "
                 f"{' '.join(kept)} (every stage a study recorded goes on, and its walks, controls and comparisons "
@@ -637,7 +640,7 @@ class FrontierStudy:
         """Every held setting's walk from an envelope point (held.py), as the records have it now."""
         budgets = held_budgets(self.budgets, self.stages["lead_budget"])
         return held_walks(self.records(), collect_held_rows(self.store, budgets), budgets, self.config["SEED"],
-                          self.grid["ENVELOPE_SEEDS"], recorded_config(self.store))
+                          self.grid["ENVELOPE_SEEDS"], recorded_config(self.store), walked(self.stages["held"]))
 
     def _run_held(self, run_points) -> None:
         """HELD=True (held.py): each envelope point at the grid's top budget and the lead budget, one step along
