@@ -186,3 +186,12 @@ def test_held_names_the_families_it_walks_and_a_continued_study_keeps_what_it_re
     for narrower in ("HELD=False", "HELD=linear_reservoir"):
         with pytest.raises(FrontierError, match="records HELD=True; continuing it with HELD=.* would drop"):
             _study_from([*MICRO, narrower], tmp_path)[2]()
+
+
+def test_a_folder_under_held_that_names_no_cell_is_refused_in_one_line(micro):
+    from reservoir.studies.frontier.analysis import report_from_records
+    from reservoir.studies.frontier.grid import FrontierError
+
+    (micro.path / "held" / "not-a-cell").mkdir(parents=True)
+    with pytest.raises(FrontierError, match="not-a-cell is not a point of the held settings' walks"):
+        report_from_records(micro.path)

@@ -160,15 +160,24 @@ def edge_folder(study_path: Path, cell: Cell, budget: float) -> Path:
     return Path(study_path) / EDGE_FOLDER / cell.name / point_name(budget)
 
 
+def stage_cells(records: PointRecords, where: Path, what: str) -> list[tuple[str, Cell]]:
+    """(name, cell) of each folder of points under a stage's ``where``; one that names no cell is refused as not
+    ``what``."""
+    cells = []
+    for name in records.names_under(where):
+        cell = parse_cell(name)
+        if cell is None:
+            raise FrontierError(f"{where / name} is not {what} (<family>-<size>-lr<rate>-b<batch>, as the study names "
+                                "them); move it out")
+        cells.append((name, cell))
+    return cells
+
+
 def collect_edge_steps(records: PointRecords, budgets: list[float]) -> list[dict]:
     """One row per finished step beyond an edge and seed. A folder under edges/ that names no cell is refused."""
     where = records.path / EDGE_FOLDER
     rows = []
-    for name in records.names_under(where):
-        cell = parse_cell(name)
-        if cell is None:
-            raise FrontierError(f"{where / name} is not a step beyond the grid's edge (<family>-<size>-lr<rate>-b"
-                                "<batch>, as EDGES=True names them); move it out")
+    for name, cell in stage_cells(records, where, "a step beyond the grid's edge"):
         for budget in budgets:
             point = where / name / point_name(budget)
             summary = records.summary(point, "a grid edge step's summary")

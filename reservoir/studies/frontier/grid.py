@@ -258,27 +258,25 @@ def parse_stages(own: dict[str, str], budgets: list[float], grid: dict) -> dict:
                                 f"{own['LEAD_BUDGET']!r}; e.g. LEAD_BUDGET=4e13")
         stages["lead_budget"] = lead[0]
     if "LEADERS" in own and str(own["LEADERS"]).strip().strip("'\"").lower() != "auto":
-        leaders = _name_list("LEADERS", own["LEADERS"])
-        unknown = [f for f in leaders if f not in grid["FAMILIES"]]
-        if unknown:
-            raise FrontierError(f"LEADERS names {unknown[0]!r}, not one of the study's FAMILIES "
-                                f"({', '.join(grid['FAMILIES'])}); or LEADERS=auto")
-        stages["leaders"] = leaders
+        stages["leaders"] = _families_named("LEADERS", own["LEADERS"], grid, "LEADERS=auto")
     for key in ("REFERENCES", "CONTROLS", "CONTEXTS", "EDGES", "DRAWS"):
         if key in own:
             stages[key.lower()] = _switch(key, own[key])
     if "HELD" in own:  # True (every family), False, or the families to walk
         text = str(own["HELD"]).strip().strip("'\"").lower()
-        if text in ("true", "false", "1", "0", "yes", "no"):
-            stages["held"] = _switch("HELD", own["HELD"])
-        else:
-            walked = _name_list("HELD", own["HELD"])
-            unknown = [f for f in walked if f not in grid["FAMILIES"]]
-            if unknown:
-                raise FrontierError(f"HELD names {unknown[0]!r}, not one of the study's FAMILIES "
-                                    f"({', '.join(grid['FAMILIES'])}); or HELD=True for every family")
-            stages["held"] = walked
+        stages["held"] = _switch("HELD", text) if text in ("true", "false", "1", "0", "yes", "no") else \
+            _families_named("HELD", own["HELD"], grid, "HELD=True for every family")
     return stages
+
+
+def _families_named(key: str, text, grid: dict, otherwise: str) -> list[str]:
+    """A stage's list of the study's families, refused in one line where it names another."""
+    named = _name_list(key, text)
+    unknown = [f for f in named if f not in grid["FAMILIES"]]
+    if unknown:
+        raise FrontierError(f"{key} names {unknown[0]!r}, not one of the study's FAMILIES "
+                            f"({', '.join(grid['FAMILIES'])}); or {otherwise}")
+    return named
 
 
 def _switch(key: str, text) -> bool:

@@ -23,8 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from reservoir.studies.budgets import point_name
-from reservoir.studies.frontier.edges import parse_cell
-from reservoir.studies.frontier.grid import HELD_SETTINGS, Cell, FrontierError
+from reservoir.studies.frontier.edges import stage_cells
+from reservoir.studies.frontier.grid import HELD_SETTINGS, Cell
 from reservoir.studies.frontier.records import point_rows
 from reservoir.studies.store import PointRecords
 
@@ -177,11 +177,7 @@ def collect_held_rows(records: PointRecords, budgets: list[float]) -> list[dict]
     held/ that names no cell is refused."""
     where = records.path / HELD_FOLDER
     rows = []
-    for name in records.names_under(where):
-        cell = parse_cell(name)
-        if cell is None:
-            raise FrontierError(f"{where / name} is not a point of the held settings' walks (<family>-<size>-lr<rate>"
-                                "-b<batch>[-<setting><value>], as HELD=True names them); move it out")
+    for name, cell in stage_cells(records, where, "a point of the held settings' walks"):
         for budget in budgets:
             for extra in (False, True):
                 rows += point_rows(records, where / name, cell.record(), budget, extra)
