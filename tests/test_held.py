@@ -12,7 +12,7 @@ from reservoir.config import parse_overrides
 from reservoir.run.records import signed
 from reservoir.studies.frontier.edges import parse_cell
 from reservoir.studies.frontier.grid import Cell
-from reservoir.studies.frontier.held import held_axes, held_folder, held_walk, held_walks, step_held
+from reservoir.studies.frontier.held import held_axes, held_folder, held_steps, held_walk, held_walks, step_held
 from reservoir.studies.frontier.records import read_study_file
 from tests.conftest import ROOT
 from tests.test_study_records import _study_from
@@ -25,6 +25,11 @@ MICRO = ["STUDY=micro", "FAMILIES=transformer++,linear_reservoir", "SIZES=xs", "
 POINT = Cell("transformer++", "xs", 4e-3, 8)
 
 
+def beta2(value: float, cell: Cell = POINT, tokens: int = 256) -> Cell:
+    """A β2 step: ``value`` per ``tokens`` (the micro study's largest batch, 8 x 32 tokens)."""
+    return step_held(step_held(cell, "adam_beta2", value), "adam_beta2_tokens", tokens)
+
+
 def test_a_step_sets_one_held_setting_in_its_name_and_its_settings():
     step = step_held(POINT, "adam_beta2", 0.99)
     assert step.name == "transformer++-xs-lr0.004-b8-beta2_0.99" and parse_cell(step.name) == step
@@ -33,6 +38,24 @@ def test_a_step_sets_one_held_setting_in_its_name_and_its_settings():
     config = parse_overrides([*step_held(step, "dropout", 0.1).settings(), "WEIGHT_DECAY=0.3"])
     assert (config["ADAM_BETA2"], config["TRANSFORMER"]["dropout"], config["WEIGHT_DECAY"]) == (0.99, 0.1, 0.3)
     assert "held" not in POINT.record() and step.record()["held"] == {"adam_beta2": 0.99}
+    per_token = beta2(0.95, tokens=2048)
+    assert per_token.name.endswith("-beta2_0.95-per2048") and parse_cell(per_token.name) == per_token
+    assert parse_overrides(per_token.settings())["ADAM_BETA2_REF_TOKENS"] == 2048
+
+
+def test_adam_s_beta2_is_stepped_per_token_where_it_changes_the_point_s_own():
+    """From a β2 of 0.95 a step: per the tokens of a step at the grid's largest batch (16 x 128), 0.95 raises the
+    β2 of a smaller batch only (batch 2: 0.95 ** (256 / 2048) = 0.9936); 0.99 and 0.999 raise every batch's."""
+    config = parse_overrides([])
+    small, largest = Cell("lstm", "s", 6e-3, 2), Cell("lstm", "l", 6e-3, 16)
+    assert held_steps(small, "adam_beta2", config, 16) == [beta2(v, small, 2048) for v in (0.95, 0.99, 0.999)]
+    assert held_steps(largest, "adam_beta2", config, 16) == [beta2(v, largest, 2048) for v in (0.99, 0.999)]
+    assert parse_overrides(beta2(0.95, small, 2048).settings())["ADAM_BETA2"] == 0.95
+    # a study that holds β2 per token already steps it on from there
+    own = parse_overrides(["ADAM_BETA2_REF_TOKENS=1024", "ADAM_BETA2=0.99"])
+    assert held_steps(small, "adam_beta2", own, 16) == [beta2(0.999, small, 1024)]
+    assert held_steps(small, "weight_decay", config, 16) == [step_held(small, "weight_decay", v)
+                                                              for v in (0.1, 0.3, 1.0)]
 
 
 def test_dropout_is_walked_only_where_the_model_has_it():
@@ -46,9 +69,10 @@ def test_dropout_is_walked_only_where_the_model_has_it():
 def test_a_step_within_the_seeds_spread_ends_its_walk_and_one_beyond_it_asks_for_the_other_seeds():
     firsts = {0.99: 1.95, 0.999: 1.90}
 
+    ladder = [step_held(POINT, "adam_beta2", v) for v in (0.99, 0.999)]
+
     def walk(sd, means):
-        return held_walk(POINT, 0.95, 2.0, 2.01, sd, "adam_beta2",
-                         lambda c: firsts.get(dict(c.held)["adam_beta2"]),
+        return held_walk(POINT, ladder, 2.0, 2.01, sd, "adam_beta2", lambda c: firsts.get(dict(c.held)["adam_beta2"]),
                          lambda c: means.get(dict(c.held)["adam_beta2"]))
 
     within = walk(0.08, {})
@@ -63,7 +87,7 @@ def test_a_step_within_the_seeds_spread_ends_its_walk_and_one_beyond_it_asks_for
     lost = walk(0.02, {0.99: 2.02})  # its first seed beat the point; its mean does not
     assert lost["end"] == "not on its seeds" and lost["moved"] == 0.0 and lost["next"] is None
     assert walk(0.02, {0.99: math.inf})["end"] == "not on its seeds"  # a diverged seed
-    first_diverged = held_walk(POINT, 0.95, 2.0, 2.01, 0.02, "adam_beta2", lambda c: math.inf, lambda c: None)
+    first_diverged = held_walk(POINT, ladder, 2.0, 2.01, 0.02, "adam_beta2", lambda c: math.inf, lambda c: None)
     assert first_diverged["end"] == "worse" and first_diverged["steps"][0]["val_bpc"] is None
 
 
@@ -112,9 +136,9 @@ def test_the_plan_lists_the_held_walks_points_as_the_command_starts_them(micro):
     # each walk's first step, and each point once beside them (its record names no processor)
     expected = {held_folder(micro.path, c, w["budget"]) for w in walks for c in (w["next"], parse_cell(w["cell"]))}
     assert sorted(job.folder for job in jobs) == sorted(expected)
-    step = step_held(POINT, "adam_beta2", 0.99)
+    step = beta2(0.99)  # the point's batch is the grid's largest: 0.95 per its tokens would be no step
     args = next(a for f, a in started if f == held_folder(micro.path, step, 6e9))
-    assert "ADAM_BETA2=0.99" in args and "FLOP_BUDGET=6000000000.0" in args
+    assert {"ADAM_BETA2=0.99", "ADAM_BETA2_REF_TOKENS=256", "FLOP_BUDGET=6000000000.0"} <= set(args)
     rows = after_grid_stages(micro, lambda cell: (1e7, 50_000, 256), lambda cell: 0.01, lambda cell: 1.0, True)
     (held,) = [r for r in rows if r["stage"].startswith("held settings walked")]
     assert held["points_left"] == len(started) and held["stage"].endswith(f"{len(walks)} open: their next points)")
@@ -126,7 +150,7 @@ def test_a_step_that_holds_on_its_seeds_moves_the_envelope_and_the_report_says_s
 
     before = report_from_records(micro.path)
     point = next(p for p in before["envelope"]["transformer++"] if p["budget"] == 6e9)
-    step = step_held(POINT, "adam_beta2", 0.99)
+    step = beta2(0.99)
     _record(micro, POINT, 6e9)  # the point trained again here, beside its steps: as recorded
     _record(micro, step, 6e9, point["bpc"] - 0.5)  # beats the point by far more than its seeds' sd
     (walk,) = [w for w in micro.held_walks() if w["budget"] == 6e9 and w["axis"] == "adam_beta2"
@@ -140,7 +164,7 @@ def test_a_step_that_holds_on_its_seeds_moves_the_envelope_and_the_report_says_s
     _record(micro, step, 6e9, point["bpc"] - 0.4, seeds=True)
     after = report_from_records(micro.path)
     moved = next(p for p in after["envelope"]["transformer++"] if p["budget"] == 6e9)
-    assert (moved["cell"], moved["held"]) == (step.name, {"adam_beta2": 0.99})
+    assert (moved["cell"], moved["held"]) == (step.name, {"adam_beta2": 0.99, "adam_beta2_tokens": 256})
     assert moved["bpc_mean"] == pytest.approx(point["bpc"] - 0.45)
     assert after["held"]["moves"] == [{"family": "transformer++", "budget": 6e9, "cell": step.name}]
     others = [(f, p["budget"], p["cell"]) for f, ps in after["envelope"].items() for p in ps if p is not moved]
@@ -151,14 +175,16 @@ def test_a_step_that_holds_on_its_seeds_moves_the_envelope_and_the_report_says_s
     assert after["comparisons"] == before["comparisons"] and not any("envelope_cells_now" in c
                                                                      for c in after["comparisons"])
     text = "\n".join(_held(after, "##"))
-    assert "The envelope takes: transformer++ at 6e+09 FLOPs, transformer++-xs-lr0.004-b8-beta2_0.99." in text
+    assert "The envelope takes: transformer++ at 6e+09 FLOPs, transformer++-xs-lr0.004-b8-beta2_0.99-per256." in text
+    assert "| 0.99 per 256 tokens: " in text
     # the walk goes on from the step that held: the next value, on the first seed
-    (walk,) = [w for w in held_walks(micro.records(), [], [6e9], 1337, 2, lambda c, b: parse_overrides([]))
+    (walk,) = [w for w in held_walks(micro.records(), [], micro.grid, [6e9], 1337,
+                                     lambda c, b: parse_overrides(["SEQ_LEN=32"]))
                if w["family"] == "transformer++" and w["axis"] == "adam_beta2"]
     assert walk["next"] == step  # without the stage's rows, the first step is next again
     walks = micro.held_walks()
     assert next(w for w in walks if w["budget"] == 6e9 and w["axis"] == "adam_beta2" and w["family"] ==
-                "transformer++")["next"] == step_held(POINT, "adam_beta2", 0.999)
+                "transformer++")["next"] == beta2(0.999)
 
 
 def test_a_study_without_the_stage_keeps_its_study_file_as_it_was(tmp_path):

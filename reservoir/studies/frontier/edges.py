@@ -31,7 +31,15 @@ from pathlib import Path
 from reservoir.data.tokens import corpus_label
 from reservoir.run.records import point_scores, read_signed_json, write_signed_json
 from reservoir.studies.budgets import point_name
-from reservoir.studies.frontier.grid import FAMILIES, HELD_SETTINGS, PRESETS, SIZES, Cell, FrontierError
+from reservoir.studies.frontier.grid import (
+    FAMILIES,
+    HELD_SETTINGS,
+    PRESETS,
+    SIZES,
+    WHOLE_NUMBERS,
+    Cell,
+    FrontierError,
+)
 from reservoir.studies.frontier.records import processor_of
 from reservoir.studies.store import PointRecords
 
@@ -149,7 +157,8 @@ def parse_cell(name: str) -> Cell | None:
         return None
     axes = {mark: axis for axis, (_, mark) in HELD_SETTINGS.items()}
     try:
-        held = tuple((axes[m["mark"]], float(m["value"])) for m in _HELD_MARK.finditer(match["held"]))
+        held = tuple((axes[m["mark"]], int(m["value"]) if axes[m["mark"]] in WHOLE_NUMBERS else float(m["value"]))
+                     for m in _HELD_MARK.finditer(match["held"]))
         cell = Cell(match["family"], match["size"], float(match["rate"]), int(match["batch"]), held)
     except (ValueError, KeyError):
         return None

@@ -152,8 +152,9 @@ class FrontierExit(Exception):
 
 # HELD=True's settings (held.py): axis -> (the setting, a block's own where it starts with '.'; its mark in a cell's
 # name). Every grid cell holds them at the study's values; a walk's step sets one of them.
-HELD_SETTINGS = {"adam_beta2": ("ADAM_BETA2", "beta2_"), "weight_decay": ("WEIGHT_DECAY", "wd"),
-                 "dropout": (".dropout", "drop")}
+HELD_SETTINGS = {"adam_beta2": ("ADAM_BETA2", "beta2_"), "adam_beta2_tokens": ("ADAM_BETA2_REF_TOKENS", "per"),
+                 "weight_decay": ("WEIGHT_DECAY", "wd"), "dropout": (".dropout", "drop")}
+WHOLE_NUMBERS = ("adam_beta2_tokens",)  # held settings that are counts
 
 
 @dataclass(frozen=True)
@@ -187,8 +188,8 @@ class Cell:
         block = self.model.upper()
         options = {**FAMILIES[self.family][1], **SIZES[self.model][self.size],
                    **(CONTROLS[self.family][control] if control else {})}
-        held = [f"{block if key.startswith('.') else ''}{key}={value!r}"
-                for key, value in ((HELD_SETTINGS[axis][0], value) for axis, value in self.held)]
+        held = [f"{block if key.startswith('.') else ''}{key}={int(value) if axis in WHOLE_NUMBERS else value!r}"
+                for axis, key, value in ((axis, HELD_SETTINGS[axis][0], value) for axis, value in self.held)]
         return [f"MODELS={self.model}", *(f"{block}.{k}={v!r}" for k, v in options.items()),
                 f"LEARNING_RATE={self.learning_rate!r}", f"BATCH_SIZE={self.batch_size}", *held]
 

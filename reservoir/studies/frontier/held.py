@@ -30,7 +30,10 @@ from reservoir.studies.store import PointRecords
 
 HELD_FOLDER = "held"
 # each held setting's values, walked upward from the one a study holds (nanoGPT's Shakespeare run: β2 0.99, dropout
-# 0.2; Porian et al. 2024: β2 0.99 to 0.999 at small batches)
+# 0.2). Adam's β2 is stepped in its per-token form (ADAM_BETA2_REF_TOKENS at the grid's largest batch: the same β2
+# there, a higher one at smaller batches, the fix Porian et al. 2024 found essential at small batch): measured on
+# four TinyStories envelope points at 1.25e12 FLOPs (bench/README.md, "Adam's β2 at small batch"), a fixed 0.99 lost
+# at every one, the per-token form won at two
 LADDERS = {"adam_beta2": (0.95, 0.99, 0.999), "weight_decay": (0.01, 0.1, 0.3, 1.0), "dropout": (0.0, 0.1, 0.2, 0.3)}
 DROPOUT_BETWEEN_LAYERS = ("lstm",)  # models whose dropout sits between layers: none at one layer
 
@@ -56,9 +59,19 @@ def held_axes(cell: Cell, config: dict) -> list[str]:
     return [axis for axis in LADDERS if held_value(cell, axis, config) is not None]
 
 
-def next_value(axis: str, value: float) -> float | None:
-    """The value after ``value`` on ``axis``'s ladder (its first above ``value``), or None past its last."""
-    return next((v for v in LADDERS[axis] if v > value * (1 + 1e-9) + 1e-12), None)
+def held_steps(start: Cell, axis: str, config: dict, largest_batch: int) -> list[Cell]:
+    """The steps of ``axis``'s walk from ``start`` (``config``: the settings its record requested), in order: each
+    ladder value above the one held; for Adam's β2, each from the one held, per the tokens of a step at the grid's
+    ``largest_batch`` (or per the study's own ADAM_BETA2_REF_TOKENS, where it has one)."""
+    value = held_value(start, axis, config)
+    if axis != "adam_beta2":
+        return [step_held(start, axis, v) for v in LADDERS[axis] if v > value * (1 + 1e-9) + 1e-12]
+    tokens = config.get("ADAM_BETA2_REF_TOKENS") or largest_batch * config["SEQ_LEN"]
+    per_step = start.batch_size * config["SEQ_LEN"]  # a step's tokens (what a step at this batch averages)
+    held = value ** (per_step / config["ADAM_BETA2_REF_TOKENS"]) if config.get("ADAM_BETA2_REF_TOKENS") else value
+    # a step that leaves this batch's β2 as it was (0.95 per the largest batch's tokens, at the largest batch) is none
+    return [step_held(step_held(start, axis, v), "adam_beta2_tokens", tokens) for v in LADDERS[axis]
+            if v ** (per_step / tokens) > held + 1e-9]
 
 
 def step_held(cell: Cell, axis: str, value: float) -> Cell:
@@ -66,24 +79,25 @@ def step_held(cell: Cell, axis: str, value: float) -> Cell:
     return replace(cell, held=(*((a, v) for a, v in cell.held if a != axis), (axis, value)))
 
 
-def held_walk(start: Cell, value: float, start_bpc: float, start_mean: float | None, sd: float | None, axis: str,
-              first, mean) -> dict:
-    """One held setting's walk upward from the envelope point ``start`` (held at ``value``; its first seed's score
-    ``start_bpc``, its seeds' mean ``start_mean``, None while not known here, and their ``sd``): ``first(cell)``,
-    a step's first-seed score (None: not run; inf: diverged); ``mean(cell)``, its mean over every seed (None: its
-    other seeds not run). ``next``: the step to train now, and ``next_seeds`` whether on its other seeds."""
+def held_walk(start: Cell, ladder: list[Cell], start_bpc: float, start_mean: float | None, sd: float | None,
+              axis: str, first, mean) -> dict:
+    """One held setting's walk from the envelope point ``start`` along its ``ladder`` of steps (``held_steps``): its
+    first seed's score ``start_bpc``, its seeds' mean ``start_mean`` (None while not known here) and their ``sd``;
+    ``first(cell)``, a step's first-seed score (None: not run; inf: diverged); ``mean(cell)``, its mean over every
+    seed (None: its other seeds not run). ``next``: the step to train now, and ``next_seeds`` whether on its other
+    seeds."""
     steps, best_bpc, best_mean, best, end, pending, seeds = [], start_bpc, start_mean, start, None, None, False
-    while True:
-        value = next_value(axis, value)
-        if value is None:
+    for step in [*ladder, None]:
+        if step is None:
             end = "no value beyond"
             break
-        step = step_held(start, axis, value)
+        value = dict(step.held)[axis]
         bpc = first(step)
         if bpc is None:
             end, pending = "not run yet", step
             break
-        row = {"cell": step.name, "value": value, "val_bpc": None if math.isinf(bpc) else bpc, "bpc_mean": None}
+        row = {"cell": step.name, "value": value, "per_tokens": dict(step.held).get("adam_beta2_tokens"),
+               "val_bpc": None if math.isinf(bpc) else bpc, "bpc_mean": None}
         steps.append(row)
         if bpc >= best_bpc - (sd or 0.0):
             end = "worse" if bpc >= best_bpc else "within the seeds' sd"
@@ -106,12 +120,13 @@ def walked(stage) -> list[str] | None:
     return stage if isinstance(stage, list) else None
 
 
-def held_walks(rows: list[dict], held_rows: list[dict], budgets: list[float], seed: int, seeds: int,
-               config_of, families: list[str] | None = None) -> list[dict]:
+def held_walks(rows: list[dict], held_rows: list[dict], grid: dict, budgets: list[float], seed: int, config_of,
+               families: list[str] | None = None) -> list[dict]:
     """Every held setting's walk of each family of ``families`` (None: every one) at ``budgets``, from the grid's
     rows (``collect_records``) and the stage's (``collect_held_rows``: the point's own too, where it was trained
-    beside its steps); ``seeds``: how many seeds an envelope point has (ENVELOPE_SEEDS); ``config_of(cell,
-    budget)``: the settings a grid point's record requested."""
+    beside its steps); ``grid``: the study's (its ENVELOPE_SEEDS and BATCH_SIZES); ``config_of(cell, budget)``: the
+    settings a grid point's record requested."""
+    seeds, largest_batch = grid["ENVELOPE_SEEDS"], max(grid["BATCH_SIZES"])
     firsts = {(r["cell"], r["budget"]): r["val_bpc"] for r in held_rows if r["seed"] == seed}
     others: dict = {}
     for r in held_rows:
@@ -149,11 +164,13 @@ def held_walks(rows: list[dict], held_rows: list[dict], budgets: list[float], se
             sd = statistics.stdev(recorded) if len(recorded) > 1 else None
             config = config_of(start, budget)
             for axis in held_axes(start, config):
-                value = held_value(start, axis, config)
-                walk = held_walk(start, value, start_bpc, start_mean, sd, axis, first, mean)
+                ladder = held_steps(start, axis, config, largest_batch)
+                walk = held_walk(start, ladder, start_bpc, start_mean, sd, axis, first, mean)
                 out.append({"family": family, "budget": budget, "cell": start.name, "val_bpc": start_bpc,
                             "bpc_mean": start_mean, "bpc_sd": sd, "recorded_bpc": r["val_bpc"],
-                            "trained_beside": here is not None, "from": value, **walk})
+                            "trained_beside": here is not None, "from": held_value(start, axis, config),
+                            "per_tokens": config.get("ADAM_BETA2_REF_TOKENS") if axis == "adam_beta2" else None,
+                            **walk})
     return out
 
 
@@ -199,8 +216,8 @@ def held_report(study: dict, rows: list[dict], records: PointRecords) -> dict | 
         return None
     budgets = held_budgets(study["budgets"], stages.get("lead_budget"))
     held_rows = collect_held_rows(records, budgets)
-    walks = held_walks(rows, held_rows, budgets, study["seed"], 1 + len(study.get("extra_seeds") or []),
-                       recorded_config(records), walked(stages["held"]))
+    walks = held_walks(rows, held_rows, study["grid"], budgets, study["seed"], recorded_config(records),
+                       walked(stages["held"]))
     for w in walks:
         w["next"] = w["next"].name if w["next"] else None
     moves = held_moves(walks)

@@ -1089,6 +1089,7 @@ def _held(report: dict, h: str) -> list[str]:
     if not held:
         return []
     ladders = "; ".join(f"{_HELD_NAMES[a]} {' → '.join(f'{v:g}' for v in values)}"
+                        + (" per the tokens of a step at the grid's largest batch" if a == "adam_beta2" else "")
                         for a, values in held["ladders"].items())
     lines = ["", f"{h}# The held settings walked", "",
              "Each family's envelope point at the grid's top budget and the lead budget, one step at a time along "
@@ -1105,13 +1106,16 @@ def _held(report: dict, h: str) -> list[str]:
               "| --- | --- | --- | --- | --- | --- |"]
     order = {f: k for k, f in enumerate(report["families"])}
     for w in sorted(walks, key=lambda w: (w["budget"], order.get(w["family"], 99), w["axis"])):
-        steps = [f"{s['value']:g}: {_fmt(s['val_bpc'])}" + (f", mean {_fmt(s['bpc_mean'])}" if s["bpc_mean"] else "")
+        steps = [f"{s['value']:g}" + (f" per {s['per_tokens']} tokens" if s.get("per_tokens") else "")
+                 + f": {_fmt(s['val_bpc'])}" + (f", mean {_fmt(s['bpc_mean'])}" if s["bpc_mean"] else "")
                  for s in w["steps"]]
         verdict = f"**{w['moved']:+.3f}** ({w['best_cell']})" if w["moved"] < 0 else _HELD_ENDS[w["end"]]
         spread = f" ± {w['bpc_sd']:.3f}" if w["bpc_sd"] else ""
         point = (f"{w['cell']}: {_fmt(w['val_bpc'])}, {_fmt(w['bpc_mean'])}{spread}"
                  + (" (trained here)" if w["trained_beside"] else ""))
-        lines.append(f"| {w['family']} | {w['budget']:.3g} | {point} | {_HELD_NAMES[w['axis']]} {w['from']:g} | "
+        holds = f"{w['from']:g}" + ("" if w["axis"] != "adam_beta2" else f" per {w['per_tokens']} tokens"
+                                    if w.get("per_tokens") else " a step")
+        lines.append(f"| {w['family']} | {w['budget']:.3g} | {point} | {_HELD_NAMES[w['axis']]} {holds} | "
                      f"{'; '.join(steps) or '–'} | {verdict} |")
     moves = held["moves"]
     pending = sum(w["next"] is not None for w in walks)

@@ -639,8 +639,8 @@ class FrontierStudy:
     def held_walks(self) -> list[dict]:
         """Every held setting's walk from an envelope point (held.py), as the records have it now."""
         budgets = held_budgets(self.budgets, self.stages["lead_budget"])
-        return held_walks(self.records(), collect_held_rows(self.store, budgets), budgets, self.config["SEED"],
-                          self.grid["ENVELOPE_SEEDS"], recorded_config(self.store), walked(self.stages["held"]))
+        return held_walks(self.records(), collect_held_rows(self.store, budgets), self.grid, budgets,
+                          self.config["SEED"], recorded_config(self.store), walked(self.stages["held"]))
 
     def _run_held(self, run_points) -> None:
         """HELD=True (held.py): each envelope point at the grid's top budget and the lead budget, one step along
