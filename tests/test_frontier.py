@@ -835,26 +835,37 @@ def test_draws_train_each_draw_on_each_seed_split_the_spread_and_train_nothing_a
     assert "the draw against the seed at 6e+09 FLOPs: 0 runs to train" in again.stdout
 
 
-def test_a_subword_study_scores_bits_per_character_not_per_token(tmp_path):
+def test_a_subword_study_scores_bits_per_character_and_the_report_sets_it_beside_the_character_study(tmp_path):
     """TOKENIZER=bpe: a study's points train on subword tokens (several characters each) and every score it ranks is
-    the validation's nats over its characters: the same unit as a character study's, so the two sit in one table."""
+    the validation's nats over its characters: the same unit as a character study's, so REPORT sets the two studies
+    of one text in one table (here the committed micro study and its subword twin)."""
     import math
 
     from reservoir.data.tokens import prepare_data
     from tests.conftest import make_config, summary_of
 
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "studies" / "micro", results / "micro")
     settings = ["DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048",
-                "FINAL_EVAL_TOKENS=2048", "SAMPLE_TOKENS=0", "WARMUP_STEPS=5", "TOKENIZER=bpe", "VOCAB_SIZE=512"]
-    run_script("scaling.py", "FRONTIER=True", "STUDY=bpe", "FAMILIES=lstm", "SIZES=xs", "LEARNING_RATES=4e-3",
-               "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=1",
-               "WORKERS=1", *settings,
-               f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}", timeout=600)
-    study = tmp_path / "results" / "bpe"
-    record = summary_of(study / "lstm-xs-lr0.004-b8" / "flops-3.00e09")["lstm"]
+                "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0", "WARMUP_STEPS=5", "TOKENIZER=bpe", "VOCAB_SIZE=512"]
+    run_script("scaling.py", "FRONTIER=True", "STUDY=micro-bpe", "FAMILIES=transformer++,linear_reservoir", "SIZES=xs",
+               "LEARNING_RATES=4e-3", "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1000",
+               "ENVELOPE_SEEDS=1", "WORKERS=1", *settings, f"RESULTS_DIR={results}", f"CACHE_DIR={tmp_path / 'c'}",
+               timeout=600)
+    study = results / "micro-bpe"
+    record = summary_of(study / "linear_reservoir-xs-lr0.004-b8" / "flops-6.00e09")["linear_reservoir"]
     data = prepare_data(make_config(tmp_path, *settings))
     scored = data.tokenizer.count_chars(data.val[1:record["eval_tokens"] + 1])
     assert scored / record["eval_tokens"] > 2  # subword tokens: characters a token
     assert record["val_bpc"] == pytest.approx(record["val_loss"] * record["eval_tokens"] / scored / math.log(2))
     report = json.loads((study / "frontier.json").read_text())
-    point = report["envelope"]["lstm"][0]
+    point = report["envelope"]["linear_reservoir"][-1]
     assert point["bpc"] == record["val_bpc"] and report["corpus"].startswith("bpe tokenizer")
+    run_script("scaling.py", f"REPORT={results}")
+    text = (results / "REPORT.md").read_text()
+    assert "## Characters or subwords: `micro` and `micro-bpe`" in text
+    chars = json.loads((results / "micro" / "frontier.json").read_text())["envelope"]["linear_reservoir"]
+    at = next(p for p in chars if p["budget"] == 6e9)
+    assert (f"| 6e+09 | linear_reservoir | {at['bpc_mean']:.3f} ± {at['bpc_sd']:.3f} | {point['bpc']:.3f} | "
+            f"{point['bpc'] - at['bpc_mean']:+.3f} |") in text
+    assert "- 6e+09 FLOPs: the same ranking" in text or "- 6e+09 FLOPs: the ranking changes" in text

@@ -424,6 +424,7 @@ def format_report(studies: list[tuple[Path, dict]], root: Path, probes: dict | N
         lines += [f"## `{report['study']}`: the headline", "", headline(report), ""]
     for path, report in studies:
         lines.append(format_study(report, f"{path.relative_to(root).as_posix()}/frontier.png", level=2))
+    lines += tokenizer_sections([report for _, report in studies])
     if probes:
         lines += ["", format_probes(probes, level=2, image=f"{PROBES_FOLDER}/probes.png")]
     return "\n".join(lines)
@@ -1127,3 +1128,53 @@ def _held(report: dict, h: str) -> list[str]:
     if pending:
         lines.append(f"{pending} walks are not finished: the study's command with HELD=True continues them.")
     return lines
+
+
+def _text(report: dict) -> tuple[str, str]:
+    """(the text a study read, in characters; its tokenizer), from its corpus label (data/tokens.py corpus_label)."""
+    tokenizer, _, text = (report.get("corpus") or "").partition(", ")
+    return text, tokenizer.partition(" tokenizer")[0]
+
+
+def tokenizer_sections(reports: list[dict]) -> list[str]:
+    """"Characters or subwords": for each study of characters and each study of the same text under another
+    tokenizer, every family both ran at every budget both reached, in bits per character, and whether the ranking
+    and the best reservoir's gap to the transformer survive the tokenizer."""
+    lines = []
+    for chars in reports:
+        text, kind = _text(chars)
+        if kind != "char" or not text:
+            continue
+        for other in reports:
+            other_text, other_kind = _text(other)
+            if other_text == text and other_kind != "char":
+                lines += _tokenizer_section(chars, other, text)
+    return lines
+
+
+def _tokenizer_section(chars: dict, other: dict, text: str) -> list[str]:
+    a, b = _by_budget(chars), _by_budget(other)
+    families = [f for f in chars["families"] if f in other["families"] and a.get(f) and b.get(f)]
+    budgets = sorted({budget for f in families for budget in a[f] if budget in b[f]})
+    lines = ["", f"## Characters or subwords: `{chars['study']}` and `{other['study']}`", "",
+             f"One text ({text}) read as characters and as {_text(other)[1]} tokens; both scored in bits per "
+             "character, each on the start of the same validation text (as many tokens as its FINAL_EVAL_TOKENS), "
+             "so one table (mean ± sd over seeds; the difference of the means).", "",
+             f"| budget | family | characters | {_text(other)[1]} tokens | difference |",
+             "| --- | --- | --- | --- | --- |"]
+    for budget in budgets:
+        for f in families:
+            if budget in a[f] and budget in b[f]:
+                lines.append(f"| {budget:.3g} | {f} | {_bpc(a[f][budget])} | {_bpc(b[f][budget])} | "
+                             f"{b[f][budget]['bpc_mean'] - a[f][budget]['bpc_mean']:+.3f} |")
+    lines.append("")
+    for budget in budgets:
+        present = [f for f in families if budget in a[f] and budget in b[f]]
+        order = [sorted(present, key=lambda f, by=by: by[f][budget]["bpc_mean"]) for by in (a, b)]
+        ranking = ("the same ranking" if order[0] == order[1] else
+                   f"the ranking changes ({' < '.join(order[0])} in characters; {' < '.join(order[1])} in tokens)")
+        gaps = [next((f"{g['family']} {g['gap']:+.1%}" for g in goal_rows(r) if g["budget"] == budget), "–")
+                for r in (chars, other)]
+        lines.append(f"- {budget:.3g} FLOPs: {ranking}; the best reservoir's gap to the transformer {gaps[0]} in "
+                     f"characters, {gaps[1]} in tokens.")
+    return lines if budgets else []
