@@ -72,8 +72,11 @@ def test_a_step_within_the_seeds_spread_ends_its_walk_and_one_beyond_it_asks_for
     ladder = [step_held(POINT, "adam_beta2", v) for v in (0.99, 0.999)]
 
     def walk(sd, means):
-        return held_walk(POINT, ladder, 2.0, 2.01, sd, "adam_beta2", lambda c: firsts.get(dict(c.held)["adam_beta2"]),
-                         lambda c: means.get(dict(c.held)["adam_beta2"]))
+        def value(c):
+            return dict(c.held)["adam_beta2"]
+
+        return held_walk(POINT, ladder, {"bpc": 2.0, "mean": 2.01, "sd": sd}, "adam_beta2",
+                         lambda c: firsts.get(value(c)), lambda c: means.get(value(c)))
 
     within = walk(0.08, {})
     assert (within["end"], within["next"], within["moved"]) == ("within the seeds' sd", None, 0.0)
@@ -87,7 +90,8 @@ def test_a_step_within_the_seeds_spread_ends_its_walk_and_one_beyond_it_asks_for
     lost = walk(0.02, {0.99: 2.02})  # its first seed beat the point; its mean does not
     assert lost["end"] == "not on its seeds" and lost["moved"] == 0.0 and lost["next"] is None
     assert walk(0.02, {0.99: math.inf})["end"] == "not on its seeds"  # a diverged seed
-    first_diverged = held_walk(POINT, ladder, 2.0, 2.01, 0.02, "adam_beta2", lambda c: math.inf, lambda c: None)
+    first_diverged = held_walk(POINT, ladder, {"bpc": 2.0, "mean": 2.01, "sd": 0.02}, "adam_beta2", lambda c: math.inf,
+                               lambda c: None)
     assert first_diverged["end"] == "worse" and first_diverged["steps"][0]["val_bpc"] is None
 
 

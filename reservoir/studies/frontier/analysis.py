@@ -65,11 +65,12 @@ def _dated(comparison: dict, envelope: dict) -> dict:
 
 def build_frontier(rows: list[dict], study: dict, references: list[dict] | None = None,
                    comparisons: list[dict] | None = None, controls: list[dict] | None = None,
-                   contexts: dict | None = None, edges: dict | None = None, held: dict | None = None) -> dict:
+                   stages: dict | None = None) -> dict:
     """frontier.json's content from the point rows, the study's grid, its reference runs, its controls and
-    the stages' results (contexts.py, edges.py, held.py: where a held setting's walk moved a point, the envelope
-    takes its step)."""
+    the later stages' results, ``stages``: "contexts" (contexts.py), "edges" (edges.py) and "held" (held.py: where
+    a held setting's walk moved a point, the envelope takes its step)."""
     references, controls = references or [], controls or []
+    contexts, edges, held = ((stages or {}).get(key) for key in ("contexts", "edges", "held"))
     stepped = [*((edges or {}).get("steps") or []), *((held or {}).get("rows") or [])]
     corpora = sorted({r["corpus"] for r in [*rows, *references, *controls, *stepped] if r.get("corpus")})
     if len(corpora) > 1:
@@ -256,15 +257,15 @@ def study_report(folder: Path, study: dict, rows: list[dict], records: PointReco
     False leaves out the draws' split and the element-wise view, which no stage reads (a study builds its report
     for its stages several times a command)."""
     parts = (rows, study, collect_references(records), collect_comparisons(folder),
-             collect_controls(records, study["cells"], study["budgets"]), context_table(folder, records),
-             edges_report(study, rows, records))
-    grid = build_frontier(*parts)  # the grid's envelope: what the stages start from (their cells are the grid's)
+             collect_controls(records, study["cells"], study["budgets"]))
+    stages = {"contexts": context_table(folder, records), "edges": edges_report(study, rows, records)}
+    grid = build_frontier(*parts, stages)  # the grid's envelope: what the stages start from (the grid's cells)
     if not views:
         return grid
     held = held_report(study, rows, records)
     report = grid
     if held:  # the envelope takes the held settings' steps that held; the comparisons and draws stay the grid's
-        report = {**build_frontier(*parts, held=held), "comparisons": grid["comparisons"]}
+        report = {**build_frontier(*parts, {**stages, "held": held}), "comparisons": grid["comparisons"]}
     if (study.get("stages") or {}).get("draws"):
         top = max(study["budgets"])
         report["draws"] = {"budget": top, "families": draws_report(records, grid, collect_draws(

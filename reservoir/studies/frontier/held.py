@@ -79,13 +79,13 @@ def step_held(cell: Cell, axis: str, value: float) -> Cell:
     return replace(cell, held=(*((a, v) for a, v in cell.held if a != axis), (axis, value)))
 
 
-def held_walk(start: Cell, ladder: list[Cell], start_bpc: float, start_mean: float | None, sd: float | None,
-              axis: str, first, mean) -> dict:
-    """One held setting's walk from the envelope point ``start`` along its ``ladder`` of steps (``held_steps``): its
-    first seed's score ``start_bpc``, its seeds' mean ``start_mean`` (None while not known here) and their ``sd``;
+def held_walk(start: Cell, ladder: list[Cell], point: dict, axis: str, first, mean) -> dict:
+    """One held setting's walk from the envelope point ``start`` along its ``ladder`` of steps (``held_steps``);
+    ``point``: its first seed's score "bpc", its seeds' "mean" (None while not known here) and their "sd";
     ``first(cell)``, a step's first-seed score (None: not run; inf: diverged); ``mean(cell)``, its mean over every
     seed (None: its other seeds not run). ``next``: the step to train now, and ``next_seeds`` whether on its other
     seeds."""
+    start_bpc, start_mean, sd = point["bpc"], point["mean"], point["sd"]
     steps, best_bpc, best_mean, best, end, pending, seeds = [], start_bpc, start_mean, start, None, None, False
     for step in [*ladder, None]:
         if step is None:
@@ -165,7 +165,7 @@ def held_walks(rows: list[dict], held_rows: list[dict], grid: dict, budgets: lis
             config = config_of(start, budget)
             for axis in held_axes(start, config):
                 ladder = held_steps(start, axis, config, largest_batch)
-                walk = held_walk(start, ladder, start_bpc, start_mean, sd, axis, first, mean)
+                walk = held_walk(start, ladder, {"bpc": start_bpc, "mean": start_mean, "sd": sd}, axis, first, mean)
                 out.append({"family": family, "budget": budget, "cell": start.name, "val_bpc": start_bpc,
                             "bpc_mean": start_mean, "bpc_sd": sd, "recorded_bpc": r["val_bpc"],
                             "trained_beside": here is not None, "from": held_value(start, axis, config),
