@@ -108,6 +108,7 @@ def test_everything_a_study_writes_is_its_committed_records_or_ignored_by_git(tm
     from reservoir.studies.frontier.contexts import long_context_folder
     from reservoir.studies.frontier.edges import edge_folder
     from reservoir.studies.frontier.grid import Cell
+    from reservoir.studies.frontier.held import held_folder, step_held
 
     repo = tmp_path / "clone"
     repo.mkdir()
@@ -124,6 +125,7 @@ def test_everything_a_study_writes_is_its_committed_records_or_ignored_by_git(tm
         points = [study.folder(cell, 7.81e12), study.folder(cell, 7.81e12, seeds=True),
                   study.path / "references" / "ngram-3", study.control_folder(cell, "unfrozen", 1.95e13),
                   long_context_folder(study.path, cell.name, 1.95e13, 128), edge_folder(study.path, cell, 4e13),
+                  held_folder(study.path, step_held(cell, "weight_decay", 0.1), 4e13, seeds=True),
                   study.replay_folder(study.folder(cell, 7.81e12)), study.path / "logs"]
         for point in points:
             for name in ("config.json", "summary.json", "metrics.jsonl", "tokenizer.json", "train_log.jsonl",
