@@ -225,3 +225,47 @@ def test_a_folder_under_held_that_names_no_cell_is_refused_in_one_line(micro):
     (micro.path / "held" / "not-a-cell").mkdir(parents=True)
     with pytest.raises(FrontierError, match="not-a-cell is not a point of the held settings' walks"):
         report_from_records(micro.path)
+
+
+@pytest.mark.slow  # a micro study and its walks end to end: about a minute of points, each its own process
+def test_the_held_stage_trains_each_step_as_its_settings_say_and_a_second_run_trains_nothing(tmp_path):
+    """HELD=True on a micro study held at a poor β2 (0.7): round 1 trains each walk's first step, a step that beats
+    its point by more than the seeds' sd trains on the other seed and is walked on; every step's record requested
+    the setting its name says, the envelope takes exactly the walks' steps that held, and the same command again
+    trains nothing."""
+    from reservoir.studies.frontier.analysis import report_from_records
+    from tests.conftest import run_script
+
+    args = ["FRONTIER=True", "STUDY=held", "FAMILIES=transformer++", "SIZES=xs", "LEARNING_RATES=4e-3",
+            "BATCH_SIZES=4,8", "BUDGETS=3e9,6e9", "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=2",
+            "HELD=True", "ADAM_BETA2=0.7", "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32",
+            "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0", "WARMUP_STEPS=5", "WORKERS=1",
+            f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'c'}"]
+    proc = run_script("scaling.py", *args, timeout=900)
+    assert "the held settings, round 1:" in proc.stdout
+    study = tmp_path / "results" / "held"
+    report = report_from_records(study)
+    walks = report["held"]["walks"]
+    assert sorted(w["axis"] for w in walks) == ["adam_beta2", "dropout", "weight_decay"]
+    for w in walks:
+        assert w["next"] is None and w["steps"]  # every walk ended
+        best, best_mean = w["val_bpc"], w["bpc_mean"]  # each step is set against the walk's best so far
+        for step in w["steps"]:
+            cell = parse_cell(step["cell"])
+            config = json.loads((held_folder(study, cell, 6e9) / "config.json").read_text())["requested_config"]
+            keys = {"adam_beta2": "ADAM_BETA2", "adam_beta2_tokens": "ADAM_BETA2_REF_TOKENS",
+                    "weight_decay": "WEIGHT_DECAY"}
+            for axis, value in cell.held:
+                held = config["TRANSFORMER"]["dropout"] if axis == "dropout" else config[keys[axis]]
+                assert held == pytest.approx(value)
+            beat = step["val_bpc"] is not None and step["val_bpc"] < best - w["bpc_sd"]
+            assert (step["bpc_mean"] is not None) == beat  # the other seed trained where, and only where, it beat
+            if beat and step["bpc_mean"] < best_mean:
+                best, best_mean = step["val_bpc"], step["bpc_mean"]
+        assert w["best_mean"] == best_mean
+    moves = {(m["family"], m["budget"]): m["cell"] for m in report["held"]["moves"]}
+    assert moves == {(w["family"], w["budget"]): w["best_cell"] for w in walks if w["moved"] < 0}
+    top = {p["budget"]: p["cell"] for p in report["envelope"]["transformer++"]}
+    assert top[6e9] == moves.get(("transformer++", 6e9), walks[0]["cell"])
+    again = run_script("scaling.py", *args, timeout=900)
+    assert "the held settings, round" not in again.stdout and "started" not in again.stdout
