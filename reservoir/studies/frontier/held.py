@@ -166,6 +166,10 @@ def held_walks(rows: list[dict], held_rows: list[dict], grid: dict, budgets: lis
             for axis in held_axes(start, config):
                 ladder = held_steps(start, axis, config, largest_batch)
                 walk = held_walk(start, ladder, {"bpc": start_bpc, "mean": start_mean, "sd": sd}, axis, first, mean)
+                for step in walk["steps"]:  # a step trained on every seed: their spread beside their mean
+                    every = [firsts.get((step["cell"], budget)), *others.get((step["cell"], budget), {}).values()]
+                    step["bpc_sd"] = statistics.stdev(every) if step["bpc_mean"] is not None and len(every) > 1 \
+                        and not any(v is None for v in every) and not math.isinf(step["bpc_mean"]) else None
                 out.append({"family": family, "budget": budget, "cell": start.name, "val_bpc": start_bpc,
                             "bpc_mean": start_mean, "bpc_sd": sd, "recorded_bpc": r["val_bpc"],
                             "trained_beside": here is not None, "from": held_value(start, axis, config),

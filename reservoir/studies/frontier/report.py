@@ -1109,6 +1109,7 @@ def _held(report: dict, h: str) -> list[str]:
     for w in sorted(walks, key=lambda w: (w["budget"], order.get(w["family"], 99), w["axis"])):
         steps = [f"{s['value']:g}" + (f" per {s['per_tokens']} tokens" if s.get("per_tokens") else "")
                  + f": {_fmt(s['val_bpc'])}" + (f", mean {_fmt(s['bpc_mean'])}" if s["bpc_mean"] else "")
+                 + (f" ± {s['bpc_sd']:.3f}" if s.get("bpc_sd") else "")
                  for s in w["steps"]]
         verdict = f"**{w['moved']:+.3f}** ({w['best_cell']})" if w["moved"] < 0 else _HELD_ENDS[w["end"]]
         spread = f" ± {w['bpc_sd']:.3f}" if w["bpc_sd"] else ""
