@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.reproduce_point import train_point  # noqa: E402
 from reservoir.platform.machine import processor  # noqa: E402
 from reservoir.studies.frontier.edges import parse_cell  # noqa: E402
 from reservoir.studies.frontier.records import read_study_file  # noqa: E402
@@ -60,15 +60,8 @@ def main(argv: list[str]) -> int:
     for name, cell, budget in cells:
         row = {"cell": name, "budget": budget}
         for k, (variant, extra) in enumerate(variants(kind, study).items()):
-            run_name = f"{name}-{budget:g}-{kind}{k}"
-            args = [*study["settings"], *cell.settings(), *settings, *extra, f"FLOP_BUDGET={budget!r}",
-                    f"RESULTS_DIR={where}", f"RUN_NAME={run_name}", f"SEED={study['seed']}"]
-            run = subprocess.run([sys.executable, str(ROOT / "TinyStories.py"), *args], cwd=ROOT, capture_output=True,
-                                 text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-            if run.returncode != 0:
-                said = (run.stderr.strip().splitlines() or ["no message"])[-1]
-                sys.exit(f"error: {name} with {variant} stopped (exit code {run.returncode}): {said}")
-            row[variant] = json.loads((where / run_name / "summary.json").read_text())[0]["val_bpc"]
+            row[variant] = train_point(study, cell, budget, [*settings, *extra, f"SEED={study['seed']}"],
+                                       where / f"{name}-{budget:g}-{kind}{k}", f"{name} with {variant}")
             print(f"{name} at {budget:g} FLOPs, {variant}: {row[variant]:.4f} bits/char", flush=True)
         rows.append(row)
     print(f"\nOn {processor()}, seed {study['seed']}, from step 0 (runs in {where})\n")

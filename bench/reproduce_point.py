@@ -60,14 +60,7 @@ def reproduce(study_dir: str, cell_name: str, budget_text: str, *settings: str, 
     here = processor()
     rows = []
     for k, (kernels, env) in enumerate(KERNELS.items()):
-        args = [*study["settings"], *cell.settings(), *settings, f"FLOP_BUDGET={budget!r}", f"RESULTS_DIR={where}",
-                f"RUN_NAME=run{k}"]
-        run = subprocess.run([sys.executable, str(ROOT / "TinyStories.py"), *args], cwd=ROOT, capture_output=True,
-                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
-        if run.returncode != 0:
-            said = (run.stderr.strip().splitlines() or ["no message"])[-1]
-            sys.exit(f"error: the run with {kernels} kernels stopped (exit code {run.returncode}): {said}")
-        score = json.loads((where / f"run{k}" / "summary.json").read_text())[0]["val_bpc"]
+        score = train_point(study, cell, budget, settings, where / f"run{k}", f"the run with {kernels} kernels", env)
         rows.append({"kernels": kernels, "val_bpc": score, "record": record["val_bpc"],
                      "difference": score - record["val_bpc"]})
     print(f"{cell_name} at {budget:g} FLOPs, seed {study['seed']}, here on {here} (runs in {where})\n")
@@ -76,6 +69,20 @@ def reproduce(study_dir: str, cell_name: str, budget_text: str, *settings: str, 
         print(f"| {r['kernels']} | {r['val_bpc']:.6f} | {r['record']:.6f} | {r['difference']:+.4f} |")
     (where / "reproduce.json").write_text(json.dumps({"cell": cell_name, "budget": budget, "processor": here,
                                                       "rows": rows}, indent=1))
+
+
+def train_point(study: dict, cell, budget: float, settings: list[str], folder: Path, what: str,
+                env: dict | None = None) -> float:
+    """``cell`` at ``budget`` trained here into ``folder`` from the study file's settings and ``settings`` (later
+    ones win), one thread, in a process of its own: its bits/char; a run that stops exits with ``what`` stopped."""
+    args = [*study["settings"], *cell.settings(), *settings, f"FLOP_BUDGET={budget!r}", f"RESULTS_DIR={folder.parent}",
+            f"RUN_NAME={folder.name}"]
+    run = subprocess.run([sys.executable, str(ROOT / "TinyStories.py"), *args], cwd=ROOT, capture_output=True,
+                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    if run.returncode != 0:
+        said = (run.stderr.strip().splitlines() or ["no message"])[-1]
+        sys.exit(f"error: {what} stopped (exit code {run.returncode}): {said}")
+    return json.loads((folder / "summary.json").read_text())[0]["val_bpc"]
 
 
 if __name__ == "__main__":

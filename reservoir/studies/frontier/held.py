@@ -2,8 +2,9 @@
 
 A study searches size, learning rate and batch; Adam's β2, the weight decay and dropout it holds at one value for
 every family (HELD_SETTINGS). At the grid's top budget and the lead budget, this stage walks each family's envelope
-point one step along each held setting that applies to it (LADDERS: β2 0.95 → 0.99, weight decay 0.01 → 0.1,
-dropout 0 → 0.1, for a family whose model has dropout), from step 0, on the study's first seed. A step counts only
+point one step along each held setting that applies to it (LADDERS: β2 0.95, 0.99, 0.999 per the tokens of a step
+at the grid's largest batch; weight decay 0.01 → 0.1; dropout 0 → 0.1, for a family whose model has dropout), from
+step 0, on the study's first seed. A step counts only
 if it beats the point by more than the point's seeds' sd: one seed cannot tell a smaller difference from the draw.
 Such a step is trained on the other seeds; where its mean over the seeds beats the point's, it is walked on to the
 next value the same way, and the envelope takes the walk's last step that held (``held_moves``).
@@ -22,6 +23,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from reservoir.run.train import adam_beta2
 from reservoir.studies.budgets import point_name
 from reservoir.studies.frontier.edges import stage_cells
 from reservoir.studies.frontier.grid import HELD_SETTINGS, Cell
@@ -67,11 +69,11 @@ def held_steps(start: Cell, axis: str, config: dict, largest_batch: int) -> list
     if axis != "adam_beta2":
         return [step_held(start, axis, v) for v in LADDERS[axis] if v > value * (1 + 1e-9) + 1e-12]
     tokens = config.get("ADAM_BETA2_REF_TOKENS") or largest_batch * config["SEQ_LEN"]
-    per_step = start.batch_size * config["SEQ_LEN"]  # a step's tokens (what a step at this batch averages)
-    held = value ** (per_step / config["ADAM_BETA2_REF_TOKENS"]) if config.get("ADAM_BETA2_REF_TOKENS") else value
+    per_step = start.batch_size * config["SEQ_LEN"]  # a step's tokens at this batch
+    held = adam_beta2(config, per_step)
     # a step that leaves this batch's β2 as it was (0.95 per the largest batch's tokens, at the largest batch) is none
     return [step_held(step_held(start, axis, v), "adam_beta2_tokens", tokens) for v in LADDERS[axis]
-            if v ** (per_step / tokens) > held + 1e-9]
+            if adam_beta2({"ADAM_BETA2": v, "ADAM_BETA2_REF_TOKENS": tokens}, per_step) > held + 1e-9]
 
 
 def step_held(cell: Cell, axis: str, value: float) -> Cell:

@@ -667,10 +667,10 @@ class FrontierStudy:
         def add(folder: Path, cell: Cell, budget: float, other_seeds: bool) -> None:
             if any(folder == job.folder for job in jobs):
                 return
-            args = [*self.settings, *cell.settings(), f"FLOP_BUDGET={budget!r}", *_continue_or_start(folder)]
-            fresh = not (folder / "config.json").exists()
-            jobs.append(StageJob(folder, [*args, f"SEEDS={','.join(map(str, seeds))}"] if other_seeds and fresh
-                                 else args, cell, budget, len(seeds) if other_seeds else 1))
+            args = self.direct_args(cell, budget, folder)
+            if other_seeds and not (folder / "config.json").exists():  # a run continued keeps its seeds
+                args.append(f"SEEDS={','.join(map(str, seeds))}")
+            jobs.append(StageJob(folder, args, cell, budget, len(seeds) if other_seeds else 1))
 
         for w in walks:
             if w["next"] is None:
