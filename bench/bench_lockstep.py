@@ -3,10 +3,9 @@ thread: whether packing a study's points into one process's kernels would fill a
 core does. Two ways to pack:
 
 - torch.func: stack_module_state, vmap over functional_call and grad (any model; vmap batches what it can);
-- folded: weights with a leading K axis and the K batches as one of K x batch rows, each Linear a batched
-  matrix product, each Embedding and norm indexed by member (``--folded``; a model whose every parameter
-  sits in a Linear, an Embedding, a LayerNorm or an RMSNorm, such as Transformer++). Written here rather than
-  taken from a library because torch.func's vmap is the library's way and it is the one measured against.
+- folded: reservoir/run/fold.py, weights with a leading K axis and the K batches as one of K x batch rows,
+  each Linear a batched matrix product, each Embedding and norm indexed by member, each member its own AdamW
+  rate and gradient clip (``--folded``; a family that folds, such as Transformer++).
 
     python bench/bench_lockstep.py                      # transformer++ and lstm at xs, K = 4, batch 8
     python bench/bench_lockstep.py --models transformer frozen_retention --packed 2 4 8
@@ -81,86 +80,25 @@ def measure(model_name: str, packed: int, batch: int, seq_len: int, repeats: int
             "speedup": packed * one_ms / packed_ms}
 
 
-class FoldedLinear(nn.Module):
-    """K Linears as one batched product: rows (K x batch, ..., in), weights (K, out, in)."""
+def training_step(model: nn.Module, ids: torch.Tensor, members: int, decayed: set[str] | None = None):
+    """A step of ``model`` on ``ids`` (members x batch rows), gradients clipped: one model's with torch's
+    AdamW; a fold's (``decayed``: its members' decayed names) each member's mean loss, summed, with
+    MemberAdamW's per-member rates and clips, as a folded point trains."""
+    from reservoir.run.fold import MemberAdamW, member_losses
 
-    def __init__(self, linears: list[nn.Linear]):
-        super().__init__()
-        self.weight = nn.Parameter(torch.stack([m.weight.detach() for m in linears]))
-        bias = [m.bias for m in linears]
-        self.bias = None if bias[0] is None else nn.Parameter(torch.stack([b.detach() for b in bias]).unsqueeze(1))
-
-    def forward(self, x):
-        shape, members = x.shape, self.weight.shape[0]
-        x = x.reshape(members, -1, shape[-1])
-        y = torch.bmm(x, self.weight.mT) if self.bias is None else torch.baddbmm(self.bias, x, self.weight.mT)
-        return y.reshape(*shape[:-1], y.shape[-1])
-
-
-class FoldedEmbedding(nn.Module):
-    """K tables as one of K x vocabulary rows, each member's ids offset to its own."""
-
-    def __init__(self, embeddings: list[nn.Embedding]):
-        super().__init__()
-        self.weight = nn.Parameter(torch.stack([m.weight.detach() for m in embeddings]))
-
-    def forward(self, ids):
-        members, vocab, width = self.weight.shape
-        offset = (torch.arange(members, device=ids.device) * vocab).unsqueeze(1)
-        return F.embedding(ids.reshape(members, -1) + offset, self.weight.reshape(-1, width)).reshape(*ids.shape, width)
-
-
-class FoldedNorm(nn.Module):
-    """K LayerNorms or RMSNorms: normalised once, scaled (and shifted) per member."""
-
-    def __init__(self, norms: list[nn.Module]):
-        super().__init__()
-        first = norms[0]
-        self.rms, self.shape, self.eps = isinstance(first, nn.RMSNorm), tuple(first.normalized_shape), first.eps
-        self.weight = nn.Parameter(torch.stack([m.weight.detach() for m in norms]).unsqueeze(1))
-        bias = getattr(first, "bias", None)
-        self.bias = None if bias is None else nn.Parameter(torch.stack([m.bias.detach() for m in norms]).unsqueeze(1))
-
-    def forward(self, x):
-        shape = x.shape
-        y = F.rms_norm(x, self.shape, None, self.eps) if self.rms else F.layer_norm(x, self.shape, None, None, self.eps)
-        y = y.reshape(self.weight.shape[0], -1, shape[-1]) * self.weight
-        return (y if self.bias is None else y + self.bias).reshape(shape)
-
-
-FOLDED = {nn.Linear: FoldedLinear, nn.Embedding: FoldedEmbedding, nn.LayerNorm: FoldedNorm, nn.RMSNorm: FoldedNorm}
-
-
-def fold(models: list[nn.Module]) -> nn.Module:
-    """One model whose every Linear, Embedding and norm holds the K models' weights; a Linear tied to an
-    Embedding stays tied."""
-    folded, members = copy.deepcopy(models[0]), [dict(m.named_modules()) for m in models]
-    made = {name: FOLDED[type(module)]([m[name] for m in members])
-            for name, module in members[0].items() if type(module) in FOLDED}
-    for name, new in made.items():
-        tied = [other for other, module in members[0].items() if isinstance(module, nn.Embedding)
-                and isinstance(members[0][name], nn.Linear) and module.weight is members[0][name].weight]
-        if tied:
-            new.weight = made[tied[0]].weight
-        parent, _, leaf = name.rpartition(".")
-        setattr(folded.get_submodule(parent), leaf, new)
-    loose = [n for n, _ in folded.named_parameters() if not any(n.startswith(m + ".") for m in made)]
-    if loose:
-        raise ValueError(f"cannot fold {type(models[0]).__name__}: {', '.join(loose)} sit outside a Linear, "
-                         "an Embedding or a norm")
-    return folded
-
-
-def training_step(model: nn.Module, ids: torch.Tensor, members: int):
-    """A step of ``model`` on ``ids`` (members x batch rows): each member's mean loss, summed, backward, AdamW."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     x, y = ids[:, :-1], ids[:, 1:]
+    if decayed is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        clip = lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # noqa: E731
+    else:
+        optimizer = MemberAdamW(model, decayed, torch.full((members,), 1e-3, device=ids.device), 0.01, 0.95)
+        clip = lambda: optimizer.clip(1.0)  # noqa: E731
 
     def step():
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="none").view(members, -1).mean(1).sum()
-        loss.backward()
+        member_losses(model(x), y, members).sum().backward()
+        clip()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
     return step
 
 
@@ -169,6 +107,8 @@ def measure_folded(model_name: str, packed: int, batch: int, repeats: int, devic
     times; the medians (on ``device``: a GPU, where a small model's step is bound by its kernel launches)."""
     from reservoir.config import default_config, parse_overrides
     from reservoir.models import build_model
+    from reservoir.run.fold import fold
+    from reservoir.run.train import decayed_names
     from reservoir.studies.frontier.grid import FAMILIES as GRID
     from reservoir.studies.frontier.grid import Cell
 
@@ -177,14 +117,9 @@ def measure_folded(model_name: str, packed: int, batch: int, repeats: int, devic
     models = [build_model(model, VOCAB, {**config, "SEED": seed}).to(device) for seed in range(packed)]
     ids = torch.randint(0, VOCAB, (packed, batch, config["SEQ_LEN"] + 1),
                         generator=torch.Generator().manual_seed(0)).to(device)
-    folded = fold(models)
-    with torch.no_grad():  # the fold computes each member's own logits
-        logits = folded(ids[:, :, :-1].flatten(0, 1)).view(packed, batch, -1, VOCAB)
-        worst = max((logits[k] - m(ids[k, :, :-1])).abs().max().item() for k, m in enumerate(models))
-    if worst > 1e-4:
-        raise AssertionError(f"the folded model's logits differ from its members' by {worst:g}")
+    folded = fold(models)  # refuses a fold that would not compute each member's own logits
     singles = [training_step(m, ids[k], 1) for k, m in enumerate(models)]
-    together = training_step(folded, ids.flatten(0, 1), packed)
+    together = training_step(folded, ids.flatten(0, 1), packed, decayed_names(models[0]))
     wide = training_step(build_model(model, VOCAB, config).to(device), ids.flatten(0, 1), 1)
     runs = {"one": [], "folded": [], "wide": []}
     for _ in range(3):

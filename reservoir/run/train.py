@@ -432,17 +432,20 @@ class Fit:
 # --------------------------------------------------------------------- gradient training
 
 
+def decayed_names(model) -> set[str]:
+    """The parameters AdamW decays: matrices, not biases, norms or embeddings (nanoGPT's choice); a tied
+    weight as its first owner."""
+    modules = dict(model.named_modules())
+    return {name for name, p in model.named_parameters()
+            if p.dim() >= 2 and not isinstance(modules[name.rpartition(".")[0]], torch.nn.Embedding)}
+
+
 def adamw(model, config: dict, beta2: float, options: dict):
-    """AdamW, decaying matrices only (not biases, norms or embeddings: nanoGPT's choice)."""
-    decay, no_decay, seen = [], [], set()
-    for module in model.modules():
-        for p in module.parameters(recurse=False):
-            if not p.requires_grad or id(p) in seen:  # tied weights: once, as their first owner
-                continue
-            seen.add(id(p))
-            is_matrix = p.dim() >= 2 and not isinstance(module, torch.nn.Embedding)
-            (decay if is_matrix else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": config["WEIGHT_DECAY"]}, {"params": no_decay, "weight_decay": 0.0}]
+    """AdamW, decaying decayed_names only."""
+    decayed = decayed_names(model)
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for name, p in named if name in decayed], "weight_decay": config["WEIGHT_DECAY"]},
+              {"params": [p for name, p in named if name not in decayed], "weight_decay": 0.0}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config["LEARNING_RATE"], betas=(0.9, beta2),
                              **options)
 
