@@ -100,6 +100,61 @@ def test_scanned_recurrences_match_the_cpu_forms():
     assert result["esn"] < 1e-5 and result["deep_esn"] < 1e-5, result
 
 
+def test_a_folded_group_compiles_once_for_its_members_and_never_after_warm_up():
+    """Four Transformer++ points folded into one (reservoir/run/fold.py) on XLA: each step sets every member's
+    own learning rate, a [K] tensor that changes every step, and clips each member's gradients; after three
+    warm-up steps nothing compiles again, and the group compiled no more graphs than one point alone."""
+    script = textwrap.dedent("""
+        import sys, json, torch
+        sys.path.insert(0, ".")
+        import torch_xla.debug.metrics as met
+        from reservoir.config import parse_overrides
+        from reservoir.models import build_model
+        from reservoir.platform import device as dev
+        from reservoir.run import fold
+        from reservoir.run.train import decayed_names, learning_rate
+        from reservoir.studies.frontier.grid import FAMILIES, Cell
+        config = parse_overrides([*Cell("transformer++", "xs", 1e-3, 2).settings(), "SEQ_LEN=16"])
+        model = FAMILIES["transformer++"][0]
+        info = dev.select_device({"DEVICE": "tpu", "PRECISION": "fp32"})
+        ids = torch.randint(0, 40, (8, 4, 17), generator=torch.Generator().manual_seed(0))
+
+        def compiles():
+            data = met.metric_data("CompileTime")
+            return data[0] if data else 0
+
+        def train(models, steps=8):
+            members = len(models)
+            folded = fold.fold(models).to(info.device)
+            peaks = torch.tensor([3e-3, 1e-2, 6e-3, 2e-3][:members])
+            optimizer = fold.MemberAdamW(folded, decayed_names(models[0]), peaks.to(info.device), 0.01, 0.95)
+            counts = []
+            for step in range(steps):
+                share = learning_rate({**config, "LEARNING_RATE": 1.0}, step, step / steps)
+                optimizer.lr = (peaks * share).to(info.device)
+                batch = ids[step, :members].reshape(members * 1, 17).to(info.device)
+                losses = fold.member_losses(folded(batch[:, :-1]), batch[:, 1:], members)
+                losses.sum().backward()
+                optimizer.clip(1.0)
+                optimizer.step()
+                optimizer.zero_grad()
+                dev.mark_step(info)
+                counts.append(compiles())
+            return counts
+
+        start = compiles()
+        group = train([build_model(model, 40, {**config, "SEED": s}) for s in range(4)])
+        alone_start = compiles()
+        alone = train([build_model(model, 40, {**config, "SEED": 9})])
+        print(json.dumps({"group": [c - start for c in group], "alone": [c - alone_start for c in alone]}))
+    """)
+    result = json.loads(python(["-c", script]).stdout.strip().splitlines()[-1])
+    group, alone = result["group"], result["alone"]
+    assert group[2] == group[-1], result  # nothing compiled after the warm-up steps
+    assert alone[2] == alone[-1], result
+    assert 0 < group[-1] <= alone[-1], result  # four members cost no more compiles than one point
+
+
 def test_warm_up_is_not_charged_to_the_time_budget(tmp_path):
     """A budget shorter than compilation still trains: warm-up is timed apart and reported."""
     proc = runner(tmp_path, "USE_TPU=True", "MODELS=['lstm']", "TIME_BUDGET_S=0.2", "RUN_NAME=warm")

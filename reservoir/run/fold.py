@@ -241,26 +241,27 @@ class MemberAdamW:
     def step(self, active: torch.Tensor | None = None) -> None:
         """One AdamW step for every member; ``active`` ([K] bool): members that step (a stopped member's
         weights and moments stay as they are)."""
-        taking = torch.ones(self.members, dtype=torch.bool, device=self.step_count.device) if active is None \
-            else active
-        self.step_count += taking.float()
-        t = self.step_count.clamp(min=1)
-        correction1 = 1 - self.beta1 ** t
+        if active is None:
+            self.step_count += 1
+            beta1, beta2, lr = torch.full_like(self.lr, self.beta1), self.beta2, self.lr
+        else:  # a stopped member's moments decay by 1 and take nothing; its rate is 0
+            taking = active.float()
+            self.step_count += taking
+            beta1 = torch.where(active, self.beta1, 1.0)
+            beta2, lr = torch.where(active, self.beta2, 1.0), self.lr * taking
+        t = self.step_count.clamp(min=1)  # a member that never stepped: no 0/0 (its rate is 0 anyway)
+        step_size = lr / (1 - self.beta1 ** t)
         correction2_sqrt = (1 - self.beta2 ** t).sqrt()
         for p, m, v, decays in zip(self.params, self.exp_avg, self.exp_avg_sq, self.decays, strict=True):
             if p.grad is None:
                 continue
             along = lambda values, p=p: self._along(values, p)  # noqa: E731 - a view per parameter's rank
-            keep = along(taking)
-            g = torch.where(keep, p.grad, torch.zeros_like(p.grad))
-            new_m = torch.where(keep, m * self.beta1 + g * (1 - self.beta1), m)
-            new_v = torch.where(keep, v * along(self.beta2) + g * g * (1 - along(self.beta2)), v)
-            m.copy_(new_m)
-            v.copy_(new_v)
-            lr = along(self.lr * taking.float())
+            g = p.grad if active is None else torch.where(along(active), p.grad, 0.0)  # no NaN of a stopped one
+            m.mul_(along(beta1)).add_(g * along(1 - beta1))
+            v.mul_(along(beta2)).addcmul_(g, g * along(1 - beta2))
             if decays:
-                p.mul_(1 - lr * along(self.weight_decay))
-            p.sub_(lr / along(correction1) * new_m / (new_v.sqrt() / along(correction2_sqrt) + self.eps))
+                p.mul_(1 - along(lr * self.weight_decay))
+            p.sub_(along(step_size) * m / (v.sqrt() / along(correction2_sqrt) + self.eps))
 
     def zero_grad(self) -> None:
         for p in self.params:
