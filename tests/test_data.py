@@ -164,7 +164,7 @@ def test_one_cpu_process_gathers_the_batches_the_loader_would_give_across_epochs
     smallest presets 2% of a step): the same tensors, in the same order, over an epoch's end, and from a
     checkpoint's offset, as the device's DataLoader (here, in this process) gives them."""
     from reservoir.run import train
-    from reservoir.run.train import Progress, _batches
+    from reservoir.run.train import Progress, training_batches
 
     monkeypatch.setattr(train, "GATHERED_BATCHES", gathered)  # a gather that ends inside an epoch, or with it
     ids = np.random.default_rng(0).integers(0, 300, 1000).astype(np.uint16)
@@ -180,7 +180,7 @@ def test_one_cpu_process_gathers_the_batches_the_loader_would_give_across_epochs
             yield from build_loader(remaining, cpu, 5, shuffle=False, seed=3)
 
     for offset in (0, 35):
-        batches = _batches(TrainWindows(ids, 16, seed=3), cpu, config, Progress(offset=offset))
+        batches = training_batches(TrainWindows(ids, 16, seed=3), cpu, config, Progress(offset=offset))
         expected = list(loaded(offset))  # two epochs, each ending on a part batch that is skipped
         assert len(expected) == (62 - offset) // 5 + 62 // 5
         for x_loaded, y_loaded in expected:

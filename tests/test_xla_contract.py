@@ -100,59 +100,51 @@ def test_scanned_recurrences_match_the_cpu_forms():
     assert result["esn"] < 1e-5 and result["deep_esn"] < 1e-5, result
 
 
+FOLDED_GROUP = textwrap.dedent("""
+    import sys, json, tempfile
+    sys.path.insert(0, ".")
+    from pathlib import Path
+    from reservoir.config import parse_overrides
+    from reservoir.data.tokens import prepare_data
+    from reservoir.models import build_model
+    from reservoir.platform import device as dev
+    from reservoir.run.group import fit_group
+    from reservoir.run.writer import Run
+    from reservoir.studies.frontier.grid import FAMILIES, Cell
+
+    base = [*Cell("transformer++", "xs", 1e-3, 2).settings(), "USE_TPU=True", "DATASET=synthetic",
+            "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "EVAL_TOKENS=128", "FINAL_EVAL_TOKENS=256", "TIME_BUDGET_S=None",
+            "CHECKPOINT_EVERY_S=0", "WARMUP_STEPS=2", "LR_SCHEDULE=cosine", "EVAL_EVERY=2", "CHECKPOINT_EVERY=2",
+            f"CACHE_DIR={tempfile.mkdtemp()}"]
+    info = dev.select_device(parse_overrides(base))
+    data = prepare_data(parse_overrides(base))
+
+    def group(steps, log_every, members):
+        configs = [parse_overrides([*base, f"MAX_STEPS={steps}", f"LOG_EVERY={log_every}", f"SEED={s}",
+                                    f"LEARNING_RATE={1e-3 * (s + 1)}"]) for s in range(members)]
+        runs = [Run(Path(tempfile.mkdtemp()), info) for _ in configs]
+        models = [build_model(FAMILIES["transformer++"][0], data.tokenizer.vocab_size, c) for c in configs]
+        return fit_group("transformer", models, data, configs, info, runs)
+
+    members = int(sys.argv[1])
+    start = dev.xla_compile_count()
+    group(3, 1, members)  # the warm-up: xla_probe.py's first fit
+    warm = dev.xla_compile_count()
+    outcomes = group(8, 3, members)  # the second, longer fit, with evaluations and checkpoints between
+    print(json.dumps({"warmup_compiles": warm - start, "compiles_after_warmup": dev.xla_compile_count() - warm,
+                      "folded_with": [o.extra.get("folded_with") for o in outcomes]}))
+""")
+
+
 def test_a_folded_group_compiles_once_for_its_members_and_never_after_warm_up():
-    """Four Transformer++ points folded into one (reservoir/run/fold.py) on XLA: each step sets every member's
-    own learning rate, a [K] tensor that changes every step, and clips each member's gradients; after three
-    warm-up steps nothing compiles again, and the group compiled no more graphs than one point alone."""
-    script = textwrap.dedent("""
-        import sys, json, torch
-        sys.path.insert(0, ".")
-        import torch_xla.debug.metrics as met
-        from reservoir.config import parse_overrides
-        from reservoir.models import build_model
-        from reservoir.platform import device as dev
-        from reservoir.run import fold
-        from reservoir.run.train import decayed_names, learning_rate
-        from reservoir.studies.frontier.grid import FAMILIES, Cell
-        config = parse_overrides([*Cell("transformer++", "xs", 1e-3, 2).settings(), "SEQ_LEN=16"])
-        model = FAMILIES["transformer++"][0]
-        info = dev.select_device({"DEVICE": "tpu", "PRECISION": "fp32"})
-        ids = torch.randint(0, 40, (8, 4, 17), generator=torch.Generator().manual_seed(0))
-
-        def compiles():
-            data = met.metric_data("CompileTime")
-            return data[0] if data else 0
-
-        def train(models, steps=8):
-            members = len(models)
-            folded = fold.fold(models).to(info.device)
-            peaks = torch.tensor([3e-3, 1e-2, 6e-3, 2e-3][:members])
-            optimizer = fold.MemberAdamW(folded, decayed_names(models[0]), peaks.to(info.device), 0.01, 0.95)
-            counts = []
-            for step in range(steps):
-                share = learning_rate({**config, "LEARNING_RATE": 1.0}, step, step / steps)
-                optimizer.lr = (peaks * share).to(info.device)
-                batch = ids[step, :members].reshape(members * 1, 17).to(info.device)
-                losses = fold.member_losses(folded(batch[:, :-1]), batch[:, 1:], members)
-                losses.sum().backward()
-                optimizer.clip(1.0)
-                optimizer.step()
-                optimizer.zero_grad()
-                dev.mark_step(info)
-                counts.append(compiles())
-            return counts
-
-        start = compiles()
-        group = train([build_model(model, 40, {**config, "SEED": s}) for s in range(4)])
-        alone_start = compiles()
-        alone = train([build_model(model, 40, {**config, "SEED": 9})])
-        print(json.dumps({"group": [c - start for c in group], "alone": [c - alone_start for c in alone]}))
-    """)
-    result = json.loads(python(["-c", script]).stdout.strip().splitlines()[-1])
-    group, alone = result["group"], result["alone"]
-    assert group[2] == group[-1], result  # nothing compiled after the warm-up steps
-    assert alone[2] == alone[-1], result
-    assert 0 < group[-1] <= alone[-1], result  # four members cost no more compiles than one point
+    """Four Transformer++ points folded (reservoir/run/group.py) through the real loop on XLA, with evaluations
+    and checkpoints: after the warm-up nothing compiles again, and the group compiles at least 3x fewer graphs
+    than its four points would one at a time (each point its own process, as a study runs them)."""
+    group = json.loads(python(["-c", FOLDED_GROUP, "4"]).stdout.strip().splitlines()[-1])
+    alone = json.loads(python(["-c", FOLDED_GROUP, "1"]).stdout.strip().splitlines()[-1])
+    assert group["folded_with"] == [4] * 4 and alone["folded_with"] == [None], (group, alone)
+    assert group["compiles_after_warmup"] == 0 and alone["compiles_after_warmup"] == 0, (group, alone)
+    assert 3 * group["warmup_compiles"] <= 4 * alone["warmup_compiles"], (group, alone)
 
 
 def test_warm_up_is_not_charged_to_the_time_budget(tmp_path):

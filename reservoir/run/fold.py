@@ -273,12 +273,13 @@ class MemberAdamW:
         by_name = dict(zip(self.names, zip(self.exp_avg, self.exp_avg_sq, strict=True), strict=True))
         own = dict(model.named_parameters())
         state = optimizer.state_dict()
+        steps = self.step_count.detach().cpu()  # one transfer, no graph per member's index
         index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
         for name, p in own.items():
             if name not in by_name or id(p) not in index:
                 continue
             m, v = by_name[name]
-            state["state"][index[id(p)]] = {"step": self.step_count[k].detach().cpu().clone(),
+            state["state"][index[id(p)]] = {"step": steps[k].clone(),
                                             "exp_avg": member_view(m, p, k).clone(),
                                             "exp_avg_sq": member_view(v, p, k).clone()}
         return state

@@ -244,7 +244,23 @@ class Outcome:
 def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, run: Run) -> Outcome:
     """Train ``model`` under the budget, evaluating and checkpointing as configured; resumes
     from ``run``'s checkpoint for ``name`` if there is one."""
-    trainer = {"sgd": _train_sgd, "ridge": _fit_ridge, "counts": _fit_counts}[model.trainer]
+    return run_fit(prepare_fit(name, model, data, config, info, run))
+
+
+def run_fit(job: Fit) -> Outcome:
+    """A prepared fit (prepare_fit) trained, or, finished in its checkpoint, evaluated again."""
+    name, run = job.name, job.run
+    trainer = {"sgd": _train_sgd, "ridge": _fit_ridge, "counts": _fit_counts}[job.model.trainer]
+    if job.saved is not None and job.saved["finished"]:
+        return evaluate_finished(job)
+    run.forget_metrics(name, job.saved["progress"]["step"] if job.saved else -1, job.seed)  # past it: redone
+    with MachineLoad(torch.get_num_threads()) as load:
+        outcome = trainer(job)
+    return after_fit(job, outcome, load.report())
+
+
+def prepare_fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, run: Run) -> Fit:
+    """``model``'s fit, with the checkpoint or stable phase it continues from, if any."""
     config = model_settings(config, name)  # its own rate and batch where the run leaves them to each model
     model.use_time_scan(dev.time_scan(info))  # on XLA: recurrences compile one cell, not SEQ_LEN of them
     job = Fit(name, model, data, config, info, run, Evaluations.for_run(data, config),
@@ -256,22 +272,29 @@ def fit(name: str, model, data: TokenData, config: dict, info: dev.DeviceInfo, r
         job.saved = load_stable_phase(job)
     elif run.resumed:
         say(f"{name}: no checkpoint in {run.path} for seed {job.seed}; training it from step 0", job.main)
-    if job.saved is not None and job.saved["finished"]:
-        restore_model(model, job.saved, job.checkpoint_path)
-        device = dev.compute_device(info, model.host_only)
-        model.to(device)
-        run.forget_metrics(name, job.saved["progress"]["step"], job.seed)
-        say(f"{name}: finished in the checkpoint (seed {job.seed}); evaluating it again", job.main)
-        progress = Progress(**job.saved["progress"])
-        final = job.evaluator.score_final(model, info, device)
-        job.check_finite(progress, "the validation loss", final["val_loss"], "")
-        if not run.has_final(name, job.seed):  # killed inside the final evaluation (the checkpoint came first)
-            job.log_eval(progress, final, final=True)
-        return Outcome(progress, final, {**job.saved.get("extra", {}), **job.evaluator.compile_report()})
-    run.forget_metrics(name, job.saved["progress"]["step"] if job.saved else -1, job.seed)  # past it: redone
-    with MachineLoad(torch.get_num_threads()) as load:
-        outcome = trainer(job)
-    outcome.load = load.report()
+    return job
+
+
+def evaluate_finished(job: Fit) -> Outcome:
+    """A fit its checkpoint says is finished: evaluated again (a kill may have come before its record)."""
+    name, model, info, run = job.name, job.model, job.info, job.run
+    restore_model(model, job.saved, job.checkpoint_path)
+    device = dev.compute_device(info, model.host_only)
+    model.to(device)
+    run.forget_metrics(name, job.saved["progress"]["step"], job.seed)
+    say(f"{name}: finished in the checkpoint (seed {job.seed}); evaluating it again", job.main)
+    progress = Progress(**job.saved["progress"])
+    final = job.evaluator.score_final(model, info, device)
+    job.check_finite(progress, "the validation loss", final["val_loss"], "")
+    if not run.has_final(name, job.seed):  # killed inside the final evaluation (the checkpoint came first)
+        job.log_eval(progress, final, final=True)
+    return Outcome(progress, final, {**job.saved.get("extra", {}), **job.evaluator.compile_report()})
+
+
+def after_fit(job: Fit, outcome: Outcome, load: dict) -> Outcome:
+    """A trained fit's outcome with the machine's load and what a reader should know of it."""
+    name, data = job.name, job.data
+    outcome.load = load
     outcome.extra.update(job.evaluator.compile_report())  # COMPILE=True: how its evaluations ran
     epochs = outcome.progress.tokens / max(1, data.train.size)
     if epochs > 1:
@@ -312,11 +335,11 @@ def load_stable_phase(job: Fit) -> dict:
     return payload
 
 
-def _tokens_per_step(config: dict, info: dev.DeviceInfo) -> int:
+def tokens_per_step(config: dict, info: dev.DeviceInfo) -> int:
     return config["BATCH_SIZE"] * config["GRAD_ACCUM"] * info.replicas * config["SEQ_LEN"]
 
 
-def _sgd_advice(config: dict) -> str:
+def sgd_advice(config: dict) -> str:
     return f"lower LEARNING_RATE (now {config['LEARNING_RATE']:g}), or keep GRAD_CLIP on"
 
 
@@ -491,7 +514,7 @@ def check_stable_phases(config: dict, resume_dir: Path | None = None) -> None:
 def _check_beta2(name: str, config: dict, info: dev.DeviceInfo) -> None:
     """β2 derived from ADAM_BETA2_REF_TOKENS must be one AdamW takes: a reference far above a step's tokens
     rounds it to 1.0, which torch refuses mid-run, after the folder exists."""
-    per_step, reference = _tokens_per_step(config, info), config["ADAM_BETA2_REF_TOKENS"]
+    per_step, reference = tokens_per_step(config, info), config["ADAM_BETA2_REF_TOKENS"]
     beta2 = adam_beta2(config, per_step)
     if reference and not 0.0 <= beta2 < 1.0:
         raise ConfigError(f"ADAM_BETA2_REF_TOKENS={reference:g} gives {name} a β2 of {config['ADAM_BETA2']} ** "
@@ -502,7 +525,7 @@ def _check_beta2(name: str, config: dict, info: dev.DeviceInfo) -> None:
 GATHERED_BATCHES = 32  # one CPU process's batches are gathered this many at a time
 
 
-def _batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress: Progress):
+def training_batches(windows: TrainWindows, info: dev.DeviceInfo, config: dict, progress: Progress):
     """Training batches forever, epoch after epoch, from the data position in ``progress``: through the
     device's DataLoader, or where a loader adds nothing (one CPU process, no workers) gathered directly,
     the same batches without the loader's per-window calls (at the smallest presets 2% of a step)."""
@@ -545,7 +568,7 @@ def _train_sgd(job: Fit) -> Outcome:
 
     step_loss = dev.CompiledStep(loss_of, info, config["COMPILE"], job.name)  # loss_of itself unless COMPILE
     job.evaluator.calls.follow(step_loss)
-    accum, per_step = config["GRAD_ACCUM"], _tokens_per_step(config, info)
+    accum, per_step = config["GRAD_ACCUM"], tokens_per_step(config, info)
     beta2 = adam_beta2(config, per_step)
     optimizer = adamw(model, config, beta2, dev.optimizer_options(info))
     scaler = dev.make_grad_scaler(info)
@@ -574,13 +597,13 @@ def _train_sgd(job: Fit) -> Outcome:
     points = EvalPoints(config, budget.share(progress))
     saved_step = progress.step if job.saved is not None else None  # the last checkpoint: kept if training diverges
     saved_seconds, every_s = progress.seconds, config["CHECKPOINT_EVERY_S"]
-    advice = _sgd_advice(config)
+    advice = sgd_advice(config)
     if harvests(model):  # a readout over a stateful reservoir: features computed once a pass, in streams
         batches = harvested_batches(model, job.data.train, (config["BATCH_SIZE"] * info.spmd_devices,
                                                             config["SEQ_LEN"]), job.seed, progress,
                                     (info.rank, info.world_size), materialize=lambda: dev.mark_step(info))
     else:
-        batches = _batches(windows, info, config, progress)
+        batches = training_batches(windows, info, config, progress)
     loss_sum = torch.zeros((), device=info.device)  # stays on the device until the next log
     bar = job.progress_bar()
     bar.update(100 * min(1.0, budget.share(progress)))
@@ -693,7 +716,7 @@ def _check_wsd(job: Fit, stable_at: int, steps: int, progress: Progress) -> None
 
 def _token_cap(budget: Budget, config: dict, info: dev.DeviceInfo) -> int | None:
     """The most tokens the step and token budgets allow (None: only time limits the fit)."""
-    caps = [c for c in (budget.max_tokens, budget.max_steps and budget.max_steps * _tokens_per_step(config, info))
+    caps = [c for c in (budget.max_tokens, budget.max_steps and budget.max_steps * tokens_per_step(config, info))
             if c]
     return min(caps) if caps else None
 
@@ -802,7 +825,7 @@ def _fit_counts(job: Fit) -> Outcome:
     clock = Clock()
     extra = job.model.fit_counts(np.asarray(fit_ids), np.asarray(held_ids))
     tokens = len(fit_ids) + len(held_ids)
-    progress = Progress(step=math.ceil(total / _tokens_per_step(config, info)), tokens=tokens,
+    progress = Progress(step=math.ceil(total / tokens_per_step(config, info)), tokens=tokens,
                         seconds=clock.seconds(), flops=cost.flops(tokens))
     say(f"{job.name}: counted {progress.tokens:,} tokens in {progress.seconds:.1f}s (discount {extra['discount']})",
         job.main)

@@ -1,0 +1,141 @@
+"""A folded group of points (reservoir/run/group.py) trained through the real loop: each member an ordinary
+point in its own folder, scoring as it scores alone within TOLERANCE (float32: the fold's batched products sum
+in another order), resumed after a stop, and a member that diverges harms no other."""
+
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+
+from reservoir.data.tokens import prepare_data
+from reservoir.models import build_model
+from reservoir.models.settings import model_settings
+from reservoir.platform import device as dev
+from reservoir.platform import stopping
+from reservoir.platform.stopping import Diverged, Stopped
+from reservoir.run.group import fit_group
+from reservoir.run.train import fit, summary_record
+from reservoir.run.writer import Run
+from reservoir.studies.frontier.grid import FAMILIES, Cell
+from tests.conftest import TINY_DATA, make_config
+
+TOLERANCE = 2e-4  # relative, on a member's final validation loss against its point alone
+RATES = [2e-3, 4e-3, 3e-3]
+
+
+SETTINGS = [*TINY_DATA, "SEQ_LEN=16", "EVAL_TOKENS=512", "FINAL_EVAL_TOKENS=1024", "MAX_STEPS=16",
+            "LR_SCHEDULE=cosine", "WARMUP_STEPS=3", "LOG_EVERY=4", "CHECKPOINT_EVERY=4", "EVAL_POINTS=2",
+            "GRAD_CLIP=1.0", "CHECKPOINT_EVERY_S=0"]
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("group")
+    return tmp, prepare_data(make_config(tmp, *SETTINGS)), dev.select_device({"DEVICE": "cpu"})
+
+
+def configs(tmp, family: str, rates=RATES) -> tuple[str, list[dict]]:
+    """The family's xs preset at batch 4, one config a member: its seed, rate and weight decay."""
+    base = make_config(tmp, *Cell(family, "xs", 1e-3, 4).settings(), *SETTINGS)
+    return FAMILIES[family][0], [{**base, "SEED": seed, "LEARNING_RATE": rate, "WEIGHT_DECAY": 0.01 * (1 + seed)}
+                                 for seed, rate in enumerate(rates)]
+
+
+def run_folder(path, info) -> Run:
+    path.mkdir(parents=True, exist_ok=True)
+    return Run(path, info)
+
+
+def folders(tmp_path, label: str, count: int, info) -> list[Run]:
+    return [run_folder(tmp_path / f"{label}{k}", info) for k in range(count)]
+
+
+def train_group(name, cfgs, data, info, runs):
+    models = [build_model(name, data.tokenizer.vocab_size, model_settings(c, name)) for c in cfgs]
+    return models, fit_group(name, models, data, cfgs, info, runs)
+
+
+def train_alone(name, cfg, data, info, run):
+    model = build_model(name, data.tokenizer.vocab_size, model_settings(cfg, name))
+    return fit(name, model, data, cfg, info, run)
+
+
+@pytest.fixture(scope="module")
+def alone(setting, tmp_path_factory):
+    """The three points trained one at a time: what each folded member must score."""
+    tmp, data, info = setting
+    name, cfgs = configs(tmp, "transformer++")
+    tmp = tmp_path_factory.mktemp("alone")
+    return [train_alone(name, c, data, info, run_folder(tmp / f"a{k}", info)) for k, c in enumerate(cfgs)]
+
+
+def test_a_folded_member_is_its_point_alone(setting, alone, tmp_path):
+    """Three Transformer++ points, each its seed, rate and weight decay: folded, each writes its own checkpoint
+    and scores within TOLERANCE of its point trained alone; its record counts the same steps, tokens and FLOPs
+    and says it was folded, with how many."""
+    tmp, data, info = setting
+    name, cfgs = configs(tmp, "transformer++")
+    runs = folders(tmp_path, "f", 3, info)
+    models, outcomes = train_group(name, cfgs, data, info, runs)
+    for k, (outcome, own) in enumerate(zip(outcomes, alone, strict=True)):
+        assert outcome.final["val_loss"] == pytest.approx(own.final["val_loss"], rel=TOLERANCE)
+        assert (outcome.progress.step, outcome.progress.tokens, outcome.progress.flops) == \
+            (own.progress.step, own.progress.tokens, own.progress.flops)
+        assert runs[k].checkpoint_path(name, cfgs[k]["SEED"]).exists()
+        record = summary_record(name, models[k], outcome, cfgs[k], info, data)
+        assert record["fit"]["folded_with"] == 3 and record["learning_rate"] == RATES[k]
+    assert len({round(o.final["val_loss"], 6) for o in outcomes}) == 3  # three points, not one thrice
+
+
+def test_a_stopped_group_resumes_every_member_even_those_a_kill_left_behind(setting, alone, tmp_path):
+    """SIGTERM at step 8: every member saves at the step after, as a point alone does. A kill between two
+    members' saves is that with one member's checkpoint from step 4. Resumed, the two at step 9 fold, the one at
+    step 4 trains alone, and every member scores as its point trained without a stop."""
+    tmp, data, info = setting
+    name, cfgs = configs(tmp, "transformer++")
+    runs = folders(tmp_path, "s", 3, info)
+    earlier = tmp_path / "member1-step4.pt"
+    log_train = runs[0].log_train
+
+    def signal_at_step_8(record):  # the real signal through the real handler, from inside the loop
+        log_train(record)
+        if record["step"] == 8:  # logged before its checkpoint: member 1's holds step 4
+            shutil.copy(runs[1].checkpoint_path(name, 1), earlier)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    runs[0].log_train = signal_at_step_8
+    with stopping.installed(announce=False), pytest.raises(Stopped):
+        train_group(name, cfgs, data, info, runs)
+    steps = [torch.load(r.checkpoint_path(name, k), weights_only=True)["progress"]["step"]
+             for k, r in enumerate(runs)]
+    assert steps == [9, 9, 9]  # the step after the signal, as a point alone stops
+    assert torch.load(earlier, weights_only=True)["progress"]["step"] == 4
+    shutil.copy(earlier, runs[1].checkpoint_path(name, 1))  # killed before member 1 saved its steps 8 and 9
+    resumed = [Run(r.path, info) for r in runs]
+    for r in resumed:
+        r.resumed = True
+    with stopping.installed(announce=False):  # a new process: no signal pending
+        _, outcomes = train_group(name, cfgs, data, info, resumed)
+    for outcome, own in zip(outcomes, alone, strict=True):
+        assert outcome.final["val_loss"] == pytest.approx(own.final["val_loss"], rel=TOLERANCE)
+        assert outcome.progress.step == own.progress.step == 16
+
+
+def test_a_member_that_diverges_is_recorded_so_and_the_others_go_on(setting, alone, tmp_path):
+    """One member's rate is 1e3: it diverges and comes back as Diverged; the others score as alone."""
+    tmp, data, info = setting
+    name, cfgs = configs(tmp, "transformer++", rates=[RATES[0], 1e3, RATES[2]])
+    _, outcomes = train_group(name, cfgs, data, info, folders(tmp_path, "d", 3, info))
+    assert isinstance(outcomes[1], Diverged)
+    for k in (0, 2):
+        assert outcomes[k].final["val_loss"] == pytest.approx(alone[k].final["val_loss"], rel=TOLERANCE)
+
+
+def test_a_family_that_does_not_fold_trains_one_point_at_a_time_and_says_why(setting, tmp_path, capsys):
+    tmp, data, info = setting
+    name, cfgs = configs(tmp, "lstm", rates=RATES[:2])
+    _, outcomes = train_group(name, cfgs, data, info, folders(tmp_path, "l", 2, info))
+    assert "2 points trained one at a time, not folded" in capsys.readouterr().out
+    assert all(o.extra.get("folded_with") is None and o.progress.step == 16 for o in outcomes)
