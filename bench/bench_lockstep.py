@@ -10,7 +10,7 @@ core does. Two ways to pack:
     python bench/bench_lockstep.py                      # transformer++ and lstm at xs, K = 4, batch 8
     python bench/bench_lockstep.py --models transformer frozen_retention --packed 2 4 8
     python bench/bench_lockstep.py --folded --models transformer++ --batch 4 --packed 2 4 8
-    python bench/bench_lockstep.py --folded --models transformer++ --batch 8 --packed 8 32 --device cuda
+    python bench/bench_lockstep.py --folded --batch 8 --packed 1 8 32 128 --sizes xs l --device cuda
 
 Prints the milliseconds of one model's step and of K packed, and the speed-up (K x one / packed: above 1,
 packing wins); the folded rows time a whole training step (forward, backward, AdamW) and add one model at K
@@ -102,7 +102,8 @@ def training_step(model: nn.Module, ids: torch.Tensor, members: int, decayed: se
     return step
 
 
-def measure_folded(model_name: str, packed: int, batch: int, repeats: int, device: str = "cpu") -> dict:
+def measure_folded(model_name: str, packed: int, batch: int, repeats: int, device: str = "cpu",
+                   size: str = "xs") -> dict:
     """One model's training step K times, K folded into one, and one model at K x batch, interleaved, three
     times; the medians (on ``device``: a GPU, where a small model's step is bound by its kernel launches)."""
     from reservoir.config import default_config, parse_overrides
@@ -113,7 +114,7 @@ def measure_folded(model_name: str, packed: int, batch: int, repeats: int, devic
     from reservoir.studies.frontier.grid import Cell
 
     model = GRID[model_name][0]
-    config = parse_overrides(Cell(model_name, "xs", default_config()[model.upper()]["learning_rate"], batch).settings())
+    config = parse_overrides(Cell(model_name, size, default_config()[model.upper()]["learning_rate"], batch).settings())
     models = [build_model(model, VOCAB, {**config, "SEED": seed}).to(device) for seed in range(packed)]
     ids = torch.randint(0, VOCAB, (packed, batch, config["SEQ_LEN"] + 1),
                         generator=torch.Generator().manual_seed(0)).to(device)
@@ -127,29 +128,37 @@ def measure_folded(model_name: str, packed: int, batch: int, repeats: int, devic
         runs["folded"].append(milliseconds(together, repeats, device))
         runs["wide"].append(milliseconds(wide, repeats, device))
     one, packed_ms, wide_ms = (sorted(runs[k])[1] for k in ("one", "folded", "wide"))
-    return {"model": model_name, "packed": packed, "batch": batch, "one_ms": one, "folded_ms": packed_ms,
+    tokens = packed * batch * config["SEQ_LEN"]  # a folded step's, all members together
+    return {"model": model_name, "size": size, "packed": packed, "batch": batch, "one_ms": one,
+            "folded_ms": packed_ms, "tokens_per_s": tokens / packed_ms * 1e3,
             "speedup": packed * one / packed_ms, "wide_ms": wide_ms, "wide_speedup": packed * one / wide_ms}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["transformer", "lstm"])
+    parser.add_argument("--models", nargs="+", help="default: transformer lstm; --folded: transformer++")
     parser.add_argument("--packed", nargs="+", type=int, default=[4])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--folded", action="store_true", help="fold the K models into one (see above)")
     parser.add_argument("--device", default="cpu", help="--folded: where (cpu, cuda)")
+    parser.add_argument("--sizes", nargs="+", default=["xs"], help="--folded: the study's size presets")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    args.models = args.models or (["transformer++"] if args.folded else ["transformer", "lstm"])
     if args.folded:
-        print("| model | batch | K | one model's step ms | K folded ms | speed-up | one model at K x batch ms | "
-              "speed-up |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| model | size | batch | K | one model's step ms | K folded ms | speed-up | tokens/s, all | "
+              "tokens/s a member | one model at K x batch ms | speed-up |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for model_name in args.models:
-            for packed in args.packed:
-                r = measure_folded(model_name, packed, args.batch, args.repeats, args.device)
-                print(f"| {model_name} | {r['batch']} | {packed} | {r['one_ms']:.2f} | {r['folded_ms']:.1f} | "
-                      f"{r['speedup']:.2f}x | {r['wide_ms']:.1f} | {r['wide_speedup']:.2f}x |", flush=True)
+            for size in args.sizes:
+                for packed in args.packed:
+                    r = measure_folded(model_name, packed, args.batch, args.repeats, args.device, size)
+                    print(f"| {model_name} | {size} | {r['batch']} | {packed} | {r['one_ms']:.2f} | "
+                          f"{r['folded_ms']:.1f} | {r['speedup']:.2f}x | {r['tokens_per_s']:,.0f} | "
+                          f"{r['tokens_per_s'] / packed:,.0f} | {r['wide_ms']:.1f} | {r['wide_speedup']:.2f}x |",
+                          flush=True)
         return 0
     print("| model | K | one model fwd+bwd ms | K in lockstep ms | speed-up |\n| --- | --- | --- | --- | --- |")
     for model_name in args.models:

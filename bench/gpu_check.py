@@ -12,7 +12,8 @@ Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md:
     loop (bench/minimal_gpt.py) at the same sizes on the same GPU; at the study's xs preset, the
     runner eager and compiled (COMPILE=True) against the minimal loop;
   - a micro frontier, one point per GPU and again with POINTS_PER_DEVICE=8 (eight points sharing it);
-  - K xs Transformer++ points folded into one model against K steps of one (bench_lockstep.py --folded);
+  - K Transformer++ points folded into one model against K steps of one, K = 1, 8, 32, 128 at the xs and l
+    presets, tokens/s in all and a member (bench_lockstep.py --folded);
   - sampling tokens/s with and without the carried state / key-value cache, with the compiled decode
     step and with it replayed as CUDA graphs, at 300 tokens and within the window at 100 (bench_sampling.py);
   - the ESN fit against reservoirpy, where reservoirpy is installed (bench_esn.py).
@@ -198,7 +199,8 @@ def main(out: Path, dry_run: bool) -> int:
     # point this small is bound by its kernel launches, which a fold shares among K
     parts["lockstep_folded"] = run([PY, "bench/bench_lockstep.py", "--folded", "--models", "transformer++",
                                     "--batch", "8", "--device", device, "--packed",
-                                    *(["2", "--repeats", "3"] if dry_run else ["8", "32", "--repeats", "40"])],
+                                    *(["2", "--repeats", "3"] if dry_run else
+                                      ["1", "8", "32", "128", "--sizes", "xs", "l", "--repeats", "10"])],
                                    timeout=600)
     # 300 new tokens: about 40 s on an H200 for every model both ways, where 2,000 ran past the check's time
     parts["sampling"] = run([PY, "bench/bench_sampling.py", "100" if dry_run else "300", device])
@@ -253,7 +255,7 @@ def markdown(report: dict) -> str:
             lines += ["", f"{name}:", "```", *table[start:], "```"]
     folded = report["parts"].get("lockstep_folded", {})
     if folded.get("ok"):  # its table, as the bench prints it
-        lines += ["", "K xs Transformer++ points folded into one (bench_lockstep.py --folded):", "",
+        lines += ["", "K Transformer++ points folded into one (bench_lockstep.py --folded):", "",
                   *[line for line in folded.get("tail", "").splitlines() if line.startswith("|")]]
     # a failed part's own last lines, so a log of the check alone says why (its JSON keeps 2,000 characters)
     for name, part in report["parts"].items():

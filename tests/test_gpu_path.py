@@ -170,7 +170,7 @@ def test_the_folded_lockstep_bench_runs_and_its_table_reaches_the_gpu_checks_rep
         torch.set_num_threads(threads)
         torch.set_rng_state(rng)
     printed = capsys.readouterr().out
-    row = next(line for line in printed.splitlines() if line.startswith("| transformer++ | 2 | 2 |"))
+    row = next(line for line in printed.splitlines() if line.startswith("| transformer++ | xs | 2 | 2 |"))
     sampled = "100 new tokens after a 16-token prompt, on cuda\nmodel  recompute tok/s\ntransformer  876"
     report = {"device": {"torch": "2.x"}, "parts": {"lockstep_folded": {"ok": True, "seconds": 3.0, "tail": printed},
                                                      "sampling_in_window": {"ok": True, "tail": "pip\n" + sampled}}}
