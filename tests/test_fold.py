@@ -204,3 +204,18 @@ def test_a_member_whose_gradient_is_not_finite_harms_no_other():
     assert all(torch.isfinite(m).all() and torch.isfinite(v).all()  # no NaN in anyone's moments
                for m, v in zip(optimizer.exp_avg, optimizer.exp_avg_sq, strict=True))
     assert optimizer.step_count.tolist() == [0, 1]
+
+
+def test_the_hardware_guide_says_which_families_fold_as_fold_decides():
+    """docs/hardware.md's table of the families that fold agrees with why_not_fold, family by family."""
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "hardware.md").read_text()
+    table = text[text.index("| family | folds | why not |"):].split("\n\n")[0].splitlines()[2:]
+    said = {}
+    for row in table:
+        families, folds = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        said.update({family.strip(): folds == "yes" for family in families.split(",")})
+    assert set(said) == set(FAMILIES)
+    for family, folds in said.items():
+        assert (folding.why_not_fold(members(family, [0, 1])[1]) is None) == folds, family

@@ -100,8 +100,8 @@ def _structure(models: list[nn.Module]) -> str | None:
     loose = [name for name, _ in first.named_parameters()
              if type(modules[name.rpartition(".")[0]]) not in FOLDED]
     if loose:
-        return (f"{kind}'s {', '.join(loose[:4])}{' ...' if len(loose) > 4 else ''} sit outside a Linear, an "
-                "Embedding or a norm, and it has no folded form")
+        return (f"{kind} has weights outside a Linear, an Embedding or a norm ({', '.join(loose[:4])}"
+                f"{' ...' if len(loose) > 4 else ''}), and no folded form")
     others = [dict(m.named_buffers()) for m in models[1:]]
     for name, buffer in first.named_buffers():
         if any(o[name].shape != buffer.shape or not torch.equal(o[name], buffer) for o in others):
