@@ -17,7 +17,7 @@ from reservoir.platform import device as dev
 from reservoir.platform import stopping
 from reservoir.platform.entry import entry_point
 from reservoir.platform.messages import TAG, OneLineError, warn
-from reservoir.run.experiment import run_experiment
+from reservoir.run.experiment import run_experiment, run_group
 from reservoir.run.folders import claim_run_folder, find_run_dir, resume_outlook, resumed_config
 from reservoir.run.records import ResultsError, read_run_config
 
@@ -42,8 +42,13 @@ def resolve_resume(config: dict, named=()) -> tuple[dict, object]:
                            "start a new run") from None
 
 
+GROUP = "--and"  # A --and B --and C: the points A, B and C trained as one folded group (reservoir/run/group.py)
+
+
 @entry_point
 def main(argv: list[str]) -> int:
+    if GROUP in argv:
+        return _folded_group(argv)
     config = config_from_argv(argv)
     claim = None
     try:
@@ -57,22 +62,49 @@ def main(argv: list[str]) -> int:
             dev.launch(functools.partial(run_experiment, resume_dir=resume_dir, claimed=claim.path), config)
         else:
             run_experiment(config, resume_dir=resume_dir)
-    except OneLineError as e:
-        raise SystemExit(f"error: {e}") from None
-    except stopping.Stopped as e:
-        print(f"{TAG} stopped by {e.signal_name}: {e.saved}. {resume_outlook(getattr(e, 'run_dir', None), config)}",
-              file=sys.stderr, flush=True)
-        return e.exit_code
-    except KeyboardInterrupt as e:
-        print(f"{TAG} interrupted. {resume_outlook(getattr(e, 'run_dir', None), config)}", file=sys.stderr,
-              flush=True)
-        return 130
+    except (OneLineError, stopping.Stopped, KeyboardInterrupt) as e:
+        return _ended(e, config)
     finally:
         if claim is not None:
             if sys.exc_info()[0] is not None and claim.discard_if_unused():
                 warn(f"removed {claim.path}: no model got as far as a checkpoint")
             claim.release()
     return 0
+
+
+def _folded_group(argv: list[str]) -> int:
+    """``A --and B ...``: each part a point's own command line; they train as one folded group."""
+    parts, part = [], []
+    for arg in [*argv, GROUP]:
+        if arg == GROUP:
+            if not part:
+                raise SystemExit(f"error: '{GROUP}' joins two points' settings: give settings on both sides of it")
+            parts.append(part)
+            part = []
+        else:
+            part.append(arg)
+    configs = [config_from_argv(p) for p in parts]
+    try:
+        resolved = [resolve_resume(c, given_settings(p)) for c, p in zip(configs, parts, strict=True)]
+        if any(dev.wants_launcher(c) for c, _ in resolved):
+            raise ConfigError("a folded group trains in one process: TPU_PARALLEL='launch' is for one point")
+        run_group([c for c, _ in resolved], [d for _, d in resolved])
+    except (OneLineError, stopping.Stopped, KeyboardInterrupt) as e:
+        return _ended(e, configs[0])
+    return 0
+
+
+def _ended(error: BaseException, config: dict) -> int:
+    """How a stopped run ends: a one-line error, or the signal's exit code with how to resume."""
+    if isinstance(error, OneLineError):
+        raise SystemExit(f"error: {error}") from None
+    if isinstance(error, stopping.Stopped):
+        print(f"{TAG} stopped by {error.signal_name}: {error.saved}. "
+              f"{resume_outlook(getattr(error, 'run_dir', None), config)}", file=sys.stderr, flush=True)
+        return error.exit_code
+    print(f"{TAG} interrupted. {resume_outlook(getattr(error, 'run_dir', None), config)}", file=sys.stderr,
+          flush=True)
+    return 130
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from reservoir.run.group import fit_group
 from reservoir.run.train import fit, summary_record
 from reservoir.run.writer import Run
 from reservoir.studies.frontier.grid import FAMILIES, Cell
-from tests.conftest import TINY_DATA, make_config
+from tests.conftest import TINY_DATA, make_config, run_cli
 
 TOLERANCE = 2e-4  # relative, on a member's final validation loss against its point alone
 RATES = [2e-3, 4e-3, 3e-3]
@@ -54,7 +54,7 @@ def folders(tmp_path, label: str, count: int, info) -> list[Run]:
 
 def train_group(name, cfgs, data, info, runs):
     models = [build_model(name, data.tokenizer.vocab_size, model_settings(c, name)) for c in cfgs]
-    return models, fit_group(name, models, data, cfgs, info, runs)
+    return models, fit_group(name, models, [data] * len(models), cfgs, info, runs)
 
 
 def train_alone(name, cfg, data, info, run):
@@ -139,3 +139,80 @@ def test_a_family_that_does_not_fold_trains_one_point_at_a_time_and_says_why(set
     _, outcomes = train_group(name, cfgs, data, info, folders(tmp_path, "l", 2, info))
     assert "2 points trained one at a time, not folded" in capsys.readouterr().out
     assert all(o.extra.get("folded_with") is None and o.progress.step == 16 for o in outcomes)
+
+
+# ---------------------------------------------------------------------------- TinyStories.py A --and B
+POINT = [*TINY_DATA, "SEQ_LEN=16", "MODELS=transformer", "TRANSFORMER.recipe='++'", "TRANSFORMER.n_layer=1",
+         "TRANSFORMER.dropout=0.0",  # dropout's masks are drawn for the fold: equal to alone in law, not number
+         "TRANSFORMER.n_embd=32", "BATCH_SIZE=4", "MAX_STEPS=24", "LR_SCHEDULE=cosine", "WARMUP_STEPS=3",
+         "EVAL_TOKENS=512", "FINAL_EVAL_TOKENS=1024", "PLOTS=False", "SAMPLE_TOKENS=8"]
+
+
+def group_argv(tmp_path, *members: list[str]) -> list[str]:
+    common = [*POINT, f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}"]
+    argv = []
+    for member in members:
+        argv += [*(["--and"] if argv else []), *common, *member]
+    return argv
+
+
+def record(tmp_path, name: str) -> dict:
+    import json
+
+    return json.loads((tmp_path / "results" / name / "summary.json").read_text())[0]
+
+
+def test_points_joined_by_and_train_as_one_folded_group_each_in_its_own_folder(tmp_path):
+    """`TinyStories.py A --and B --and C`: three folders, three records, each saying it was folded with three;
+    a member scores as the same command alone."""
+    rates = ["LEARNING_RATE=0.002", "LEARNING_RATE=0.004", "LEARNING_RATE=0.003"]
+    members = [[rate, f"SEED={k}", f"RUN_NAME=m{k}"] for k, rate in enumerate(rates)]
+    out = run_cli(tmp_path, *group_argv(tmp_path, *members), settings=[])
+    assert "folded with 2 more" in out.stdout
+    records = [record(tmp_path, f"m{k}") for k in range(3)]
+    assert [r["fit"]["folded_with"] for r in records] == [3, 3, 3]
+    assert [r["learning_rate"] for r in records] == [0.002, 0.004, 0.003]
+    run_cli(tmp_path, *POINT, rates[1], "SEED=1", "RUN_NAME=alone", settings=[])
+    alone = record(tmp_path, "alone")
+    assert records[1]["val_bpc"] == pytest.approx(alone["val_bpc"], rel=TOLERANCE)
+    assert (records[1]["train_steps"], records[1]["train_flops"]) == (alone["train_steps"], alone["train_flops"])
+
+
+def test_a_group_whose_points_differ_in_more_than_a_rate_or_seed_is_refused_in_one_line(tmp_path):
+    out = run_cli(tmp_path, *group_argv(tmp_path, ["RUN_NAME=a"], ["RUN_NAME=b", "SEQ_LEN=32"]), settings=[],
+                  check=False)
+    assert out.returncode != 0 and "differ in SEQ_LEN" in out.stderr
+    assert not (tmp_path / "results" / "a").exists()  # nothing half-written
+
+
+def test_a_killed_group_resumes_every_member_from_its_checkpoints(tmp_path):
+    """SIGKILL of a group's process (the process boundary is what this tests): its members' checkpoints are
+    there, and `RESUME=<folder> --and RESUME=<folder>` finishes each as the group unkilled scores it."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    long = ["MAX_STEPS=300", "CHECKPOINT_EVERY=10", "LOG_EVERY=10"]
+    members = [[*long, "LEARNING_RATE=0.002", "SEED=0", "RUN_NAME=k0"], [*long, "LEARNING_RATE=0.004", "SEED=1",
+                                                                           "RUN_NAME=k1"]]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "TinyStories.py"), *group_argv(tmp_path, *members)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    checkpoints = [tmp_path / "results" / f"k{k}" / "checkpoints" / "transformer.pt" for k in range(2)]
+    deadline = time.monotonic() + 300
+    while not all(c.exists() for c in checkpoints) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    assert all(c.exists() for c in checkpoints), proc.stderr.read()[-2000:]
+    steps = [torch.load(c, weights_only=True)["progress"]["step"] for c in checkpoints]
+    assert all(0 < s < 300 for s in steps), steps
+    run_cli(tmp_path, f"RESUME={tmp_path / 'results' / 'k0'}", "--and", f"RESUME={tmp_path / 'results' / 'k1'}",
+            settings=[])
+    unkilled = [[*m[:-1], f"RUN_NAME=u{k}"] for k, m in enumerate(members)]
+    run_cli(tmp_path, *group_argv(tmp_path, *unkilled), settings=[])
+    for k in range(2):
+        done, whole = record(tmp_path, f"k{k}"), record(tmp_path, f"u{k}")
+        assert done["train_steps"] == whole["train_steps"] == 300
+        assert done["val_bpc"] == pytest.approx(whole["val_bpc"], rel=TOLERANCE)

@@ -297,8 +297,14 @@ def _local_tinystories(data_dir: str) -> list[Path] | None:
     return files or None
 
 
+def corpus_seed(config: dict) -> int | None:
+    """The seed the corpus itself is drawn with (SEED, for the synthetic one), or None for text read from files:
+    runs that differ in SEED share their text only where this is None."""
+    return config["SEED"] if config["DATASET"] == "synthetic" else None
+
+
 def _synthetic(config: dict) -> Corpus:
-    stories = Stories.of(synthetic_stories(config["SYNTHETIC_STORIES"], config["SEED"]))
+    stories = Stories.of(synthetic_stories(config["SYNTHETIC_STORIES"], corpus_seed(config)))
     train, val = _held_out_tail(stories, config["VAL_FRACTION"], "the synthetic corpus")
     return Corpus(train, val, "synthetic", f"built-in synthetic TinyStories-like corpus "
                   f"({config['SYNTHETIC_STORIES']} stories, seed {config['SEED']})")

@@ -96,6 +96,9 @@ def _structure(models: list[nn.Module]) -> str | None:
     kind = type(first).__name__
     if any(type(m) is not type(first) for m in models):
         return f"its members are different models ({', '.join(sorted({type(m).__name__ for m in models}))})"
+    shapes = [[p.shape for p in m.parameters()] for m in models]
+    if any(s != shapes[0] for s in shapes):
+        return "its members' weights differ in shape (another vocabulary or size)"
     modules = dict(first.named_modules())
     loose = [name for name, _ in first.named_parameters()
              if type(modules[name.rpartition(".")[0]]) not in FOLDED]

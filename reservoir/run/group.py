@@ -1,6 +1,6 @@
 """K points of one shape trained as one folded model (reservoir/run/fold.py), each an ordinary point.
 
-    outcomes = fit_group(name, models, data, configs, info, runs)   # an Outcome, or the Diverged, a member
+    outcomes = fit_group(name, models, datas, configs, info, runs)   # an Outcome, or the Diverged, a member
 
 The members share a model, its size, batch, context and budget, so a step count; their seeds (so their frozen
 draws, initial weights and data order) and their learning rates, weight decays and β2 differ. Each keeps its
@@ -65,6 +65,8 @@ def why_not_group(jobs: list[Fit]) -> str | None:
     if any(job.saved is not None and job.saved["finished"] for job in jobs):
         return "a member is finished already"
     differing = [key for key in SHARED_KEYS if any(job.config.get(key) != first.config.get(key) for job in jobs)]
+    differing += ["the model's settings"] * any(job.identity["model_config"] != first.identity["model_config"]
+                                                 for job in jobs)
     if differing:
         return f"its members differ in {', '.join(differing)}"
     config, info = first.config, first.info
@@ -75,11 +77,12 @@ def why_not_group(jobs: list[Fit]) -> str | None:
     return why_not_fold([job.model for job in jobs])
 
 
-def fit_group(name: str, models: list, data: TokenData, configs: list[dict], info: dev.DeviceInfo,
+def fit_group(name: str, models: list, datas: list[TokenData], configs: list[dict], info: dev.DeviceInfo,
               runs: list) -> list[Outcome | Diverged]:
-    """Each of ``models`` (one family and shape; ``configs[k]``, ``runs[k]``: its settings and folder) trained
-    under its budget, folded where it can be: the members' outcomes, or the Diverged of a member that did."""
-    jobs = [prepare_fit(name, m, data, c, info, r) for m, c, r in zip(models, configs, runs, strict=True)]
+    """Each of ``models`` (one family and shape; ``datas[k]``, ``configs[k]``, ``runs[k]``: its text, settings
+    and folder) trained under its budget, folded where it can be: the members' outcomes, or the Diverged of a
+    member that did."""
+    jobs = [prepare_fit(name, m, d, c, info, r) for m, d, c, r in zip(models, datas, configs, runs, strict=True)]
     reason = why_not_group(jobs)
     if reason:
         say(f"{name}: {len(jobs)} points trained one at a time, not folded: {reason}", info.is_main_process)
