@@ -216,3 +216,14 @@ def test_a_killed_group_resumes_every_member_from_its_checkpoints(tmp_path):
         done, whole = record(tmp_path, f"k{k}"), record(tmp_path, f"u{k}")
         assert done["train_steps"] == whole["train_steps"] == 300
         assert done["val_bpc"] == pytest.approx(whole["val_bpc"], rel=TOLERANCE)
+
+
+def test_each_seed_of_a_point_is_a_member_of_its_group(tmp_path):
+    """A point with SEEDS=0,1 joined to another: three members, the first point's two seeds in its own folder."""
+    run_cli(tmp_path, *group_argv(tmp_path, ["SEEDS=0,1", "RUN_NAME=two"], ["LEARNING_RATE=0.004", "RUN_NAME=one"]),
+            settings=[])
+    import json
+
+    two = json.loads((tmp_path / "results" / "two" / "summary.json").read_text())
+    assert sorted(r["seed"] for r in two) == [0, 1]
+    assert [r["fit"]["folded_with"] for r in [*two, record(tmp_path, "one")]] == [3, 3, 3]

@@ -3,7 +3,7 @@ a pure function of what is visible), and the study's WORKERS against them."""
 
 import pytest
 
-from reservoir.platform.device import POINT_DEVICE_VARIABLE, DeviceError, point_slots, study_slots
+from reservoir.platform.device import POINT_DEVICE_VARIABLE, DeviceError, folded_points, point_slots, study_slots
 
 
 def test_an_eight_gpu_host_gives_each_point_its_own_gpu():
@@ -31,14 +31,12 @@ def test_points_per_device_shares_each_gpu_among_that_many_point_processes_and_t
     assert {s.env["OMP_NUM_THREADS"] for s in pairs} == {"1"}
 
 
-@pytest.mark.parametrize("kind, devices, message", [
-    ("cpu", ["0", "1"], "on the CPU each point takes a core of its own"),
-    ("tpu", [], "on the CPU each point takes a core of its own"),  # XLA:CPU
-    ("tpu", [str(k) for k in range(8)], "a TPU chip is held by one process"),
-])
-def test_points_per_device_off_a_gpu_is_refused_in_one_line(kind, devices, message):
-    with pytest.raises(DeviceError, match=f"POINTS_PER_DEVICE=2 shares a GPU among points; {message}"):
-        point_slots(kind, devices, 1, 2, sharing=2)
+@pytest.mark.parametrize("kind, devices", [("cpu", ["0", "1"]), ("tpu", []), ("tpu", [str(k) for k in range(8)])])
+def test_points_per_device_off_a_gpu_folds_them_in_one_process_a_core_or_chip(kind, devices):
+    """Off a GPU the K points of a device are one process that folds them (folded_points): the slots stay one a
+    core (the CPU, XLA:CPU) or chip; a GPU shares itself among K processes instead."""
+    assert point_slots(kind, devices, 1, 2, sharing=2) == point_slots(kind, devices, 1, 2)
+    assert folded_points(kind, 4) == 4 and folded_points("cuda", 4) == 1
     with pytest.raises(DeviceError, match="POINTS_PER_DEVICE must be at least 1, got 0"):
         point_slots("cuda", ["0"], 1, 2, sharing=0)
 

@@ -884,23 +884,28 @@ class Slot:
     env: dict
 
 
+def folded_points(kind: str, sharing: int) -> int:
+    """How many of a study's points one process folds into one model (reservoir/run/group.py): POINTS_PER_DEVICE
+    on a CPU core or a TPU chip (``kind``: 'cpu', 'tpu'), where a process holds its device alone; 1 on a GPU,
+    where the points share it as processes of their own (point_slots) until a GPU measures folding there."""
+    return 1 if kind == "cuda" else sharing
+
+
 def point_slots(kind: str, devices: list[str], per_point: int, cores: int, sharing: int = 1) -> list[Slot]:
     """The places this host offers a study's points, one per concurrent point, from what is visible (a pure
     function: tested for hosts this machine is not). ``kind``: the points' device kind; ``devices``: the CUDA
     ordinals or TPU chips visible (for 'cpu', one entry per usable core); ``per_point``: devices one point takes
     (DEVICES_PER_POINT); ``cores``: the host's usable CPU cores, shared out among the points; ``sharing``:
-    points each GPU (block) holds at once (POINTS_PER_DEVICE), each its own process: a small point's kernels
-    leave most of a GPU idle while its process launches the next (with CUDA MPS the processes' kernels also
-    run at once)."""
+    points each device holds at once (POINTS_PER_DEVICE): on a GPU (block) each its own process, as a small
+    point's kernels leave most of a GPU idle while its process launches the next (with CUDA MPS the processes'
+    kernels also run at once); on a CPU core or a TPU chip, one process whose points are folded into one model
+    (``folded_points``), so the slots are one a core or chip block."""
     if per_point < 1:
         raise DeviceError(f"DEVICES_PER_POINT must be at least 1, got {per_point}")
     if sharing < 1:
         raise DeviceError(f"POINTS_PER_DEVICE must be at least 1, got {sharing}")
-    if sharing > 1 and kind != "cuda":
-        where = "a TPU chip is held by one process" if kind == "tpu" and devices else \
-            "on the CPU each point takes a core of its own (WORKERS says how many run at once)"
-        raise DeviceError(f"POINTS_PER_DEVICE={sharing} shares a GPU among points; {where}: "
-                          "leave POINTS_PER_DEVICE=1 here")
+    if kind != "cuda":
+        sharing = 1
     if kind == "cpu" or (kind == "tpu" and not devices):  # the CPU, or XLA:CPU (PJRT_DEVICE=CPU): a core each
         if per_point > cores:  # threads that wait on each other for cores: 25x slower measured (100 on 2 cores)
             raise DeviceError(f"DEVICES_PER_POINT={per_point} would give a point {per_point} threads on the {cores} "

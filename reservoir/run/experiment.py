@@ -118,7 +118,7 @@ def _show(run: Run, config: dict, info, data) -> None:
 
 # what the points of a folded group may set apart: the rest (data, model, budget, schedule) they share
 MEMBER_SETTINGS = ("LEARNING_RATE", "SEED", "SEEDS", "WEIGHT_DECAY", "ADAM_BETA2", "ADAM_BETA2_REF_TOKENS",
-                   "RUN_NAME", "RESUME", "STABLE_FROM", "PLOTS")
+                   "RESULTS_DIR", "RUN_NAME", "RESUME", "STABLE_FROM", "PLOTS")
 
 
 def _member_differences(configs: list[dict]) -> list[str]:
@@ -141,8 +141,9 @@ def _member_differences(configs: list[dict]) -> list[str]:
 
 def run_group(configs: list[dict], resume_dirs: list) -> list[Run]:
     """Points that differ only in MEMBER_SETTINGS (a rate, a seed, a folder) trained as one folded group
-    (reservoir/run/group.py), each its own run folder and records, as ``run_experiment`` would write them one
-    at a time. A model whose points cannot fold trains them one at a time, after a line that says why."""
+    (reservoir/run/group.py), each seed of each point a member, each point its own run folder and records, as
+    ``run_experiment`` would write them one at a time. A model whose points cannot fold trains them one at a
+    time, after a line that says why."""
     stopping.install()
     requested = configs
     info, first = _device(configs[0])
@@ -151,10 +152,6 @@ def run_group(configs: list[dict], resume_dirs: list) -> list[Run]:
     if differing:
         raise ConfigError(f"the points of a folded group differ in {', '.join(differing)}; only "
                           f"{', '.join(MEMBER_SETTINGS)} may differ: train the others as points of their own")
-    many = [len(run_seeds(c)) for c in configs if len(run_seeds(c)) > 1]
-    if many:
-        raise ConfigError(f"a folded group's point trains one seed, not SEEDS of {many[0]}: give each seed a point "
-                          "of its own (SEED=...)")
     corpora, datas = {}, []  # one text for every member, unless each draws its own (the synthetic corpus's seed)
     for config, resume_dir in zip(configs, resume_dirs, strict=True):
         key = corpus_seed(config)
@@ -165,21 +162,22 @@ def run_group(configs: list[dict], resume_dirs: list) -> list[Run]:
         for config, asked, resume_dir, data in zip(configs, requested, resume_dirs, datas, strict=True):
             runs.append(Run.open(config, info, resume_dir))
             _prepare_folder(runs[-1], asked, config, info, data, resume_dir)
+        points = [(p, seed) for p, config in enumerate(configs) for seed in run_seeds(config)]  # the members
         for name in first["MODELS"]:
-            seeded = [model_settings({**c, "SEED": run_seeds(c)[0]}, name) for c in configs]
-            members = [k for k, run in enumerate(runs) if (name, seeded[k]["SEED"]) not in run.finished_models()]
-            for k in set(range(len(runs))) - set(members):
-                say(f"{name} (seed {seeded[k]['SEED']}): finished in {runs[k].path}, skipped", info.is_main_process)
+            seeded = {(p, seed): model_settings({**configs[p], "SEED": seed}, name) for p, seed in points}
+            members = [(p, seed) for p, seed in points if (name, seed) not in runs[p].finished_models()]
+            for p, seed in sorted(set(points) - set(members)):
+                say(f"{name} (seed {seed}): finished in {runs[p].path}, skipped", info.is_main_process)
             if stopping.requested():
                 raise stopping.Stopped(stopping.requested(), None, "every model before this point is finished")
             if not members:
                 continue
-            models = [build_model(name, datas[k].tokenizer.vocab_size, seeded[k]) for k in members]
-            outcomes = fit_group(name, models, [datas[k] for k in members], [seeded[k] for k in members], info,
-                                 [runs[k] for k in members])
-            for k, model, outcome in zip(members, models, outcomes, strict=True):
-                record_fit(runs[k], name, model, outcome, seeded[k], info, datas[k],
-                           f"{name} (seed {seeded[k]['SEED']}, {runs[k].path.name})")
+            models = [build_model(name, datas[p].tokenizer.vocab_size, seeded[p, seed]) for p, seed in members]
+            outcomes = fit_group(name, models, [datas[p] for p, _ in members], [seeded[m] for m in members], info,
+                                 [runs[p] for p, _ in members])
+            for (p, seed), model, outcome in zip(members, models, outcomes, strict=True):
+                record_fit(runs[p], name, model, outcome, seeded[p, seed], info, datas[p],
+                           f"{name} (seed {seed}, {runs[p].path.name})")
     except BaseException as e:
         for run in runs:
             _discard_unused(run, e)

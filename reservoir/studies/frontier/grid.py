@@ -59,8 +59,9 @@ DEFAULTS = {"FAMILIES": ["transformer", "transformer++", "lstm", "frozen_retenti
             "WORKERS": "auto", "DEVICES_PER_POINT": 1, "POINTS_PER_DEVICE": 1, "REPLAY": False}
 # WORKERS='auto': one point per device (platform/device.py study_slots): per core on a CPU (two one-thread points
 # beat one two-thread point on 2 cores, bench/README.md), per GPU, per TPU chip; DEVICES_PER_POINT: the devices
-# (cores, GPUs, chips) one point takes; POINTS_PER_DEVICE: points that share each GPU at once (a small point leaves
-# most of a GPU idle; CUDA only: a CPU point has its core, a TPU chip one process); REPLAY=True: points recorded on
+# (cores, GPUs, chips) one point takes; POINTS_PER_DEVICE: points that share each device at once (a small point leaves
+# most of a GPU idle): K processes on a GPU, K points folded into one process on a CPU core or a TPU chip
+# (studies/frontier/folding.py); REPLAY=True: points recorded on
 # another machine trained again here where a stage needs their checkpoints (the paired comparisons, CONTEXTS)
 
 

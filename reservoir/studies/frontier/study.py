@@ -40,7 +40,7 @@ from typing import NamedTuple
 from reservoir.config import load_plugins, named_plugins, parse_overrides
 from reservoir.models.registry import MODELS, PLUGINS
 from reservoir.models.settings import model_settings
-from reservoir.platform.device import study_slots
+from reservoir.platform.device import folded_points, resolve_kind, study_slots
 from reservoir.platform.files import portable_path
 from reservoir.platform.machine import processor
 from reservoir.platform.messages import say, warn
@@ -67,6 +67,7 @@ from reservoir.studies.frontier.edges import (
     read_edge_file,
     write_edge_file,
 )
+from reservoir.studies.frontier.folding import fold_jobs
 from reservoir.studies.frontier.grid import (
     CONTROLS,
     DEFAULT_BUDGETS,
@@ -157,6 +158,7 @@ class FrontierStudy:
     store: PointRecords = field(init=False, repr=False)
     corpus: str | None = field(default=None, init=False)  # the data's corpus_label, once measure_cells read it
     _slots: list | None = field(default=None, init=False, repr=False)
+    _groups: dict = field(default_factory=dict, init=False, repr=False)  # a folded group's first folder: all of it
     storage_url: str | None = None  # STUDY_STORAGE: the database the hosts of a shared study meet in
     heartbeat_s: float = 30.0  # HEARTBEAT: a host that stops beating for 4x this loses its points to others
     shared: object = field(default=None, init=False, repr=False)
@@ -273,7 +275,9 @@ class FrontierStudy:
         return self._slots
 
     def _point_finished(self, folder: Path) -> bool:
-        return self.finished(folder, self.extra_seeds() if folder.name.endswith("-seeds") else [self.config["SEED"]])
+        """Whether a point (or a folded group, named by its first point's folder) has its records."""
+        return all(self.finished(f, self.extra_seeds() if f.name.endswith("-seeds") else [self.config["SEED"]])
+                   for f in self._groups.get(folder, [folder]))
 
     def extra_seeds(self) -> list[int]:
         return [self.config["SEED"] + k for k in range(1, self.grid["ENVELOPE_SEEDS"])]
@@ -723,6 +727,13 @@ class FrontierStudy:
         if not jobs:
             return
         jobs = [(job[0], job[1]) for job in jobs]  # what the runner takes: a StageJob's pricing stays here
+        fold = folded_points(resolve_kind(self.config["DEVICE"], self.config["USE_TPU"]),
+                             self.grid.get("POINTS_PER_DEVICE", 1))
+        if fold > 1 and self.shared is None:  # (a shared study's hosts claim points one at a time)
+            jobs, self._groups = fold_jobs(jobs, {c.name: c for c in self.cells()}, fold)
+            if self._groups:
+                say(f"frontier {self.name}: {sum(map(len, self._groups.values()))} points folded "
+                    f"{fold} at most to a process (POINTS_PER_DEVICE={fold}), in {len(self._groups)} groups")
         if self.shared is not None:  # claimed through STUDY_STORAGE, trained here or on another host
             def run_here(more, ended):
                 def ended_and_packed(k: int, code: int | None) -> None:
