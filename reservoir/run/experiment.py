@@ -176,8 +176,7 @@ def run_group(configs: list[dict], resume_dirs: list) -> list[Run]:
             outcomes = fit_group(name, models, [datas[p] for p, _ in members], [seeded[m] for m in members], info,
                                  [runs[p] for p, _ in members])
             for (p, seed), model, outcome in zip(members, models, outcomes, strict=True):
-                record_fit(runs[p], name, model, outcome, seeded[p, seed], info, datas[p],
-                           f"{name} (seed {seed}, {runs[p].path.name})")
+                record_fit(runs[p], name, model, outcome, seeded[p, seed], info, datas[p])
     except BaseException as e:
         for run in runs:
             _discard_unused(run, e)
@@ -207,12 +206,13 @@ def _train_every_model(config: dict, info, data, run: Run) -> None:
                 outcome = fit(name, model, data, seeded, info, run)
             except stopping.Diverged as e:
                 outcome = e
-            record_fit(run, name, model, outcome, seeded, info, data, label)
+            record_fit(run, name, model, outcome, seeded, info, data)
 
 
-def record_fit(run: Run, name: str, model, outcome, seeded: dict, info, data, label: str) -> None:
+def record_fit(run: Run, name: str, model, outcome, seeded: dict, info, data) -> None:
     """A fit's record (``outcome``: its Outcome, or the Diverged that stopped it), its samples, and its line."""
     main, seed = info.is_main_process, seeded["SEED"]
+    label = name if len(run_seeds(seeded)) == 1 else f"{name} (seed {seed})"
     if isinstance(outcome, stopping.Diverged):
         warn(str(outcome))
         run.record_summary(diverged_record(name, model, outcome, seeded, info, data), [])
@@ -225,6 +225,7 @@ def record_fit(run: Run, name: str, model, outcome, seeded: dict, info, data, la
     windows = (f" ({record['windows_val_bpc']:.3f} scored as windows)"
                if record.get("windows_val_bpc") is not None else "")
     folded = f", folded with {outcome.extra['folded_with'] - 1} more" if outcome.extra.get("folded_with") else ""
+    label += f" in {run.path.name}" if folded else ""
     say(f"{label}: {record['val_bpc']:.3f} bits/char{windows} after {record['train_tokens']:,} tokens "
         f"in {record['train_seconds']:.1f}s ({record['train_flops'] or 0:.3g} FLOPs, "
         f"{record['epochs']:.2f} epochs{folded})", main)
