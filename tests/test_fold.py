@@ -95,7 +95,7 @@ def train_folded(folded, optimizer, config, ids, steps: int, peaks: torch.Tensor
     return losses
 
 
-FOLDING = ["transformer++", "frozen_retention+write"]
+FOLDING = ["transformer++", "frozen_retention", "frozen_retention+write", "frozen_retention+forget"]  # all that fold
 
 
 @pytest.mark.parametrize("family", FOLDING)
