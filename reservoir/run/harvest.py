@@ -58,7 +58,7 @@ def stream_layout(n_tokens: int, world: int, n_features: int, per_batch: int) ->
 def harvested_batches(model, train_ids: np.ndarray, batch: tuple[int, int], seed: int, progress,
                       process: tuple[int, int] = (0, 1), materialize=None):
     """Training batches forever, epoch after epoch, from the position ``progress`` (epoch, offset: windows of
-    the epoch already read, all processes together, as ``train._batches`` counts them), for the process of
+    the epoch already read, all processes together, as ``train.training_batches`` counts them), for the process of
     ``process`` = (rank, world size): its own streams. ``batch`` = (B, T):
     each batch holds B x T positions of this process's streams, shaped (streams, B x T / streams): the readout
     reads each position alone, so only how many a batch holds matters. ``materialize()``, if given, is called once
