@@ -124,7 +124,7 @@ FOLDED_GROUP = textwrap.dedent("""
                                     f"LEARNING_RATE={1e-3 * (s + 1)}"]) for s in range(members)]
         runs = [Run(Path(tempfile.mkdtemp()), info) for _ in configs]
         models = [build_model(FAMILIES["transformer++"][0], data.tokenizer.vocab_size, c) for c in configs]
-        return fit_group("transformer", models, data, configs, info, runs)
+        return fit_group("transformer", models, [data] * members, configs, info, runs)
 
     members = int(sys.argv[1])
     start = dev.xla_compile_count()
