@@ -12,6 +12,7 @@ Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md:
     loop (bench/minimal_gpt.py) at the same sizes on the same GPU; at the study's xs preset, the
     runner eager and compiled (COMPILE=True) against the minimal loop;
   - a micro frontier, one point per GPU and again with POINTS_PER_DEVICE=8 (eight points sharing it);
+  - eight xs Transformer++ points as one folded group (TinyStories.py A --and B ...) against one point alone;
   - K Transformer++ points folded into one model against K steps of one, K = 1, 8, 32, 128 at the xs and l
     presets, tokens/s in all and a member (bench_lockstep.py --folded);
   - sampling tokens/s with and without the carried state / key-value cache, with the compiled decode
@@ -194,6 +195,22 @@ def main(out: Path, dry_run: bool) -> int:
                   for r in json.loads(p.read_text())]
         report["frontier"][name] = {"points": len(placed), "devices": sorted({str(d) for d in placed}),
                                     "seconds": parts[name]["seconds"]}
+    # K xs Transformer++ points as one folded group (TinyStories.py A --and B ...) against one point alone: whether a
+    # GPU gains from folding what POINTS_PER_DEVICE now runs there as K processes (device.folded_points)
+    members = 2 if dry_run else 8
+    point = [*data, *xs[:-1], "TRANSFORMER.recipe='++'", xs_steps, "FLOP_BUDGET=None", "PLOTS=False",
+             "MODELS=['transformer']", "EVAL_POINTS=1", "CHECKPOINT_EVERY=0", "CHECKPOINT_EVERY_S=0", "SAMPLE_TOKENS=0",
+             f"DEVICE={device}", f"RESULTS_DIR={out / 'results'}", f"CACHE_DIR={out / 'cache'}"]
+    group = []
+    for k in range(members):
+        group += [*(["--and"] if group else []), *point, f"LEARNING_RATE={1e-3 * (k + 1):g}", f"RUN_NAME=group-{k}"]
+    parts["group_folded"] = run([PY, "TinyStories.py", *group])
+    parts["group_alone"] = run([PY, "TinyStories.py", *point, "LEARNING_RATE=0.001", "RUN_NAME=group-alone"])
+    member, alone = step_rate(out / "results" / "group-0"), step_rate(out / "results" / "group-alone")
+    if member and alone:  # a member's seconds are its group's: the group's tokens/s is members x a member's
+        report["folded_group"] = {"members": members, "tokens_per_second_all": round(members * member),
+                                  "tokens_per_second_alone": round(alone),
+                                  "speedup": round(members * member / alone, 2)}
     write_report(out, report)
     # K of the study's xs Transformer++ points folded into one model (bench_lockstep.py --folded): on a GPU a
     # point this small is bound by its kernel launches, which a fold shares among K
@@ -253,6 +270,11 @@ def markdown(report: dict) -> str:
         start = next((k for k, line in enumerate(table) if "new tokens after" in line), None)
         if said.get("ok") and start is not None:
             lines += ["", f"{name}:", "```", *table[start:], "```"]
+    if "folded_group" in report:
+        g = report["folded_group"]
+        lines += ["", f"{g['members']} xs Transformer++ points folded (TinyStories.py A --and B ...): "
+                  f"{g['tokens_per_second_all']:,} tok/s in all against {g['tokens_per_second_alone']:,} for one "
+                  f"point alone ({g['speedup']}x)"]
     folded = report["parts"].get("lockstep_folded", {})
     if folded.get("ok"):  # its table, as the bench prints it
         lines += ["", "K Transformer++ points folded into one (bench_lockstep.py --folded):", "",
