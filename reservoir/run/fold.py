@@ -255,16 +255,30 @@ class MemberAdamW:
         t = self.step_count.clamp(min=1)  # a member that never stepped: no 0/0 (its rate is 0 anyway)
         step_size = lr / (1 - self.beta1 ** t)
         correction2_sqrt = (1 - self.beta2 ** t).sqrt()
-        for p, m, v, decays in zip(self.params, self.exp_avg, self.exp_avg_sq, self.decays, strict=True):
-            if p.grad is None:
-                continue
-            along = lambda values, p=p: self._along(values, p)  # noqa: E731 - a view per parameter's rank
-            g = p.grad if active is None else torch.where(along(active), p.grad, 0.0)  # no NaN of a stopped one
-            m.mul_(along(beta1)).add_(g * along(1 - beta1))
-            v.mul_(along(beta2)).addcmul_(g, g * along(1 - beta2))
-            if decays:
-                p.mul_(1 - along(lr * self.weight_decay))
-            p.sub_(along(step_size) * m / (v.sqrt() / along(correction2_sqrt) + self.eps))
+        stepping = [k for k, p in enumerate(self.params) if p.grad is not None]
+        params, grads = [self.params[k] for k in stepping], [self.params[k].grad for k in stepping]
+        ms, vs = [self.exp_avg[k] for k in stepping], [self.exp_avg_sq[k] for k in stepping]
+
+        def along(values):  # a [K] vector viewed along each parameter's member axis
+            return [self._along(values, p) for p in params]
+
+        if active is not None:  # a stopped member's gradient (a NaN, perhaps) reaches nothing
+            grads = [torch.where(keep, g, 0.0) for keep, g in zip(along(active), grads, strict=True)]
+        # one call per operation over every parameter (torch's foreach kernels), not a Python loop of them
+        torch._foreach_mul_(ms, along(beta1))
+        torch._foreach_add_(ms, torch._foreach_mul(grads, along(1 - beta1)))
+        torch._foreach_mul_(vs, along(beta2))
+        torch._foreach_addcmul_(vs, grads, torch._foreach_mul(grads, along(1 - beta2)))
+        decayed = [k for k, j in enumerate(stepping) if self.decays[j]]
+        if decayed:
+            factor = 1 - lr * self.weight_decay
+            torch._foreach_mul_([params[k] for k in decayed], [self._along(factor, params[k]) for k in decayed])
+        denominators = torch._foreach_sqrt(vs)
+        torch._foreach_div_(denominators, along(correction2_sqrt))
+        torch._foreach_add_(denominators, self.eps)
+        updates = torch._foreach_div(ms, denominators)
+        torch._foreach_mul_(updates, along(step_size))
+        torch._foreach_sub_(params, updates)
 
     def zero_grad(self) -> None:
         for p in self.params:
