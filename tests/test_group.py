@@ -227,3 +227,16 @@ def test_each_seed_of_a_point_is_a_member_of_its_group(tmp_path):
     two = json.loads((tmp_path / "results" / "two" / "summary.json").read_text())
     assert sorted(r["seed"] for r in two) == [0, 1]
     assert [r["fit"]["folded_with"] for r in [*two, record(tmp_path, "one")]] == [3, 3, 3]
+
+
+def test_a_member_finished_in_its_checkpoint_is_evaluated_again_and_the_others_still_fold(setting, alone, tmp_path):
+    """Member 1 finished before (its checkpoint says so, its record is not written: a kill in its final
+    evaluation): it is scored again from its checkpoint, and members 0 and 2 fold, two of them."""
+    tmp, data, info = setting
+    name, cfgs = configs(tmp, "transformer++")
+    runs = folders(tmp_path, "e", 3, info)
+    train_alone(name, cfgs[1], data, info, runs[1])  # its checkpoint: finished
+    _, outcomes = train_group(name, cfgs, data, info, runs)
+    assert [o.extra.get("folded_with") for o in outcomes] == [2, None, 2]
+    for outcome, own in zip(outcomes, alone, strict=True):
+        assert outcome.final["val_loss"] == pytest.approx(own.final["val_loss"], rel=TOLERANCE)

@@ -10,8 +10,9 @@ a point's (weights, torch.optim.AdamW state), so a group resumes from its member
 step they stand at (a kill between two members' saves leaves two), and a member resumes alone as well.
 
 A member that diverges is recorded as diverged and stands still (its rate 0, its moments kept); the others go
-on. Where a fold cannot hold the points (the family does not fold, a member is finished, a setting the
-folded step does not have), each trains alone, as today, after one line that says why.
+on. A member its checkpoint says is finished is evaluated again alone while the others fold. Where a fold
+cannot hold the points (the family does not fold, a setting the folded step does not have), each trains
+alone, as today, after one line that says why.
 """
 
 from __future__ import annotations
@@ -62,8 +63,6 @@ def why_not_group(jobs: list[Fit]) -> str | None:
         return "one point is a fold of one"
     if first.model.trainer != "sgd" or harvests(first.model):
         return f"{first.name} is not trained by gradient steps over windows"
-    if any(job.saved is not None and job.saved["finished"] for job in jobs):
-        return "a member is finished already"
     differing = [key for key in SHARED_KEYS if any(job.config.get(key) != first.config.get(key) for job in jobs)]
     differing += ["the model's settings"] * any(job.identity["model_config"] != first.identity["model_config"]
                                                  for job in jobs)
@@ -83,13 +82,17 @@ def fit_group(name: str, models: list, datas: list[TokenData], configs: list[dic
     and folder) trained under its budget, folded where it can be: the members' outcomes, or the Diverged of a
     member that did."""
     jobs = [prepare_fit(name, m, d, c, info, r) for m, d, c, r in zip(models, datas, configs, runs, strict=True)]
-    reason = why_not_group(jobs)
+    finished = {k for k, job in enumerate(jobs) if job.saved is not None and job.saved["finished"]}
+    outcomes: dict[int, Outcome | Diverged] = {k: _alone(jobs[k]) for k in finished}  # evaluated again, alone
+    training = [k for k in range(len(jobs)) if k not in finished]
+    reason = why_not_group([jobs[k] for k in training]) if len(training) > 1 else None
     if reason:
-        say(f"{name}: {len(jobs)} points trained one at a time, not folded: {reason}", info.is_main_process)
-        return [_alone(job) for job in jobs]
-    outcomes: dict[int, Outcome | Diverged] = {}
+        say(f"{name}: {len(training)} points trained one at a time, not folded: {reason}", info.is_main_process)
+        outcomes.update({k: _alone(jobs[k]) for k in training})
+        return [outcomes[k] for k in range(len(jobs))]
     at = {}  # the step each member resumes from: one fold per step
-    for k, job in enumerate(jobs):
+    for k in training:
+        job = jobs[k]
         at.setdefault(job.saved["progress"]["step"] if job.saved else 0, []).append(k)
     for members in at.values():
         if len(members) == 1:
