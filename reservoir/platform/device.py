@@ -419,9 +419,14 @@ class DummyGradScaler:
             raise ValueError("DummyGradScaler has no state; got a scaler state from an fp16 run")
 
 
+def scales_losses(info: DeviceInfo) -> bool:
+    """Whether training scales its loss (CUDA fp16): one scale for a whole step, whatever it holds."""
+    return info.kind == "cuda" and info.precision == "fp16"
+
+
 def make_grad_scaler(info: DeviceInfo):
-    """A real GradScaler where fp16 needs one (CUDA fp16), else a DummyGradScaler."""
-    if info.kind == "cuda" and info.precision == "fp16":
+    """A real GradScaler where fp16 needs one (scales_losses), else a DummyGradScaler."""
+    if scales_losses(info):
         return torch.amp.GradScaler("cuda")
     return DummyGradScaler()
 

@@ -188,15 +188,6 @@ def write_back(folded: nn.Module, models: list[nn.Module]) -> None:
                 p.copy_(member_view(folded_params[name], p, k))
 
 
-def load_members(folded: nn.Module, models: list[nn.Module]) -> None:
-    """The members' own weights into the fold (a group resumed from its members' checkpoints)."""
-    folded_params = dict(folded.named_parameters(remove_duplicate=False))
-    with torch.no_grad():
-        for k, model in enumerate(models):
-            for name, p in model.named_parameters():
-                folded_params[name][k].copy_(p.reshape(folded_params[name][k].shape))
-
-
 def _per_member(values, members: int, device) -> torch.Tensor:
     values = torch.as_tensor(values, dtype=torch.float32, device=device)
     return values.expand(members).clone() if values.dim() == 0 else values
@@ -206,7 +197,7 @@ class MemberAdamW:
     """AdamW (Loshchilov & Hutter; torch.optim.AdamW's update, decoupled decay) over a fold's parameters,
     each member with its own learning rate, weight decay, β2 and step count: [K] tensors broadcast along the
     member axis. A parameter decays where it decays in a member alone (``decayed``: its name, from
-    train.weight_decayed), so the fold decays matrices only, as a point does.
+    train.decayed_names), so the fold decays matrices only, as a point does.
 
     ``lr`` is a [K] tensor the training loop sets each step (the members' peaks times the schedule's share)."""
 
@@ -225,6 +216,7 @@ class MemberAdamW:
         self.step_count = torch.zeros(members, device=device)
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.moments = dict(zip(self.names, zip(self.exp_avg, self.exp_avg_sq, strict=True), strict=True))
 
     def _along(self, values: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         return values.view(-1, *([1] * (p.dim() - 1)))
@@ -287,7 +279,7 @@ class MemberAdamW:
     def member_state(self, k: int, model: nn.Module, optimizer: torch.optim.AdamW) -> dict:
         """Member ``k``'s moments and step in ``optimizer``'s own state_dict form (``optimizer`` built by
         train.adamw over ``model``): what its point's checkpoint holds."""
-        by_name = dict(zip(self.names, zip(self.exp_avg, self.exp_avg_sq, strict=True), strict=True))
+        by_name = self.moments
         own = dict(model.named_parameters())
         state = optimizer.state_dict()
         steps = self.step_count.detach().cpu()  # one transfer, no graph per member's index
@@ -303,16 +295,18 @@ class MemberAdamW:
 
     def load_member_state(self, k: int, model: nn.Module, optimizer: torch.optim.AdamW) -> None:
         """The reverse of member_state: member ``k``'s moments and step from its point's ``optimizer``."""
-        by_name = dict(zip(self.names, zip(self.exp_avg, self.exp_avg_sq, strict=True), strict=True))
+        steps = set()
         with torch.no_grad():
             for name, p in model.named_parameters():
                 state = optimizer.state.get(p)
-                if name not in by_name or not state:
+                if name not in self.moments or not state:
                     continue
-                m, v = by_name[name]
+                m, v = self.moments[name]
                 m[k].copy_(state["exp_avg"].reshape(m[k].shape))
                 v[k].copy_(state["exp_avg_sq"].reshape(v[k].shape))
-                self.step_count[k] = float(state["step"])
+                steps.add(float(state["step"]))
+            if steps:
+                self.step_count[k] = max(steps)
 
 
 def member_losses(logits: torch.Tensor, targets: torch.Tensor, members: int) -> torch.Tensor:

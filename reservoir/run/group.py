@@ -71,7 +71,7 @@ def why_not_group(jobs: list[Fit]) -> str | None:
     config, info = first.config, first.info
     if info.world_size > 1 or config["GRAD_ACCUM"] > 1 or config["COMPILE"] or config["GRADIENT_CHECKPOINTING"]:
         return "a fold has one process, one micro-batch a step, and no COMPILE or gradient checkpointing"
-    if isinstance(dev.make_grad_scaler(info), torch.amp.GradScaler):
+    if dev.scales_losses(info):
         return "fp16's loss scaling is one scale for every member"
     return why_not_fold([job.model for job in jobs])
 
@@ -190,7 +190,7 @@ def _train_folded(jobs: list[Fit]) -> list[Outcome | Diverged]:
                 save(stable=True)
         share = budget.compute_share(progress) if stable_at is not None else budget.share(progress)
         lr = learning_rate({**config, "LEARNING_RATE": 1.0}, progress.step, share)  # the schedule's share of a peak
-        optimizer.lr = (peaks * lr).to(info.device)  # a tensor, not a float: on XLA no graph per rate
+        optimizer.lr = (peaks * lr).to(info.device, non_blocking=True)  # a tensor, not a float: no graph a rate
         pairs = [next(b) for b in batches]
         inputs = torch.cat([x for x, _ in pairs]).to(info.device, non_blocking=True)
         targets = torch.cat([y for _, y in pairs]).to(info.device, non_blocking=True)
@@ -230,7 +230,7 @@ def _train_folded(jobs: list[Fit]) -> list[Outcome | Diverged]:
             mean = [total / progress.train_loss_steps for total in loss_sum.tolist()]  # on the host: no graph per count
             loss_sum.zero_()
             for k in running():
-                progresses[k].last_train_loss, progresses[k].train_loss_steps = mean[k], 0
+                progresses[k].last_train_loss = mean[k]
                 job = jobs[k]
                 job.run.log_train({"model": job.name, "seed": job.seed, "step": progress.step,
                                    "tokens": progress.tokens, "seconds": round(seconds, 3), "train_loss": mean[k],
@@ -239,8 +239,8 @@ def _train_folded(jobs: list[Fit]) -> list[Outcome | Diverged]:
                     job.check_finite(progresses[k], "the training loss", mean[k], advice)
                 except Diverged as error:
                     outcomes[k] = error
-            for k in range(members):
-                progresses[k].train_loss_steps = 0
+            for p in progresses:
+                p.train_loss_steps = 0
         if done or not running():
             break
         with clock.paused():
