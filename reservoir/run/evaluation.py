@@ -304,17 +304,20 @@ class Evaluator:
         state = model.initial_state(1, device)
         if on_device:
             dev.mark_step(info)  # the zero state as device data: every chunk then runs one graph
-        losses = []
+        # every chunk's losses go into one buffer made before the first: a small tensor kept from each chunk would
+        # lie between two chunks' large ones, glibc could not reuse their space, and a 32,768-unit reservoir's
+        # evaluation grew by 8 MB a chunk (bench/README.md); the row index is data, so XLA runs one graph a chunk
+        losses = torch.zeros(len(windows), self.seq, device=device)
         for k in range(len(windows)):
             chunk = windows[k:k + 1].to(device)
             with context():
                 logits, state = call(model, chunk[:, :-1], state)
             nll = F.cross_entropy(logits.float().transpose(1, 2), chunk[:, 1:], reduction="none")
-            losses.append(nll * weights[k:k + 1].to(device))
+            losses.index_copy_(0, torch.tensor([k]).to(device), nll * weights[k:k + 1].to(device))
             if on_device:
                 dev.mark_step(info)
         index = torch.where(weights > 0, index, torch.full_like(index, -1))
-        return torch.cat(losses), index
+        return losses, index
 
     def _blocks(self) -> tuple[np.ndarray, np.ndarray]:
         """(block starts, characters per block): story-aligned blocks of the scored targets."""
