@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from reservoir.config import SHARED_CONFIG
 from reservoir.models import MODELS
 from reservoir.studies.frontier.generation import format_generation
 from tests.conftest import ROOT, TINY, run_cli, run_in_process, run_script, summary_of
@@ -314,6 +315,10 @@ def test_a_grid_list_may_grow_and_its_new_cells_join_the_study(tmp_path):
     report = json.loads((tmp_path / "results" / "grow" / "frontier.json").read_text())
     assert {r["learning_rate"] for r in report["grid_points"] if r["budget"] == 3e9} == {2e-3, 8e-3}
     assert {r["family"] for r in report["grid_points"]} == {"lstm", "esn+softmax"}
+    tuned = SHARED_CONFIG["ESN"]  # the reservoir every ESN point drew, read back from a record for the report
+    assert report["esn_reservoir"] == {k: tuned[k] for k in report["esn_reservoir"]} and "spectral_radius" in \
+        report["esn_reservoir"]
+    assert "echo state network at its best" in (tmp_path / "results" / "grow" / "frontier.md").read_text()
     after = recorded()  # every earlier point's record stays as it was
     assert before and {key: after[key] for key in before} == before
     assert {key.split("/")[0] for key in after.keys() - before.keys()} >= {"lstm-xs-lr0.008-b8",

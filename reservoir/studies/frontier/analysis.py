@@ -8,7 +8,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from reservoir.models.registry import STUDY_FAMILIES
 from reservoir.run.records import ResultsError
+from reservoir.studies.budgets import point_name
 from reservoir.studies.curves import compute_on_curve, fit_curve, gap_slope, interpolated_compute
 from reservoir.studies.frontier.accounting import elementwise_view, read_counts
 from reservoir.studies.frontier.contexts import context_table
@@ -235,6 +237,24 @@ def _multipliers(envelope: dict, fits: dict, reference: str | None) -> dict:
     return out
 
 
+ESN_KNOBS = ("spectral_radius", "leak_rate", "input_scaling", "degree")
+
+
+def esn_families(families: list[str]) -> list[str]:
+    """The study families that are echo state networks (``esn+softmax``, ``esn+mlp``)."""
+    return [f for f in families if STUDY_FAMILIES.get(f, (f,))[0] == "esn"]
+
+
+def esn_reservoir(records: PointRecords, rows: list[dict]) -> dict | None:
+    """The reservoir the ESN families' points drew (spectral radius, leak rate, input scaling, degree), as the
+    first such point's record gives it: the grid walks their units, rate and batch, never these. None: no ESN."""
+    first = next((r for r in rows if r["family"] in esn_families([r["family"]]) and not r["envelope_seed"]), None)
+    if first is None:
+        return None
+    block = records.config(records.path / first["cell"] / point_name(first["budget"]))["requested_config"]
+    return {knob: value for knob, value in (block.get("ESN") or {}).items() if knob in ESN_KNOBS}
+
+
 def report_from_records(folder: Path) -> dict:
     """A study's report from its committed records alone (no checkpoints needed)."""
     folder = Path(folder)
@@ -270,6 +290,9 @@ def study_report(folder: Path, study: dict, rows: list[dict], records: PointReco
         top = max(study["budgets"])
         report["draws"] = {"budget": top, "families": draws_report(records, grid, collect_draws(
             records, study["cells"], [top]), top, draw_families(grid, top))}
+    reservoir = esn_reservoir(records, rows)
+    if reservoir:
+        report["esn_reservoir"] = reservoir
     counts = read_counts(folder)
     if counts:
         report["elementwise"] = elementwise_view(rows, counts, grid)
