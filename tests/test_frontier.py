@@ -171,6 +171,14 @@ def test_points_per_device_on_the_cpu_folds_a_familys_points_and_keeps_the_envel
     folded = {p.parent.parent.name: json.loads(p.read_text())[0]["fit"].get("folded_with")
               for p in study.glob(f"*/{point_name(3e9)}/summary.json")}
     assert folded and all(k == (2 if cell.startswith("transformer++") else None) for cell, k in folded.items())
+    # a member records its group's seconds; the report counts its share of the core, so families compare fairly
+    seconds = {p.parent.parent.name: json.loads(p.read_text())[0]["train_seconds"]
+               for p in study.glob(f"*/{point_name(3e9)}/summary.json")}
+    rows = {r["cell"]: r for r in json.loads((study / "frontier.json").read_text())["grid_points"]
+            if r["budget"] == 3e9 and not r["envelope_seed"]}
+    assert rows.keys() == seconds.keys(), (sorted(rows), sorted(seconds))
+    assert all(
+        rows[cell]["train_seconds"] == pytest.approx(seconds[cell] / (folded[cell] or 1)) for cell in rows)
     ours, theirs = (json.loads((path / "frontier.json").read_text())["envelope"] for path in (study, micro[1]))
     assert ours.keys() == theirs.keys()
     for family in ours:

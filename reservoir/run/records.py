@@ -47,10 +47,25 @@ def cut_short(record: dict) -> bool:
     return record.get("bound_by") == "seconds" and share is not None and share < SPENT
 
 
+def device_share(record: dict) -> float:
+    """The share of its device a fit had: 1, or 1 / K for a point trained folded with others, K in all
+    (reservoir/run/group.py: ``fit.folded_with``), whose seconds every member records whole."""
+    return 1 / ((record.get("fit") or {}).get("folded_with") or 1)
+
+
+def device_seconds(record: dict) -> float | None:
+    """The seconds of its device a fit used: its training loop's seconds times its ``device_share``."""
+    seconds = record.get("train_seconds")
+    return seconds if seconds is None else seconds * device_share(record)
+
+
 def point_scores(record: dict, folder: Path) -> dict:
     """The fields every row of a study's report takes from a run's record (grid points, references,
-    controls), and the folder the record belongs to (relative to the checkout where it lies in it)."""
-    return {**{row: record.get(field) for row, field in SCORE_FIELDS.items()}, "folder": repository_path(folder)}
+    controls), and the folder the record belongs to (relative to the checkout where it lies in it); a folded
+    point's ``train_seconds`` are its share of its group's (``device_seconds``), so families compare by the
+    device time each point took, folded or not."""
+    return {**{row: record.get(field) for row, field in SCORE_FIELDS.items()}, "train_seconds": device_seconds(record),
+            "folder": repository_path(folder)}
 
 
 class ResultsError(OneLineError, ValueError):

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 from reservoir.platform.machine import MachineLoad
 from reservoir.platform.messages import progress
+from reservoir.run.records import device_seconds
 from reservoir.studies.frontier.contexts import CONTEXT_FOLDER
 from reservoir.studies.frontier.edges import EDGE_FOLDER
 from reservoir.studies.frontier.grid import REFERENCE_FAMILIES, RESERVOIR_FAMILIES
@@ -426,7 +427,7 @@ def after_grid_stages(study, measure, seconds_per_step, besides, known: bool) ->
         for point in done:
             records = point.get("summary") or []
             flops += sum(r.get("train_flops") or 0 for r in records)
-            seconds += sum(r.get("train_seconds") or 0 for r in records) + POINT_OVERHEAD_S
+            seconds += sum(device_seconds(r) or 0 for r in records) + POINT_OVERHEAD_S
         return {"stage": name + note, "points": left + len(done), "flops": flops, "seconds": seconds,
                 "points_at_most": left + len(done), "seconds_at_most": seconds, "flops_at_most": flops,
                 "points_left": left, "seconds_left": left_seconds, "after_grid": True}

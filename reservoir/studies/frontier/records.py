@@ -10,7 +10,14 @@ from pathlib import Path
 from reservoir.data.tokens import corpus_label
 from reservoir.platform.files import repository_path
 from reservoir.platform.messages import warn
-from reservoir.run.records import ResultsError, point_scores, read_json, read_signed_json, write_signed_json
+from reservoir.run.records import (
+    ResultsError,
+    device_share,
+    point_scores,
+    read_json,
+    read_signed_json,
+    write_signed_json,
+)
 from reservoir.studies.budgets import point_name
 from reservoir.studies.frontier.grid import CONTROLS, REFERENCE_RUNS, FrontierError
 from reservoir.studies.store import POINTS_FILE, PointRecords
@@ -133,7 +140,8 @@ def point_rows(records: PointRecords, cell_folder: Path, cell: dict, budget: flo
                      "val_loss": r.get("val_loss"), "train_loss": r.get("train_loss"),
                      "train_steps": r.get("train_steps"), "corpus": corpus,
                      "spent_flops": (r.get("train_flops") or 0) - (fit.get("branched_at_flops") or 0),
-                     "spent_seconds": (r.get("train_seconds") or 0) - (fit.get("branched_at_seconds") or 0),
+                     "spent_seconds": device_share(r) * ((r.get("train_seconds") or 0)
+                                                         - (fit.get("branched_at_seconds") or 0)),
                      "branched": bool(fit.get("branched_at_flops")), "processor": trained_on,
                      "oversubscribed": (r.get("machine_load") or {}).get("oversubscribed"),
                      **({"held": cell["held"]} if cell.get("held") else {})})
