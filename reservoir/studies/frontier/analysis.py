@@ -237,7 +237,9 @@ def _multipliers(envelope: dict, fits: dict, reference: str | None) -> dict:
     return out
 
 
-ESN_KNOBS = ("spectral_radius", "leak_rate", "input_scaling", "degree")
+# the reservoir's settings an ESN point draws with, and their names in a report
+ESN_KNOBS = {"spectral_radius": "spectral radius", "leak_rate": "leak rate", "input_scaling": "input scaling",
+             "degree": "connections a unit"}
 
 
 def esn_families(families: list[str]) -> list[str]:
@@ -248,7 +250,7 @@ def esn_families(families: list[str]) -> list[str]:
 def esn_reservoir(records: PointRecords, rows: list[dict]) -> dict | None:
     """The reservoir the ESN families' points drew (spectral radius, leak rate, input scaling, degree), as the
     first such point's record gives it: the grid walks their units, rate and batch, never these. None: no ESN."""
-    first = next((r for r in rows if r["family"] in esn_families([r["family"]]) and not r["envelope_seed"]), None)
+    first = next((r for r in rows if esn_families([r["family"]]) and not r["envelope_seed"]), None)
     if first is None:
         return None
     block = records.config(records.path / first["cell"] / point_name(first["budget"]))["requested_config"]

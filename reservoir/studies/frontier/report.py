@@ -24,7 +24,13 @@ from reservoir.models.registry import FROZEN_TRANSITION, MODELS, RESERVOIR, clas
 from reservoir.platform.files import atomic_write_text, repository_path
 from reservoir.run.records import write_json_atomic
 from reservoir.studies.curves import curve, figure
-from reservoir.studies.frontier.analysis import BOUNDS, best_reservoirs, esn_families, report_from_records
+from reservoir.studies.frontier.analysis import (
+    BOUNDS,
+    ESN_KNOBS,
+    best_reservoirs,
+    esn_families,
+    report_from_records,
+)
 from reservoir.studies.frontier.generation import GENERATION_PLOT, format_generation, plot_generation
 from reservoir.studies.frontier.grid import (
     PRESETS,
@@ -1132,10 +1138,6 @@ def _held(report: dict, h: str) -> list[str]:
     return lines
 
 
-KNOB_NAMES = {"spectral_radius": "spectral radius", "leak_rate": "leak rate", "input_scaling": "input scaling",
-              "degree": "connections a unit"}
-
-
 def _esn(report: dict, h: str) -> list[str]:
     """The echo state network at its best: each ESN family's envelope point per budget (its units, rate, batch),
     the ridge ESN's best one-pass run within that budget, the best other reservoir and the transformer."""
@@ -1147,7 +1149,7 @@ def _esn(report: dict, h: str) -> list[str]:
     others = [f for f in report["families"] if f not in families and _class(f) == RESERVOIR]
     ridge = [r for r in report.get("references") or [] if r["model"] == "esn" and r["val_bpc"] is not None]
     knobs = report.get("esn_reservoir") or {}
-    drawn = ", ".join(f"{name} {knobs[k]:g}" for k, name in KNOB_NAMES.items() if k in knobs) or "as recorded"
+    drawn = ", ".join(f"{name} {knobs[k]:g}" for k, name in ESN_KNOBS.items() if k in knobs) or "as recorded"
 
     def point(p: dict | None) -> str:
         if p is None:
@@ -1165,20 +1167,20 @@ def _esn(report: dict, h: str) -> list[str]:
              "| budget | " + " | ".join(families) + f" | ridge ESN, one pass | best other reservoir | {reference} | "
              "best ESN vs " + reference + " | vs best other reservoir |",
              "| --- |" + " --- |" * (len(families) + 5)]
+    gaps = []  # (budget, the best ESN's gap to the reference) where both ran
     for b in budgets:
-        present = [by[f][b] for f in families if b in by.get(f, {})]
-        best = min(present, key=lambda p: p["bpc_mean"])
+        best = min((by[f][b] for f in families if b in by.get(f, {})), key=lambda p: p["bpc_mean"])
         within = min((r for r in ridge if r["train_flops"] <= b), key=lambda r: r["val_bpc"], default=None)
         other = min((f for f in others if b in by.get(f, {})), key=lambda f: by[f][b]["bpc_mean"], default=None)
         ref = by.get(reference, {}).get(b)
+        if ref is not None:
+            gaps.append((b, best["bpc_mean"] / ref["bpc_mean"] - 1))
         cells = [f"{b:.3g}", *(point(by.get(f, {}).get(b)) for f in families),
                  "–" if within is None else f"{within['val_bpc']:.3f} ({within['name']})",
                  "–" if other is None else f"{other}: {_bpc(by[other][b])}", "–" if ref is None else _bpc(ref),
-                 "–" if ref is None else f"{best['bpc_mean'] / ref['bpc_mean'] - 1:+.1%}",
+                 "–" if ref is None else f"{gaps[-1][1]:+.1%}",
                  "–" if other is None else f"{best['bpc_mean'] / by[other][b]['bpc_mean'] - 1:+.1%}"]
         lines.append("| " + " | ".join(cells) + " |")
-    gaps = [(b, min(by[f][b]["bpc_mean"] for f in families if b in by.get(f, {})) / by[reference][b]["bpc_mean"] - 1)
-            for b in budgets if b in by.get(reference, {})]
     if len(gaps) > 1:
         (first, early), (last, late) = gaps[0], gaps[-1]
         lines += ["", f"The best ESN's gap to {reference} goes from {early:+.1%} at {first:.3g} FLOPs to "
