@@ -722,9 +722,29 @@ def test_scaling_a_large_reservoir_says_what_it_does_before_it_takes_minutes(mon
     assert torch.linalg.eigvals(scaled.double()).abs().max().item() == pytest.approx(0.9)
     assert "reservoir to spectral radius" not in capsys.readouterr().out  # a small one is quick: nothing said
     monkeypatch.setattr(reservoirs, "SAY_DRAWS_FROM_UNITS", 64)
-    reservoirs.scale_to_spectral_radius(weights, 0.9)
+    reservoirs.scale_to_spectral_radius(weights + 1, 0.9)
     said = capsys.readouterr().out
     assert "scaling a 64-unit reservoir to spectral radius 0.9: all its eigenvalues" in said and "units³" in said
+
+
+def test_a_reservoir_drawn_again_in_a_process_is_scaled_without_a_second_eigendecomposition(monkeypatch, capsys):
+    """A study's FLOP count and PLAN's probes build one draw for every rate and batch of a size: a 4,096-unit one
+    decomposed again each time, half a minute each (a plan of 144 probes, most of it). The same numbers get the same
+    radius, so the draw is the one made the first time; new numbers are decomposed."""
+    from reservoir.models import reservoirs
+
+    decompositions, eigvals = [], torch.linalg.eigvals
+    monkeypatch.setattr(torch.linalg, "eigvals", lambda w: decompositions.append(w.shape) or eigvals(w))
+    monkeypatch.setattr(reservoirs, "SAY_DRAWS_FROM_UNITS", 48)
+    first, again = (reservoirs.Reservoir(20, 48, 0.9, 0.3, 1.0, 0.1, 0.0, 10, 0.1, seed=11) for _ in range(2))
+    assert torch.equal(first.w, again.w) and len(decompositions) == 1
+    assert capsys.readouterr().out.count("scaling a 48-unit reservoir") == 1  # said once: the one that takes time
+    other = reservoirs.Reservoir(20, 48, 0.9, 0.3, 1.0, 0.1, 0.0, 10, 0.1, seed=12)
+    assert len(decompositions) == 2 and not torch.equal(other.w, first.w)
+    assert torch.linalg.eigvals(again.w.double()).abs().max().item() == pytest.approx(0.9, rel=1e-6)
+    monkeypatch.setattr(reservoirs, "DENSE_UNITS", 32)  # ARPACK's path remembers too
+    sparse = [reservoirs.Reservoir(20, 64, 0.9, 0.3, 1.0, 0.1, 0.0, 10, 0.1, seed=5) for _ in range(2)]
+    assert torch.equal(sparse[0].w_value, sparse[1].w_value) and len(reservoirs._RADII) >= 3
 
 
 @pytest.mark.parametrize("units", [300, 500, 1000])

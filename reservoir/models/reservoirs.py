@@ -9,6 +9,7 @@ al. 2023 for diagonal linear recurrences).
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import warnings
 from typing import NamedTuple
@@ -56,12 +57,36 @@ def scale_to_spectral_radius(weights: torch.Tensor, spectral_radius: float) -> t
     units = weights.shape[0]
     if units > DENSE_UNITS:
         return weights * (spectral_radius / largest_eigenvalue_modulus(weights))
-    if units >= SAY_DRAWS_FROM_UNITS:
-        say(f"scaling a {units:,}-unit reservoir to spectral radius {spectral_radius:g}: all its eigenvalues, a "
-            f"dense eigendecomposition whose time grows with units³ (about {_draw_seconds(units):,.0f} s on one "
-            "CPU thread)")
-    radius = torch.linalg.eigvals(weights.double()).abs().max().item()
-    return weights * (spectral_radius / radius)
+
+    def every_eigenvalue() -> float:
+        if units >= SAY_DRAWS_FROM_UNITS:
+            say(f"scaling a {units:,}-unit reservoir to spectral radius {spectral_radius:g}: all its eigenvalues, a "
+                f"dense eigendecomposition whose time grows with units³ (about {_draw_seconds(units):,.0f} s on one "
+                "CPU thread)")
+        return torch.linalg.eigvals(weights.double()).abs().max().item()
+
+    return weights * (spectral_radius / _remembered_radius([weights.numpy()], every_eigenvalue))
+
+
+# spectral radii this process has computed, by the hash of the matrix's numbers: a study's FLOP count and PLAN's
+# probes build the same draw for every rate and batch of a size, and a 4,096-unit decomposition takes half a minute
+_RADII: dict[str, float] = {}
+
+
+def _remembered_radius(arrays, compute) -> float:
+    """``compute()``, the spectral radius of the matrix whose numbers are ``arrays``, or what it gave before for
+    the same numbers: the same matrix always gets the same radius, so a draw scales as it did the first time."""
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for array in arrays:
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype}{array.shape}".encode())
+        digest.update(array.data)
+    key = digest.hexdigest()
+    if key not in _RADII:
+        _RADII[key] = compute()
+    return _RADII[key]
 
 
 def largest_eigenvalue_modulus(weights) -> float:
@@ -80,9 +105,14 @@ def largest_eigenvalue_modulus(weights) -> float:
         rows, cols = weights.nonzero(as_tuple=True)
         matrix = csr_matrix((weights[rows, cols].double().numpy(), (rows.numpy(), cols.numpy())),
                             shape=weights.shape)
-    values = eigs(matrix, k=16, ncv=64, which="LM", tol=1e-10, v0=np.ones(matrix.shape[0]),
-                  return_eigenvectors=False)
-    return float(np.abs(values).max())
+    matrix = matrix.tocsr()
+
+    def largest() -> float:
+        values = eigs(matrix, k=16, ncv=64, which="LM", tol=1e-10, v0=np.ones(matrix.shape[0]),
+                      return_eigenvectors=False)
+        return float(np.abs(values).max())
+
+    return _remembered_radius([matrix.data, matrix.indices, matrix.indptr], largest)
 
 
 def fixed_degree_entries(units: int, degree: int, generator: torch.Generator, spectral_radius: float):
