@@ -53,6 +53,7 @@ def test_a_sweep_writes_best_json_plots_and_continues(tmp_path):
     sweep(tmp_path, "MODEL=esn", "TRIALS=4", "SWEEP_NAME=esn-tiny")  # the same study, one more trial
     trials = load(tmp_path, "esn-tiny").trials
     assert sorted(t.number for t in trials) == list(range(4))
+    assert all(trials[3].params != t.params for t in trials[:3])  # a new candidate, not the first command's replayed
     assert all(t.state.name == "COMPLETE" for t in trials)  # a finished model is never pruned on its final score
     first = min(trials, key=lambda t: t.number)  # a new study first measures the settings it would replace
     assert first.params == {"ESN.spectral_radius": 0.3, "ESN.leak_rate": 1.0, "ESN.input_scaling": 3.0,

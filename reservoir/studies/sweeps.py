@@ -222,10 +222,14 @@ def open_study(name: str, storage_url: str | None, folder: Path, seed: int, work
 
     folder.mkdir(parents=True, exist_ok=True)
     storage = _storage(storage_url, folder)
-    sampler = optuna.samplers.TPESampler(seed=seed + 7919 * worker)  # workers draw different candidates
     pruner = optuna.pruners.MedianPruner(n_startup_trials=5)
-    return optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner,
-                               direction="minimize", load_if_exists=True)
+    study = optuna.create_study(study_name=name, storage=storage, pruner=pruner, direction="minimize",
+                                load_if_exists=True)
+    # workers draw different candidates, and so does a continued study: a sampler seeded as the first command's
+    # replays its draws, and the trials after a restart measured settings already measured
+    done = len(study.get_trials(deepcopy=False))
+    study.sampler = optuna.samplers.TPESampler(seed=seed + 7919 * worker + 104729 * done)
+    return study
 
 
 @dataclass(frozen=True)
