@@ -684,20 +684,27 @@ def test_by_time_each_processor_is_a_view_of_its_own_and_a_class_is_read_within_
 
 def test_the_esn_section_sets_the_best_esn_beside_the_ridge_line_the_other_reservoirs_and_the_transformer():
     families = ["transformer++", "linear_reservoir", "esn+softmax", "esn+mlp"]
-    scores = {"transformer++": (1.6, 1.4), "linear_reservoir": (1.7, 1.5), "esn+softmax": (2.2, 2.1),
-              "esn+mlp": (2.0, 1.96)}
+    scores = {"transformer++": (1.6, 1.4), "linear_reservoir": (1.7, 1.5), "esn+softmax": (2.0, 2.1),
+              "esn+mlp": (2.1, 1.96)}
     rows = [_row(f, b, bpc) for f, pair in scores.items() for b, bpc in zip((1e12, 2e12), pair, strict=True)]
     ridge = [{**_row("esn", 0, bpc), "model": "esn", "name": name, "train_flops": flops, "train_split_bpc": None}
              for name, flops, bpc in (("esn-500", 4e11, 2.9), ("esn-4000", 1.6e12, 2.5))]
     study = {"study": "t", "budgets": [1e12, 2e12], "grid": {"FAMILIES": families, "LEARNING_RATES": [1e-3],
              "SIZES": ["xs"], "BATCH_SIZES": [8]}, "settings": [], "plan": {}}
-    report = {**build_frontier(rows, study, ridge), "esn_reservoir": {"spectral_radius": 0.3, "leak_rate": 1.0}}
-    section = format_study(report, "frontier.png").split("# The echo state network at its best")[1]
-    assert "one reservoir (spectral radius 0.3, leak rate 1: SHARED_CONFIG's ESN block" in section
-    assert ("| 1e+12 | 2.200 (1,000 units, 0.001, 8) | 2.000 (1,000 units, 0.001, 8) | 2.900 (esn-500) | "
+    drawn = {"esn+softmax": {"spectral_radius": 0.7, "leak_rate": 1.0}, "esn+mlp": {"spectral_radius": 1.0,
+                                                                                    "leak_rate": 0.9}}
+    section = format_study({**build_frontier(rows, study, ridge), "esn_reservoirs": drawn},
+                           "frontier.png").split("# The echo state network at its best")[1]
+    assert ("one reservoir, tuned by a sweep (docs/runs.md): esn+softmax: spectral radius 0.7, leak rate 1; "
+            "esn+mlp: spectral radius 1, leak rate 0.9.") in section
+    # the best ESN is the best of its families at each budget: the softmax at 1e12, the MLP at 2e12
+    assert ("| 1e+12 | 2.000 (1,000 units, 0.001, 8) | 2.100 (1,000 units, 0.001, 8) | 2.900 (esn-500) | "
             "linear_reservoir: 1.700 | 1.600 | +25.0% | +17.6% |") in section  # esn-4000 spent more than 1e12
     assert "| 2e+12 | 2.100 (1,000 units, 0.001, 8) | 1.960 (1,000 units, 0.001, 8) | 2.500 (esn-4000) |" in section
     assert "goes from +25.0% at 1e+12 FLOPs to +40.0% at 2e+12: it grows with compute" in section
+    shared = format_study({**build_frontier(rows, study, ridge), "esn_reservoirs": dict.fromkeys(drawn, {
+        "spectral_radius": 0.3})}, "frontier.png")  # families that drew one reservoir are named together
+    assert "(docs/runs.md): esn+softmax and esn+mlp: spectral radius 0.3." in shared
     without = build_frontier([r for r in rows if not r["family"].startswith("esn")],
                              {**study, "grid": {**study["grid"], "FAMILIES": families[:2]}}, ridge)
     assert "echo state network at its best" not in format_study(without, "frontier.png")

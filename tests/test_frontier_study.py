@@ -296,10 +296,11 @@ def test_the_readme_s_line_on_other_accountings_is_what_the_committed_reports_sa
 
 
 def test_a_grid_list_may_grow_and_its_new_cells_join_the_study(tmp_path):
+    from reservoir.studies.frontier.grid import FAMILIES
     from reservoir.studies.store import PointRecords
 
     base = ["STUDY=grow", "SIZES=xs", "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "KEEP=1", "WITHIN=0",
-            "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=1", "DATASET=synthetic",
+            "MIN_STEPS=5", "MAX_TOKENS_PER_PARAM=1000", "ENVELOPE_SEEDS=1", "DATASET=synthetic",
             "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0",
             "WARMUP_STEPS=5", f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}"]
 
@@ -310,20 +311,27 @@ def test_a_grid_list_may_grow_and_its_new_cells_join_the_study(tmp_path):
     run_script("scaling.py", *base, "FAMILIES=lstm", "LEARNING_RATES=2e-3")
     before = recorded()
     # a rate and a family join (the committed studies grown by the ESN's): only their cells train
-    grown = run_script("scaling.py", *base, "FAMILIES=lstm,esn+softmax", "LEARNING_RATES=2e-3,8e-3", "WORKERS=1")
-    assert "3e+09 FLOPs: 4 cells, 1 already finished, 3 to train" in grown.stdout  # only the new cells train
+    grown = run_script("scaling.py", *base, "FAMILIES=lstm,esn+softmax,esn+mlp", "LEARNING_RATES=2e-3,8e-3",
+                       "WORKERS=1")
+    assert "3e+09 FLOPs: 6 cells, 1 already finished, 5 to train" in grown.stdout  # only the new cells train
     report = json.loads((tmp_path / "results" / "grow" / "frontier.json").read_text())
     assert {r["learning_rate"] for r in report["grid_points"] if r["budget"] == 3e9} == {2e-3, 8e-3}
-    assert {r["family"] for r in report["grid_points"]} == {"lstm", "esn+softmax"}
-    tuned = SHARED_CONFIG["ESN"]  # the reservoir every ESN point drew, read back from a record for the report
-    assert report["esn_reservoir"] == {k: tuned[k] for k in report["esn_reservoir"]} and "spectral_radius" in \
-        report["esn_reservoir"]
+    assert {r["family"] for r in report["grid_points"]} == {"lstm", "esn+softmax", "esn+mlp"}
+    # the reservoir each ESN family drew, read back from its records for the report: the one its family fixes
+    # (its readout's sweep), not SHARED_CONFIG's (the ridge readout's); the degree as SHARED_CONFIG's
+    drawn = report["esn_reservoirs"]
+    assert set(drawn) == {"esn+softmax", "esn+mlp"}
+    for family, knobs in drawn.items():
+        fixed = {k: v for k, v in FAMILIES[family][1].items() if k != "readout"}
+        assert knobs == {**fixed, "degree": SHARED_CONFIG["ESN"]["degree"]}, family
+    assert drawn["esn+softmax"] != drawn["esn+mlp"]
     assert "echo state network at its best" in (tmp_path / "results" / "grow" / "frontier.md").read_text()
     after = recorded()  # every earlier point's record stays as it was
     assert before and {key: after[key] for key in before} == before
     assert {key.split("/")[0] for key in after.keys() - before.keys()} >= {"lstm-xs-lr0.008-b8",
                                                                          "esn+softmax-xs-lr0.002-b8"}
-    shrunk = run_script("scaling.py", *base, "FAMILIES=lstm,esn+softmax", "LEARNING_RATES=8e-3", check=False)
+    shrunk = run_script("scaling.py", *base, "FAMILIES=lstm,esn+softmax,esn+mlp", "LEARNING_RATES=8e-3",
+                        check=False)
     assert shrunk.returncode != 0 and "LEARNING_RATES ([0.002, 0.008] there, [0.008] here)" in shrunk.stderr
     assert "Traceback" not in shrunk.stderr
 

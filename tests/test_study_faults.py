@@ -238,3 +238,29 @@ def test_a_stopped_study_checkpoints_every_point_at_the_step_it_reached_however_
         assert said.count("received: finishing the current step") <= 1, said[-2000:]
     assert "the same command continues it: python scaling.py" in err and "Traceback" not in err, err[-2000:]
     assert "leaked semaphore" not in out + err, err[-2000:]
+
+
+def test_a_family_redefined_under_a_continued_study_is_refused_not_counted_as_trained(tmp_path, monkeypatch):
+    """A family whose fixed options change (the reservoir esn+mlp draws, tuned again) must not count its
+    points trained with the old ones as its own: the study refuses in one line and trains nothing."""
+    from reservoir.models.registry import STUDY_FAMILIES
+    from tests.conftest import run_in_process
+
+    args = ["STUDY=redefined", "FAMILIES=esn+mlp", "SIZES=xxs", "LEARNING_RATES=4e-3", "BATCH_SIZES=8",
+            "BUDGETS=3e9,6e9", "MIN_STEPS=5", "MAX_TOKENS_PER_PARAM=1e9", "ENVELOPE_SEEDS=1", "DATASET=synthetic",
+            "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=2048", "SAMPLE_TOKENS=0",
+            "WARMUP_STEPS=2", f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}"]
+    run_script("scaling.py", *args)
+    study = tmp_path / "results" / "redefined"
+    model, options = STUDY_FAMILIES["esn+mlp"]
+    again = run_in_process("scaling.py", args)
+    assert again.returncode == 0 and "1 already finished, 0 to train" in again.stdout  # as defined: nothing to do
+    before = {p: p.stat().st_mtime_ns for p in study.rglob("*") if p.is_file() and p.name != ".lock"}
+    monkeypatch.setitem(STUDY_FAMILIES, "esn+mlp", (model, {**options, "spectral_radius": 0.123}))
+    refused = run_in_process("scaling.py", args)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+    said = refused.stderr.strip().splitlines()[-1]
+    assert (f"records esn+mlp-xxs-lr0.004-b8/flops-3.00e09 trained with ESN.spectral_radius="
+            f"{options['spectral_radius']!r}, but esn+mlp now fixes spectral_radius=0.123") in said
+    after = {p: p.stat().st_mtime_ns for p in study.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before  # nothing trained, nothing rewritten

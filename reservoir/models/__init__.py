@@ -60,11 +60,14 @@ def draw_seed(config: dict) -> int:
 # studies' grids default to xs to l, and xxs and xl are the steps beyond its edges, for a grid that grows to
 # contain its optimum. The echo state network is a grid family with a readout trained on cross-entropy (a ridge
 # readout is solved in one pass, not stepped: the studies keep it as a reference line, an `esn` run as before);
-# its reservoir in SHARED_CONFIG's ESN settings, tuned by a sweep (docs/runs.md). The deep ESN, NVAR and the
-# n-gram have no presets: they are references, not grid families.
+# each with the reservoir a sweep of its readout chose (docs/runs.md), SHARED_CONFIG's ESN block being the ridge
+# readout's. The deep ESN, NVAR and the n-gram have no presets: they are references, not grid families.
+_SOFTMAX_RESERVOIR = {"spectral_radius": 0.7, "leak_rate": 1.0, "input_scaling": 4.2}
+_MLP_RESERVOIR = {"spectral_radius": 1.0, "leak_rate": 0.9, "input_scaling": 4.4}
 _BUILT_IN = [
     Family("esn", lambda v, b, c: ESN(v, b, draw_seed(c)), fit=_ridge_or_sgd,
-           variants={"esn+softmax": {"readout": "softmax"}, "esn+mlp": {"readout": "mlp"}},
+           variants={"esn+softmax": {"readout": "softmax", **_SOFTMAX_RESERVOIR},
+                     "esn+mlp": {"readout": "mlp", **_MLP_RESERVOIR}},
            search=_reservoir_search("ESN"), kind=RESERVOIR, sizes=presets(
         ("units",),  # trained parameters with a softmax readout (with the MLP's 256 hidden units)
         xxs=(500,), xs=(1000,), s=(2000,),  # 45k (169k), 83k (298k), 160k (556k)

@@ -247,14 +247,16 @@ def esn_families(families: list[str]) -> list[str]:
     return [f for f in families if STUDY_FAMILIES.get(f, (f,))[0] == "esn"]
 
 
-def esn_reservoir(records: PointRecords, rows: list[dict]) -> dict | None:
-    """The reservoir the ESN families' points drew (spectral radius, leak rate, input scaling, degree), as the
-    first such point's record gives it: the grid walks their units, rate and batch, never these. None: no ESN."""
-    first = next((r for r in rows if esn_families([r["family"]]) and not r["envelope_seed"]), None)
-    if first is None:
-        return None
-    block = records.config(records.path / first["cell"] / point_name(first["budget"]))["requested_config"]
-    return {knob: value for knob, value in (block.get("ESN") or {}).items() if knob in ESN_KNOBS}
+def esn_reservoirs(records: PointRecords, rows: list[dict]) -> dict[str, dict]:
+    """Each ESN family's reservoir (spectral radius, leak rate, input scaling, degree), as its first point's record
+    gives it: the grid walks their units, rate and batch, never these. Empty: no ESN family."""
+    drawn = {}
+    for row in rows:
+        if esn_families([row["family"]]) and not row["envelope_seed"] and row["family"] not in drawn:
+            path = records.path / row["cell"] / point_name(row["budget"])
+            block = records.config(path)["requested_config"].get("ESN") or {}
+            drawn[row["family"]] = {knob: value for knob, value in block.items() if knob in ESN_KNOBS}
+    return drawn
 
 
 def report_from_records(folder: Path) -> dict:
@@ -292,9 +294,9 @@ def study_report(folder: Path, study: dict, rows: list[dict], records: PointReco
         top = max(study["budgets"])
         report["draws"] = {"budget": top, "families": draws_report(records, grid, collect_draws(
             records, study["cells"], [top]), top, draw_families(grid, top))}
-    reservoir = esn_reservoir(records, rows)
-    if reservoir:
-        report["esn_reservoir"] = reservoir
+    reservoirs = esn_reservoirs(records, rows)
+    if reservoirs:
+        report["esn_reservoirs"] = reservoirs
     counts = read_counts(folder)
     if counts:
         report["elementwise"] = elementwise_view(rows, counts, grid)

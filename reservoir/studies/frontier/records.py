@@ -19,7 +19,7 @@ from reservoir.run.records import (
     write_signed_json,
 )
 from reservoir.studies.budgets import point_name
-from reservoir.studies.frontier.grid import CONTROLS, REFERENCE_RUNS, FrontierError
+from reservoir.studies.frontier.grid import CONTROLS, FAMILIES, REFERENCE_RUNS, FrontierError
 from reservoir.studies.store import POINTS_FILE, PointRecords
 
 CONTROL_FOLDER = "controls"  # CONTROLS=True: <study>/controls/<cell>+<control>/flops-<top budget>
@@ -47,6 +47,25 @@ def read_measured(study_path: Path, name: str, what: str, again: str) -> dict | 
         return None
     return read_signed_json(file, what, f"restore it (git checkout), or make it again: python scaling.py "
                                         f"{again}={repository_path(study_path)}")
+
+
+def check_family_definitions(records: PointRecords, cells: list) -> None:
+    """Every recorded point of a grid cell was trained with the options its family fixes now (the reservoir
+    esn+mlp draws, Transformer++'s recipe): a family redefined under a continued study would otherwise count
+    its old points as its new ones, and the study would train none of them again."""
+    fixed = {cell.name: (cell.family, cell.model.upper()) for cell in cells}
+    for key, point in records.packed()["points"].items():
+        if key.split("/")[0] not in fixed:
+            continue
+        family, block = fixed[key.split("/")[0]]
+        recorded = point["config"].get("requested_config", {}).get(block) or {}
+        for option, value in FAMILIES[family][1].items():
+            if option in recorded and recorded[option] != value:
+                raise FrontierError(
+                    f"{records.file} records {key} trained with {block}.{option}={recorded[option]!r}, but "
+                    f"{family} now fixes {option}={value!r}: the family was redefined since its points trained. "
+                    f"Restore its definition, or name a new STUDY (or delete the family's lines from {records.file} "
+                    "and its point folders, and its points train again)")
 
 
 def records_note(records: PointRecords) -> dict | None:

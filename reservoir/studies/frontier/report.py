@@ -1148,8 +1148,12 @@ def _esn(report: dict, h: str) -> list[str]:
     reference = reference or "the transformer"
     others = [f for f in report["families"] if f not in families and _class(f) == RESERVOIR]
     ridge = [r for r in report.get("references") or [] if r["model"] == "esn" and r["val_bpc"] is not None]
-    knobs = report.get("esn_reservoir") or {}
-    drawn = ", ".join(f"{name} {knobs[k]:g}" for k, name in ESN_KNOBS.items() if k in knobs) or "as recorded"
+    reservoirs = {}  # {the knobs as a report names them: the families that drew that reservoir}
+    for family in families:
+        knobs = (report.get("esn_reservoirs") or {}).get(family) or {}
+        named = ", ".join(f"{name} {knobs[k]:g}" for k, name in ESN_KNOBS.items() if k in knobs) or "as recorded"
+        reservoirs.setdefault(named, []).append(family)
+    drawn = "; ".join(f"{' and '.join(fs)}: {named}" for named, fs in reservoirs.items())
 
     def point(p: dict | None) -> str:
         if p is None:
@@ -1158,9 +1162,9 @@ def _esn(report: dict, h: str) -> list[str]:
         return f"{_bpc(p)} ({units:,} units, {p['learning_rate']:g}, {p['batch_size']})" if units else _bpc(p)
 
     lines = ["", f"{h}# The echo state network at its best", "",
-             f"Every ESN point draws one reservoir ({drawn}: SHARED_CONFIG's ESN block, tuned by a sweep, "
-             "docs/runs.md); the grid walks its units (the size preset), the readout's rate and the batch, as for "
-             "every family, and its readout trains on cross-entropy over features harvested in streams. A ridge "
+             f"Each ESN family draws one reservoir, tuned by a sweep (docs/runs.md): {drawn}. The grid walks its "
+             "units (the size preset), the readout's rate and the batch, as for every family, and its readout "
+             "trains on cross-entropy over features harvested in streams. A ridge "
              "readout is solved in one pass whose XᵀX costs units² multiply-adds a token: it is a reference line "
              "(its best one-pass run within the budget), not a grid family. Bits/char (units, rate, batch); the "
              "gaps are the best ESN's.", "",

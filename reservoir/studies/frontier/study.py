@@ -110,6 +110,7 @@ from reservoir.studies.frontier.records import (
     STUDY_FILE,
     STUDY_FILE_REMEDY,
     _first,
+    check_family_definitions,
     check_records_file,
     collect_records,
     collect_references,
@@ -355,6 +356,7 @@ class FrontierStudy:
         if path.exists():
             recorded = read_study_file(self.path)
             check_records_file(recorded, self.store, training=True)  # a clone's lost records: restored
+            check_family_definitions(self.store, self.cells())
             changed = study_changes(recorded, content)
             if changed:
                 raise FrontierError(f"{path} records STUDY={self.name} otherwise than this command (what differs: "
