@@ -705,6 +705,9 @@ def test_the_esn_section_sets_the_best_esn_beside_the_ridge_line_the_other_reser
     shared = format_study({**build_frontier(rows, study, ridge), "esn_reservoirs": dict.fromkeys(drawn, {
         "spectral_radius": 0.3})}, "frontier.png")  # families that drew one reservoir are named together
     assert "(docs/runs.md): esn+softmax and esn+mlp: spectral radius 0.3." in shared
+    one = format_study({**build_frontier(rows, study, ridge), "esn_reservoirs": {"esn+mlp": drawn["esn+mlp"]}},
+                       "frontier.png")  # a family with no point recorded yet is not named
+    assert "(docs/runs.md): esn+mlp: spectral radius 1, leak rate 0.9. The grid" in one
     without = build_frontier([r for r in rows if not r["family"].startswith("esn")],
                              {**study, "grid": {**study["grid"], "FAMILIES": families[:2]}}, ridge)
     assert "echo state network at its best" not in format_study(without, "frontier.png")

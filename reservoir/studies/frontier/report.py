@@ -1150,10 +1150,11 @@ def _esn(report: dict, h: str) -> list[str]:
     ridge = [r for r in report.get("references") or [] if r["model"] == "esn" and r["val_bpc"] is not None]
     reservoirs = {}  # {the knobs as a report names them: the families that drew that reservoir}
     for family in families:
-        knobs = (report.get("esn_reservoirs") or {}).get(family) or {}
-        named = ", ".join(f"{name} {knobs[k]:g}" for k, name in ESN_KNOBS.items() if k in knobs) or "as recorded"
-        reservoirs.setdefault(named, []).append(family)
-    drawn = "; ".join(f"{' and '.join(fs)}: {named}" for named, fs in reservoirs.items())
+        knobs = (report.get("esn_reservoirs") or {}).get(family)
+        if knobs:  # a family with no point recorded yet drew none
+            named = ", ".join(f"{name} {knobs[k]:g}" for k, name in ESN_KNOBS.items() if k in knobs)
+            reservoirs.setdefault(named, []).append(family)
+    drawn = "; ".join(f"{' and '.join(fs)}: {named}" for named, fs in reservoirs.items()) or "as its records give it"
 
     def point(p: dict | None) -> str:
         if p is None:
