@@ -55,7 +55,7 @@ def check_family_definitions(records: PointRecords, cells: list) -> None:
     its old points as its new ones, and the study would train none of them again."""
     fixed = {cell.name: (cell.family, cell.model.upper()) for cell in cells}
     for key, point in records.packed()["points"].items():
-        if key.split("/")[0] not in fixed:
+        if key.split("/")[0] not in fixed:  # a later stage's point: its cell's grid points are checked
             continue
         family, block = fixed[key.split("/")[0]]
         recorded = point["config"].get("requested_config", {}).get(block) or {}
