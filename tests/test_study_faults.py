@@ -250,7 +250,7 @@ def test_a_family_redefined_under_a_continued_study_is_refused_not_counted_as_tr
             "BUDGETS=3e9,6e9", "MIN_STEPS=5", "MAX_TOKENS_PER_PARAM=1e9", "ENVELOPE_SEEDS=1", "DATASET=synthetic",
             "SYNTHETIC_STORIES=300", "SEQ_LEN=32", "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=2048", "SAMPLE_TOKENS=0",
             "WARMUP_STEPS=2", f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'cache'}"]
-    run_script("scaling.py", *args)
+    assert run_in_process("scaling.py", args).returncode == 0
     study = tmp_path / "results" / "redefined"
     model, options = STUDY_FAMILIES["esn+mlp"]
     again = run_in_process("scaling.py", args)

@@ -55,9 +55,10 @@ def check_family_definitions(records: PointRecords, cells: list) -> None:
     its old points as its new ones, and the study would train none of them again."""
     fixed = {cell.name: (cell.family, cell.model.upper()) for cell in cells}
     for key, point in records.packed()["points"].items():
-        if key.split("/")[0] not in fixed:  # a later stage's point: its cell's grid points are checked
+        cell = key.split("/")[0]
+        if cell not in fixed:  # a later stage's point: its cell's grid points are checked
             continue
-        family, block = fixed[key.split("/")[0]]
+        family, block = fixed[cell]
         recorded = point["config"].get("requested_config", {}).get(block) or {}
         for option, value in FAMILIES[family][1].items():
             if option in recorded and recorded[option] != value:

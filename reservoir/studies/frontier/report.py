@@ -1148,9 +1148,9 @@ def _esn(report: dict, h: str) -> list[str]:
     reference = reference or "the transformer"
     others = [f for f in report["families"] if f not in families and _class(f) == RESERVOIR]
     ridge = [r for r in report.get("references") or [] if r["model"] == "esn" and r["val_bpc"] is not None]
-    reservoirs = {}  # {the knobs as a report names them: the families that drew that reservoir}
+    reservoirs, recorded = {}, report.get("esn_reservoirs") or {}  # {knobs as named: the families that drew them}
     for family in families:
-        knobs = (report.get("esn_reservoirs") or {}).get(family)
+        knobs = recorded.get(family)
         if knobs:  # a family with no point recorded yet drew none
             named = ", ".join(f"{name} {knobs[k]:g}" for k, name in ESN_KNOBS.items() if k in knobs)
             reservoirs.setdefault(named, []).append(family)
