@@ -186,6 +186,26 @@ def test_points_per_device_on_the_cpu_folds_a_familys_points_and_keeps_the_envel
         assert [p["bpc"] for p in ours[family]] == pytest.approx([p["bpc"] for p in theirs[family]], rel=2e-4)
 
 
+def test_a_family_whose_draw_is_its_seeds_folds_the_points_of_one_seed_only(tmp_path):
+    """A linear reservoir's frozen draw is its seed's: a grid cell's rates, on the study's seed, fold together;
+    its other seeds stay points of their own. Transformer++'s fold whatever their seeds; the LSTM's never."""
+    from reservoir.studies.frontier.folding import GROUP, fold_jobs
+    from reservoir.studies.frontier.grid import Cell
+
+    cells = {c.name: c for c in (Cell(family, "xs", rate, 4) for family in ("linear_reservoir", "transformer++",
+                                                                              "lstm") for rate in (1e-3, 2e-3))}
+    jobs = [(tmp_path / name / f"flops-1e12{suffix}", [*cell.settings(), "FLOP_BUDGET=1e12", *extra])
+            for name, cell in cells.items() for suffix, extra in (("", []), ("-seeds", ["SEEDS=1338,1339"]))]
+    out, groups = fold_jobs(jobs, cells, 4)
+    processes = sorted(sorted(f"{f.parent.name.split('-xs-')[0]}:{f.name}" for f in groups.get(first, [first]))
+                       for first, _ in out)
+    assert processes == [["linear_reservoir:flops-1e12"] * 2, ["linear_reservoir:flops-1e12-seeds"] * 2,
+                         ["lstm:flops-1e12"], ["lstm:flops-1e12"], ["lstm:flops-1e12-seeds"],
+                         ["lstm:flops-1e12-seeds"],
+                         ["transformer++:flops-1e12"] * 2 + ["transformer++:flops-1e12-seeds"] * 2]
+    assert sum(args.count(GROUP) for _, args in out) == 1 + 1 + 3
+
+
 def test_a_grid_whose_every_cell_is_skipped_is_one_line(tmp_path):
     proc = frontier(tmp_path, "MIN_STEPS=100000", check=False)
     assert proc.returncode != 0 and "every cell of the grid is skipped" in proc.stderr

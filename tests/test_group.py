@@ -36,11 +36,12 @@ def setting(tmp_path_factory):
     return tmp, prepare_data(make_config(tmp, *SETTINGS)), dev.select_device({"DEVICE": "cpu"})
 
 
-def configs(tmp, family: str, rates=RATES) -> tuple[str, list[dict]]:
-    """The family's xs preset at batch 4, one config a member: its seed, rate and weight decay."""
+def configs(tmp, family: str, rates=RATES, one_seed: bool = False) -> tuple[str, list[dict]]:
+    """The family's xs preset at batch 4, one config a member: its seed (or the first, ``one_seed``), rate and
+    weight decay."""
     base = make_config(tmp, *Cell(family, "xs", 1e-3, 4).settings(), *SETTINGS)
-    return FAMILIES[family][0], [{**base, "SEED": seed, "LEARNING_RATE": rate, "WEIGHT_DECAY": 0.01 * (1 + seed)}
-                                 for seed, rate in enumerate(rates)]
+    return FAMILIES[family][0], [{**base, "SEED": 0 if one_seed else k, "LEARNING_RATE": rate,
+                                  "WEIGHT_DECAY": 0.01 * (1 + k)} for k, rate in enumerate(rates)]
 
 
 def run_folder(path, info) -> Run:
@@ -139,6 +140,29 @@ def test_a_family_that_does_not_fold_trains_one_point_at_a_time_and_says_why(set
     _, outcomes = train_group(name, cfgs, data, info, folders(tmp_path, "l", 2, info))
     assert "2 points trained one at a time, not folded" in capsys.readouterr().out
     assert all(o.extra.get("folded_with") is None and o.progress.step == 16 for o in outcomes)
+
+
+@pytest.mark.parametrize("family", ["transformer", "reservoir_attention+write", "linear_reservoir"])
+def test_a_family_folds_through_the_real_loop_as_its_points_alone(family, setting, tmp_path, capsys):
+    """The classic transformer (its position table a member's own) folds members of any seeds; a reservoir whose
+    frozen draw is its seed's folds the members of one seed (a grid cell's rates), and says why not for two.
+    Each member scores within TOLERANCE of its point alone, three points, not one thrice."""
+    tmp, data, info = setting
+    one_seed = family != "transformer"
+    name, cfgs = configs(tmp, family, one_seed=one_seed)
+    _, outcomes = train_group(name, cfgs, data, info, folders(tmp_path, "f", 3, info))
+    own = [train_alone(name, c, data, info, run_folder(tmp_path / f"a{k}", info)) for k, c in enumerate(cfgs)]
+    for outcome, alone_ in zip(outcomes, own, strict=True):
+        assert outcome.extra.get("folded_with") == 3
+        assert outcome.final["val_loss"] == pytest.approx(alone_.final["val_loss"], rel=TOLERANCE)
+    assert len({round(o.final["val_loss"], 6) for o in outcomes}) == 3
+    if one_seed:
+        capsys.readouterr()
+        name, cfgs = configs(tmp, family, rates=RATES[:2])
+        _, outcomes = train_group(name, cfgs, data, info, folders(tmp_path, "s", 2, info))
+        said = capsys.readouterr().out
+        assert "2 points trained one at a time, not folded" in said and "differs between its members' seeds" in said
+        assert all(o.extra.get("folded_with") is None for o in outcomes)
 
 
 # ---------------------------------------------------------------------------- TinyStories.py A --and B

@@ -356,13 +356,27 @@ def test_reservoir_attentions_kept_state_and_keys_match_its_forward_pass(options
     ids, vocab = corpus_ids
     model = build_model("reservoir_attention", vocab, small_config(*options)).eval()
     if model.write_gate is not None:
-        torch.nn.init.normal_(model.write_gate)  # a gate that has learned something
+        torch.nn.init.normal_(model.write_gate.weight)  # a gate that has learned something
     ids = torch.from_numpy(ids[:20].astype(np.int64)).view(1, -1)
     logits, carry = model.begin_generation(ids[:, :12])
     for t in range(12, 20):
         torch.testing.assert_close(logits, model(ids[:, :t])[:, -1], rtol=1e-5, atol=1e-5)
         logits, carry = model.continue_generation(ids[:, :t + 1], carry)
     assert carry is not None and len(carry[1]) == len(model.blocks) and carry[1][0][0].shape[2] == 20
+
+
+def test_a_checkpoint_that_held_the_write_gate_bare_still_loads_and_resumes_in_order(corpus_ids):
+    """The write gate was a bare weight of the model (state key ``write_gate``), now a module (so a fold can
+    hold one per member): an older checkpoint loads, and the gate is still the first weight, where a saved
+    optimizer state expects it."""
+    _, vocab = corpus_ids
+    config = small_config("RESERVOIR_ATTENTION.write_gate=True")
+    saved = build_model("reservoir_attention", vocab, config).state_dict()
+    saved["write_gate"] = torch.randn_like(saved.pop("write_gate.weight"))
+    model = build_model("reservoir_attention", vocab, config)
+    model.load_state_dict(saved)
+    assert torch.equal(model.write_gate.weight, saved["write_gate"])
+    assert next(iter(model.named_parameters()))[0] == "write_gate.weight"
 
 
 def test_esn_readout_ridge_is_calibrated_to_a_real_cross_entropy(corpus_ids):
@@ -710,7 +724,7 @@ def test_reservoir_attentions_write_gate_starts_as_the_ungated_reservoir_and_lea
         optimizer.step()
         optimizer.zero_grad()
     assert {"b_re", "b_im"} <= set(frozen) and all(torch.equal(b, frozen[n]) for n, b in gated.named_buffers())
-    assert gated.write_gate.abs().sum() > 0
+    assert gated.write_gate.weight.abs().sum() > 0
 
 
 def test_scaling_a_large_reservoir_says_what_it_does_before_it_takes_minutes(monkeypatch, capsys):

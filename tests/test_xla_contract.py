@@ -110,9 +110,12 @@ FOLDED_GROUP = textwrap.dedent("""
     from reservoir.platform import device as dev
     from reservoir.run.group import fit_group
     from reservoir.run.writer import Run
+    from reservoir.studies.frontier.folding import _folds
     from reservoir.studies.frontier.grid import FAMILIES, Cell
 
-    base = [*Cell("transformer++", "xs", 1e-3, 2).settings(), "USE_TPU=True", "DATASET=synthetic",
+    members, family = int(sys.argv[1]), sys.argv[2]
+    one_seed = _folds(family, "xs", 2) == "seed"  # a frozen draw that is its seed's: members of one seed fold
+    base = [*Cell(family, "xs", 1e-3, 2).settings(), "USE_TPU=True", "DATASET=synthetic",
             "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "EVAL_TOKENS=128", "FINAL_EVAL_TOKENS=256", "TIME_BUDGET_S=None",
             "CHECKPOINT_EVERY_S=0", "WARMUP_STEPS=2", "LR_SCHEDULE=cosine", "EVAL_EVERY=2", "CHECKPOINT_EVERY=2",
             f"CACHE_DIR={tempfile.mkdtemp()}"]
@@ -120,13 +123,13 @@ FOLDED_GROUP = textwrap.dedent("""
     data = prepare_data(parse_overrides(base))
 
     def group(steps, log_every, members):
-        configs = [parse_overrides([*base, f"MAX_STEPS={steps}", f"LOG_EVERY={log_every}", f"SEED={s}",
-                                    f"LEARNING_RATE={1e-3 * (s + 1)}"]) for s in range(members)]
+        configs = [parse_overrides([*base, f"MAX_STEPS={steps}", f"LOG_EVERY={log_every}",
+                                    f"SEED={0 if one_seed else s}", f"LEARNING_RATE={1e-3 * (s + 1)}"])
+                   for s in range(members)]
         runs = [Run(Path(tempfile.mkdtemp()), info) for _ in configs]
-        models = [build_model(FAMILIES["transformer++"][0], data.tokenizer.vocab_size, c) for c in configs]
-        return fit_group("transformer", models, [data] * members, configs, info, runs)
+        models = [build_model(FAMILIES[family][0], data.tokenizer.vocab_size, c) for c in configs]
+        return fit_group(FAMILIES[family][0], models, [data] * members, configs, info, runs)
 
-    members = int(sys.argv[1])
     start = dev.xla_compile_count()
     group(3, 1, members)  # the warm-up: xla_probe.py's first fit
     warm = dev.xla_compile_count()
@@ -136,12 +139,14 @@ FOLDED_GROUP = textwrap.dedent("""
 """)
 
 
-def test_a_folded_group_compiles_once_for_its_members_and_never_after_warm_up():
-    """Four Transformer++ points folded (reservoir/run/group.py) through the real loop on XLA, with evaluations
-    and checkpoints: after the warm-up nothing compiles again, and the group compiles at least 3x fewer graphs
-    than its four points would one at a time (each point its own process, as a study runs them)."""
-    group = json.loads(python(["-c", FOLDED_GROUP, "4"]).stdout.strip().splitlines()[-1])
-    alone = json.loads(python(["-c", FOLDED_GROUP, "1"]).stdout.strip().splitlines()[-1])
+@pytest.mark.parametrize("family", ["transformer++", "reservoir_attention+write"])
+def test_a_folded_group_compiles_once_for_its_members_and_never_after_warm_up(family):
+    """Four points folded (reservoir/run/group.py) through the real loop on XLA, with evaluations and
+    checkpoints: after the warm-up nothing compiles again, and the group compiles at least 3x fewer graphs than
+    its four points would one at a time (each point its own process, as a study runs them). Transformer++'s
+    members differ in seed; the reservoir's (a learned position table, a write gate, a frozen draw) share one."""
+    group = json.loads(python(["-c", FOLDED_GROUP, "4", family]).stdout.strip().splitlines()[-1])
+    alone = json.loads(python(["-c", FOLDED_GROUP, "1", family]).stdout.strip().splitlines()[-1])
     assert group["folded_with"] == [4] * 4 and alone["folded_with"] == [None], (group, alone)
     assert group["compiles_after_warmup"] == 0 and alone["compiles_after_warmup"] == 0, (group, alone)
     assert 3 * group["warmup_compiles"] <= 4 * alone["warmup_compiles"], (group, alone)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from reservoir.models.base import LanguageModel
-from reservoir.models.baselines import TransformerBlock, gpt2_init
+from reservoir.models.baselines import LearnedPositions, TransformerBlock, gpt2_init
 from reservoir.models.reservoirs import (
     diagonal_scan,
     eigenvalues,
@@ -31,6 +31,19 @@ from reservoir.models.reservoirs import (
     hold_input_weights,
     multi_timescale_eigenvalues,
 )
+
+
+class WriteGate(nn.Module):
+    """A trained gate 2σ(g[u_t]) on what each character writes into a frozen reservoir (the input is one-hot,
+    so one number per character), zero at first, so a model starts as the ungated one. A table by use, a matrix
+    to AdamW: it decays (train.decayed_names), as it did when the model held it bare."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(vocab_size, 1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return 2 * torch.sigmoid(self.weight[ids].float())
 
 
 class ReservoirAttention(LanguageModel):
@@ -53,8 +66,11 @@ class ReservoirAttention(LanguageModel):
         norm = cfg["input_scaling"] / math.sqrt(2) * (torch.sqrt(1 - radius**2) if self.recurrent else 1.0)
         hold_input_weights(self, torch.randn(vocab_size, units, generator=g) * norm,
                            torch.randn(vocab_size, units, generator=g) * norm, train_recurrence)
+        # first of the modules, so its weight comes where it came when the model held it bare (a checkpoint's
+        # optimizer state is in that order); gpt2_init leaves it at zero
+        self.write_gate = WriteGate(vocab_size) if cfg.get("write_gate") else None
         self.project = nn.Sequential(nn.LayerNorm(2 * units), nn.Linear(2 * units, width))
-        self.pos = nn.Embedding(seq_len, width)
+        self.pos = LearnedPositions(seq_len, width)
         self.longest_context = seq_len
         self.drop = nn.Dropout(cfg["dropout"])
         self.blocks = nn.ModuleList(TransformerBlock(width, cfg["heads"], cfg["dropout"])
@@ -62,17 +78,20 @@ class ReservoirAttention(LanguageModel):
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, vocab_size))
         for module in self.modules():  # the transformer's (GPT-2's) initialisation, for an equal readout
             gpt2_init(module)
-        # write_gate: a trained gate 2σ(g[u_t]) on what each character writes into the frozen reservoir (the input
-        # is one-hot, so one number per character); made last and zero, so the model starts as the ungated one
-        self.write_gate = nn.Parameter(torch.zeros(vocab_size, 1)) if cfg.get("write_gate") else None
         if self.write_gate is not None and not train_recurrence:
             self.trained = "input+readout"
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        bare = prefix + "write_gate"  # a checkpoint from before the gate was a module holds it under this name
+        if bare in state_dict:
+            state_dict[bare + ".weight"] = state_dict.pop(bare)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def _drive(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What each character writes into the reservoir, B u_t (gated where the write gate is on)."""
         drive_re, drive_im = self.b_re[ids], self.b_im[ids]
         if self.write_gate is not None:
-            gate = 2 * torch.sigmoid(self.write_gate[ids].float())
+            gate = self.write_gate(ids)
             drive_re, drive_im = drive_re * gate, drive_im * gate
         return drive_re, drive_im
 
@@ -86,7 +105,7 @@ class ReservoirAttention(LanguageModel):
             return torch.cat([drive_re, drive_im], dim=-1)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.project(self.features(ids)) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        x = self.pos(self.project(self.features(ids)))
         x = self.drop(x)
         for block in self.blocks:
             x = self._checkpointed(block, x)
@@ -100,7 +119,7 @@ class ReservoirAttention(LanguageModel):
         features = self.features(ids)
         units = features.shape[-1] // 2
         state = (features[:, -1, :units], features[:, -1, units:])
-        x = self.drop(self.project(features) + self.pos(torch.arange(ids.shape[1], device=ids.device)))
+        x = self.drop(self.pos(self.project(features)))
         cache = []
         for block in self.blocks:
             x, kv = block(x, keep=True)

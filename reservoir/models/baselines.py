@@ -38,6 +38,15 @@ def transformer_recipe(cfg: dict) -> dict:
     return parts
 
 
+class LearnedPositions(nn.Embedding):
+    """GPT-2's learned absolute positions: ``positions(x, first)`` adds the table's rows first..first+T to every
+    sequence of ``x`` (B, T, C). A module that adds rather than a lookup the model adds, so a fold
+    (reservoir/run/fold.py) can give each member its own table."""
+
+    def forward(self, x: torch.Tensor, first_position: int = 0) -> torch.Tensor:
+        return x + self.weight[first_position:first_position + x.shape[1]]
+
+
 def swiglu_hidden(width: int) -> int:
     """SwiGLU's hidden size: 8/3 x width, so its three matrices hold as many weights as GELU's two of 4 x width."""
     return round(8 * width / 3)
@@ -181,7 +190,7 @@ class Transformer(LanguageModel):
         self.parts = transformer_recipe(cfg)
         self.context_size = seq_len
         self.tok = nn.Embedding(vocab_size, width)
-        self.pos = None if self.parts["rotary"] else nn.Embedding(seq_len, width)
+        self.pos = None if self.parts["rotary"] else LearnedPositions(seq_len, width)
         self.longest_context = None if self.pos is None else seq_len  # rotary positions extrapolate, a table cannot
         self.blocks = nn.ModuleList(TransformerBlock(width, cfg["n_head"], cfg["dropout"], self.parts, seq_len)
                                     for _ in range(cfg["n_layer"]))
@@ -215,7 +224,7 @@ class Transformer(LanguageModel):
         x = self.tok(ids)
         if self.pos is None:  # rotary: positions enter in every block's attention
             return x
-        return x + self.pos(torch.arange(first_position, first_position + ids.shape[1], device=ids.device))
+        return self.pos(x, first_position)
 
     def forward(self, ids):
         x = self._embed(ids)
@@ -257,7 +266,7 @@ class Transformer(LanguageModel):
     def static_step(self, token, position, cache):
         x = self.tok(token)
         if self.pos is not None:
-            x = x + self.pos(position.view(1))
+            x = x + F.embedding(position.view(1), self.pos.weight)  # a tensor position: one graph for every token
         kept = []
         for block, kv in zip(self.blocks, cache, strict=True):
             x, kv = block.step(x, position, kv)

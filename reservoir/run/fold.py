@@ -21,6 +21,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from reservoir.models.attention_readout import WriteGate
+from reservoir.models.baselines import LearnedPositions
+
 
 class FoldedLinear(nn.Module):
     """K Linears as one batched product: rows (K x batch, ..., in), weights (K, out, in)."""
@@ -51,6 +54,25 @@ class FoldedEmbedding(nn.Module):
         return F.embedding(ids.reshape(members, -1) + offset, self.weight.reshape(-1, width)).reshape(*ids.shape, width)
 
 
+class FoldedPositions(nn.Module):
+    """K learned position tables: each member's rows (K x batch, T, C) get its own table's rows."""
+
+    def __init__(self, tables: list[LearnedPositions]):
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([m.weight.detach() for m in tables]))
+
+    def forward(self, x, first_position: int = 0):
+        rows = self.weight[:, None, first_position:first_position + x.shape[1]]
+        return (x.reshape(self.weight.shape[0], -1, *x.shape[1:]) + rows).reshape(x.shape)
+
+
+class FoldedWriteGate(FoldedEmbedding):
+    """K write gates (one number a character each), each member's characters looked up in its own."""
+
+    def forward(self, ids):
+        return 2 * torch.sigmoid(super().forward(ids).float())
+
+
 class FoldedNorm(nn.Module):
     """K LayerNorms, RMSNorms or GroupNorms: normalised once, without their affine, then scaled (and shifted)
     per member. Rows are (K x batch, ..., channels), a GroupNorm's (K x batch, channels)."""
@@ -77,7 +99,7 @@ class FoldedNorm(nn.Module):
 
 
 FOLDED = {nn.Linear: FoldedLinear, nn.Embedding: FoldedEmbedding, nn.LayerNorm: FoldedNorm, nn.RMSNorm: FoldedNorm,
-          nn.GroupNorm: FoldedNorm}
+          nn.GroupNorm: FoldedNorm, LearnedPositions: FoldedPositions, WriteGate: FoldedWriteGate}
 
 
 class CannotFold(ValueError):

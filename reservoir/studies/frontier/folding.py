@@ -1,7 +1,8 @@
 """A study's points folded K to a process (POINTS_PER_DEVICE=K on a CPU core or a TPU chip): the points of one
 stage that share a family, size, batch and budget and differ only in a rate, a seed or a folder run as one
 ``TinyStories.py A --and B ...`` (reservoir/run/group.py), each still an ordinary point with its own folder and
-record. A family that does not fold keeps a process a point.
+record. A family whose frozen draws are its seed's folds the points of one seed (a grid cell's rates); a family
+that does not fold keeps a process a point.
 
     jobs, groups = fold_jobs(jobs, cells, k)   # groups: {the group's first folder: every member's folder}
 """
@@ -19,10 +20,11 @@ GROUP = "--and"  # TinyStories.py's separator of a group's points
 
 
 @cache
-def _folds(family: str, size: str, batch: int) -> bool:
-    """Whether two points of this family and size fold (built once a study, with a stand-in vocabulary: a fold
-    depends on the model's structure, not its vocabulary); a family trained in closed form or on harvested
-    features never does, and is not built to learn it."""
+def _folds(family: str, size: str, batch: int) -> str | None:
+    """How points of this family and size fold: "any" whatever their seeds, "seed" only points of one seed (its
+    frozen draws are the seed's, and a fold keeps one draw), None never (a family trained in closed form or on
+    harvested features, which is not built to learn it, or one fold refuses). Built once a study, with a
+    stand-in vocabulary: a fold depends on the model's structure, not its vocabulary."""
     from reservoir.models import build_model, trainer_of
     from reservoir.run.fold import why_not_fold
     from reservoir.run.harvest import harvests
@@ -31,14 +33,22 @@ def _folds(family: str, size: str, batch: int) -> bool:
     model = FAMILIES[family][0]
     config = parse_overrides(Cell(family, size, 1e-3, batch).settings())
     if trainer_of(model, config) != "sgd":
-        return False
-    pair = [build_model(model, 64, {**config, "SEED": seed}) for seed in (0, 1)]
-    return not harvests(pair[0]) and why_not_fold(pair) is None
+        return None
+    first, second, again = (build_model(model, 64, {**config, "SEED": seed}) for seed in (0, 1, 0))
+    if harvests(first):
+        return None
+    if why_not_fold([first, second]) is None:
+        return "any"
+    return "seed" if why_not_fold([first, again]) is None else None
 
 
 def _shared(args: list[str]) -> tuple[str, ...]:
     """What a point's arguments hold besides its member settings: points alike in it fold together."""
     return tuple(a for a in args if (key_value(a) or (a,))[0] not in MEMBER_SETTINGS)
+
+
+def _seeds(args: list[str]) -> tuple[str, ...]:
+    return tuple(a for a in args if (key_value(a) or (a,))[0] in ("SEED", "SEEDS"))
 
 
 def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell],
@@ -51,10 +61,11 @@ def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell],
     groups: dict[Path, list[Path]] = {}
     for folder, args in jobs:
         cell = cells.get(folder.parent.name)
-        if k < 2 or cell is None or not _folds(cell.family, cell.size, cell.batch_size):
+        folds = None if k < 2 or cell is None else _folds(cell.family, cell.size, cell.batch_size)
+        if folds is None:
             out.append((folder, args))
             continue
-        key = _shared(args)
+        key = _shared(args) + (_seeds(args) if folds == "seed" else ())
         place = open_groups.get(key)
         if place is None:
             open_groups[key] = len(out)
