@@ -90,10 +90,22 @@ def test_a_folded_member_is_its_point_alone(setting, alone, tmp_path):
     assert len({round(o.final["val_loss"], 6) for o in outcomes}) == 3  # three points, not one thrice
 
 
-def test_a_stopped_group_resumes_every_member_even_those_a_kill_left_behind(setting, alone, tmp_path):
+@pytest.fixture(params=["same weights", "new weights"])
+def moved_weights(request):
+    """How moving a model to its device treats its weights: the same Parameters (the CPU, a GPU), or new ones
+    (XLA, whose tensors cannot share the host's storage; torch's flag does the same on the CPU)."""
+    new = request.param == "new weights"
+    torch.__future__.set_overwrite_module_params_on_conversion(new)
+    yield new
+    torch.__future__.set_overwrite_module_params_on_conversion(False)
+
+
+def test_a_stopped_group_resumes_every_member_even_those_a_kill_left_behind(setting, alone, tmp_path, moved_weights):
     """SIGTERM at step 8: every member saves at the step after, as a point alone does. A kill between two
     members' saves is that with one member's checkpoint from step 4. Resumed, the two at step 9 fold, the one at
-    step 4 trains alone, and every member scores as its point trained without a stop."""
+    step 4 trains alone, and every member scores as its point trained without a stop. Where moving a model to
+    its device makes new weights (XLA), each member's AdamW moments are still saved and resumed (they were
+    lost: the optimizers knew the host's weights, not the device's)."""
     tmp, data, info = setting
     name, cfgs = configs(tmp, "transformer++")
     runs = folders(tmp_path, "s", 3, info)
@@ -113,6 +125,8 @@ def test_a_stopped_group_resumes_every_member_even_those_a_kill_left_behind(sett
              for k, r in enumerate(runs)]
     assert steps == [9, 9, 9]  # the step after the signal, as a point alone stops
     assert torch.load(earlier, weights_only=True)["progress"]["step"] == 4
+    saved = torch.load(runs[0].checkpoint_path(name, 0), weights_only=True)["optimizer"]["state"]
+    assert saved and all(state["exp_avg"].abs().sum() > 0 for state in saved.values())
     shutil.copy(earlier, runs[1].checkpoint_path(name, 1))  # killed before member 1 saved its steps 8 and 9
     resumed = [Run(r.path, info) for r in runs]
     for r in resumed:

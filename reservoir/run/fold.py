@@ -156,7 +156,7 @@ PROBE_TOKENS = 5  # a probe's sequence: long enough for a position table, short 
 @torch.no_grad()
 def _probe(models: list[nn.Module], folded: nn.Module) -> str | None:
     """Why the fold does not compute each member's own logits on a short probe, or None. A model may use a
-    table in a way no module swap can see (a position table looked up once for every row)."""
+    table in a way no module swap can see (a table looked up once for every row, not through its module)."""
     ids = torch.randint(0, 2, (len(models), 1, PROBE_TOKENS), generator=torch.Generator().manual_seed(0))
     modes = [m.training for m in models]
     try:

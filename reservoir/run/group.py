@@ -123,13 +123,10 @@ def _train_folded(jobs: list[Fit]) -> list[Outcome | Diverged]:
     cost = flops.sgd_step(first.model, first.data.tokenizer.vocab_size, config["BATCH_SIZE"], config["SEQ_LEN"], 1)
     per_step = tokens_per_step(config, info)
     progresses = [Progress() for _ in jobs]
-    points = [adamw(job.model, job.config, adam_beta2(job.config, per_step), dev.optimizer_options(info))
-              for job in jobs]  # each member's state in a point's own form: what its checkpoint holds
     scaler = dev.make_grad_scaler(info)
     for k, job in enumerate(jobs):
         if job.saved is not None:
             restore_model(job.model, job.saved, job.checkpoint_path)
-            points[k].load_state_dict(job.saved["optimizer"])
             progresses[k] = Progress(**job.saved["progress"])
             how = f"continuing from the stable phase of {job.branched_from}" if job.branched_from else "resuming"
             say(f"{job.name}: {how} at step {progresses[k].step}, folded with {members - 1} more", job.main)
@@ -138,6 +135,13 @@ def _train_folded(jobs: list[Fit]) -> list[Outcome | Diverged]:
     folded = fold([job.model for job in jobs]).to(info.device)  # folded (and probed) on the host: no graphs
     for job in jobs:
         job.model.to(info.device)
+    # each member's state in a point's own form, what its checkpoint holds: built over the moved weights, since
+    # on XLA a move makes new Parameters, which an optimizer built over the host's would not know
+    points = [adamw(job.model, job.config, adam_beta2(job.config, per_step), dev.optimizer_options(info))
+              for job in jobs]
+    for k, job in enumerate(jobs):
+        if job.saved is not None:
+            points[k].load_state_dict(job.saved["optimizer"])
     peaks = torch.tensor([job.config["LEARNING_RATE"] for job in jobs])
     optimizer = MemberAdamW(folded, decayed_names(first.model), peaks.to(info.device),
                             [job.config["WEIGHT_DECAY"] for job in jobs],
