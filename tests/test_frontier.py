@@ -162,15 +162,16 @@ def test_bad_frontier_input_is_one_line_and_makes_no_folder(tmp_path, args, mess
 
 
 def test_points_per_device_on_the_cpu_folds_a_familys_points_and_keeps_the_envelope(micro, tmp_path):
-    """POINTS_PER_DEVICE=2 on the CPU: Transformer++'s points of one shape train folded, two to a process, the
-    LSTM's one to a process (it does not fold); every point keeps its folder and record, and the envelope is the
+    """POINTS_PER_DEVICE=2 on the CPU: each family's points of one shape train folded, two to a process (the
+    LSTM's through nn.LSTM's cell by hand); every point keeps its folder and record, and the envelope is the
     unfolded study's within 2e-4 (float32: the fold sums its products in another order)."""
     proc = frontier(tmp_path, "WORKERS=2", "POINTS_PER_DEVICE=2")
     assert "folded 2 at most to a process (POINTS_PER_DEVICE=2)" in proc.stdout
     study = tmp_path / "results" / "micro"
     folded = {p.parent.parent.name: json.loads(p.read_text())[0]["fit"].get("folded_with")
               for p in study.glob(f"*/{point_name(3e9)}/summary.json")}
-    assert folded and all(k == (2 if cell.startswith("transformer++") else None) for cell, k in folded.items())
+    assert {cell.split("-")[0] for cell in folded} == {"transformer++", "lstm"}
+    assert all(k == 2 for k in folded.values()), folded
     # a member records its group's seconds; the report counts its share of the core, so families compare fairly
     seconds = {p.parent.parent.name: json.loads(p.read_text())[0]["train_seconds"]
                for p in study.glob(f"*/{point_name(3e9)}/summary.json")}

@@ -139,12 +139,13 @@ FOLDED_GROUP = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("family", ["transformer++", "reservoir_attention+write"])
+@pytest.mark.parametrize("family", ["transformer++", "lstm", "reservoir_attention+write"])
 def test_a_folded_group_compiles_once_for_its_members_and_never_after_warm_up(family):
     """Four points folded (reservoir/run/group.py) through the real loop on XLA, with evaluations and
     checkpoints: after the warm-up nothing compiles again, and the group compiles at least 3x fewer graphs than
     its four points would one at a time (each point its own process, as a study runs them). Transformer++'s
-    members differ in seed; the reservoir's (a learned position table, a write gate, a frozen draw) share one."""
+    and the LSTM's (its cell through the device's scan) members differ in seed; the reservoir's (a learned
+    position table, a write gate, a frozen draw) share one."""
     group = json.loads(python(["-c", FOLDED_GROUP, "4", family]).stdout.strip().splitlines()[-1])
     alone = json.loads(python(["-c", FOLDED_GROUP, "1", family]).stdout.strip().splitlines()[-1])
     assert group["folded_with"] == [4] * 4 and alone["folded_with"] == [None], (group, alone)

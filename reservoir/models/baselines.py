@@ -282,12 +282,49 @@ class Transformer(LanguageModel):
 
 def _lstm_cell(carry, drive_t):
     """One step of nn.LSTM's recurrence for ``time_scan``: the weight travels in the carry, since a scanned
-    cell may not close over tensors, and one function for every call, so the scan traces it once."""
+    cell may not close over tensors, and one function for every call, so the scan traces it once. A folded
+    weight (K, 4H, H) takes each member's states (K, B, H) by a batched product."""
     h, c, w_hh = carry
-    i, f, g, o = (drive_t + h @ w_hh.T).chunk(4, dim=-1)
+    i, f, g, o = (drive_t + h @ w_hh.mT).chunk(4, dim=-1)
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
     h = torch.sigmoid(o) * torch.tanh(c)
     return (h, c, w_hh), h
+
+
+def _time_loop(fn, init, xs):
+    """``time_scan``'s contract as a plain loop over the leading dimension."""
+    carry, ys = init, []
+    for x in xs:
+        carry, y = fn(carry, x)
+        ys.append(y)
+    return carry, torch.stack(ys)
+
+
+def lstm_scan(lstm: nn.Module, x: torch.Tensor, state=None, scan=None, training: bool = False):
+    """nn.LSTM's recurrence (gates i, f, g, o; PyTorch's weight layout) over ``x`` (B, T, features), through
+    ``scan`` (a loop where None): (outputs, (h_n, c_n)) like nn.LSTM. ``lstm`` holds nn.LSTM's weights by their
+    names, or a fold's (reservoir/run/fold.py), each with a leading member axis, ``x`` then the members'
+    batches as one, member-major."""
+    members = lstm.weight_ih_l0.shape[0] if lstm.weight_ih_l0.dim() == 3 else None
+    x = x.transpose(0, 1)  # (T, B, features): scan runs over the leading dimension
+    if members:
+        x = x.reshape(x.shape[0], members, -1, x.shape[-1])  # (T, K, B, features)
+    finals_h, finals_c = [], []
+    for layer in range(lstm.num_layers):
+        w_ih, w_hh = getattr(lstm, f"weight_ih_l{layer}"), getattr(lstm, f"weight_hh_l{layer}")
+        bias = getattr(lstm, f"bias_ih_l{layer}") + getattr(lstm, f"bias_hh_l{layer}")
+        drive = x @ w_ih.mT + (bias.unsqueeze(1) if members else bias)  # every gate's input part, all steps
+        if state is None:
+            h0 = drive.new_zeros(*drive.shape[1:-1], lstm.hidden_size)
+            c0 = h0.clone()
+        else:
+            h0, c0 = (s[layer].to(drive.dtype).reshape(*drive.shape[1:-1], -1) for s in state)
+        (h, c, _), x = (scan or _time_loop)(_lstm_cell, (h0, c0, w_hh), drive)
+        finals_h.append(h.reshape(-1, h.shape[-1]))
+        finals_c.append(c.reshape(-1, c.shape[-1]))
+        if layer < lstm.num_layers - 1 and lstm.dropout and training:
+            x = F.dropout(x, lstm.dropout)
+    return x.reshape(x.shape[0], -1, x.shape[-1]).transpose(0, 1), (torch.stack(finals_h), torch.stack(finals_c))
 
 
 class LSTM(LanguageModel):
@@ -310,26 +347,8 @@ class LSTM(LanguageModel):
         self.time_scan = None  # set by use_time_scan
 
     def _scanned(self, x, state=None):
-        """nn.LSTM's recurrence (gates i, f, g, o; PyTorch's weight layout) through ``time_scan``;
-        (outputs, (h_n, c_n)) like nn.LSTM."""
-        x = x.transpose(0, 1)  # (T, B, features): scan runs over the leading dimension
-        finals_h, finals_c = [], []
-        for layer in range(self.lstm.num_layers):
-            w_ih, w_hh = getattr(self.lstm, f"weight_ih_l{layer}"), getattr(self.lstm, f"weight_hh_l{layer}")
-            bias = getattr(self.lstm, f"bias_ih_l{layer}") + getattr(self.lstm, f"bias_hh_l{layer}")
-            drive = x @ w_ih.T + bias  # the input part of every gate, for all steps at once
-
-            if state is None:
-                h0 = drive.new_zeros(drive.shape[1], self.lstm.hidden_size)
-                c0 = h0.clone()
-            else:
-                h0, c0 = state[0][layer].to(drive.dtype), state[1][layer].to(drive.dtype)
-            (h, c, _), x = self.time_scan(_lstm_cell, (h0, c0, w_hh), drive)
-            finals_h.append(h)
-            finals_c.append(c)
-            if layer < self.lstm.num_layers - 1 and self.lstm.dropout and self.training:
-                x = F.dropout(x, self.lstm.dropout)
-        return x.transpose(0, 1), (torch.stack(finals_h), torch.stack(finals_c))
+        """nn.LSTM's recurrence through ``time_scan``; (outputs, (h_n, c_n)) like nn.LSTM."""
+        return lstm_scan(self.lstm, x, state, self.time_scan, self.training)
 
     def forward(self, ids):
         if self.time_scan is not None:

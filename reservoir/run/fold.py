@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from reservoir.models.attention_readout import WriteGate
-from reservoir.models.baselines import LearnedPositions
+from reservoir.models.baselines import LearnedPositions, lstm_scan
 
 
 class FoldedLinear(nn.Module):
@@ -73,6 +73,22 @@ class FoldedWriteGate(FoldedEmbedding):
         return 2 * torch.sigmoid(super().forward(ids).float())
 
 
+class FoldedLSTM(nn.Module):
+    """K nn.LSTMs (batch first): each weight with a leading member axis, under nn.LSTM's names, run through
+    the LSTM's own cell (``lstm_scan``: nn.LSTM's fused kernel has no folded form) as a loop over time; the LSTM
+    model scans it with the device's ``time_scan`` where it has one (XLA)."""
+
+    def __init__(self, lstms: list[nn.LSTM]):
+        super().__init__()
+        first = lstms[0]
+        self.num_layers, self.hidden_size, self.dropout = first.num_layers, first.hidden_size, first.dropout
+        for name, _ in first.named_parameters():
+            self.register_parameter(name, nn.Parameter(torch.stack([getattr(m, name).detach() for m in lstms])))
+
+    def forward(self, x, state=None):
+        return lstm_scan(self, x, state, None, self.training)
+
+
 class FoldedNorm(nn.Module):
     """K LayerNorms, RMSNorms or GroupNorms: normalised once, without their affine, then scaled (and shifted)
     per member. Rows are (K x batch, ..., channels), a GroupNorm's (K x batch, channels)."""
@@ -99,7 +115,8 @@ class FoldedNorm(nn.Module):
 
 
 FOLDED = {nn.Linear: FoldedLinear, nn.Embedding: FoldedEmbedding, nn.LayerNorm: FoldedNorm, nn.RMSNorm: FoldedNorm,
-          nn.GroupNorm: FoldedNorm, LearnedPositions: FoldedPositions, WriteGate: FoldedWriteGate}
+          nn.GroupNorm: FoldedNorm, LearnedPositions: FoldedPositions, WriteGate: FoldedWriteGate,
+          nn.LSTM: FoldedLSTM}
 
 
 class CannotFold(ValueError):
@@ -125,7 +142,8 @@ def _structure(models: list[nn.Module]) -> str | None:
     loose = [name for name, _ in first.named_parameters()
              if type(modules[name.rpartition(".")[0]]) not in FOLDED]
     if loose:
-        return (f"{kind} has weights outside a Linear, an Embedding or a norm ({', '.join(loose[:4])}"
+        return (f"{kind} has weights outside the modules a fold holds (Linear, Embedding, norms, LSTM) "
+                f"({', '.join(loose[:4])}"
                 f"{' ...' if len(loose) > 4 else ''}), and no folded form")
     others = [dict(m.named_buffers()) for m in models[1:]]
     for name, buffer in first.named_buffers():
