@@ -230,7 +230,8 @@ def test_a_member_whose_gradient_is_not_finite_harms_no_other():
 
 
 def test_the_hardware_guide_says_which_families_fold_as_fold_decides():
-    """docs/hardware.md's table of the families that fold agrees with what a study folds, family by family."""
+    """docs/hardware.md's table of the families that fold agrees with what a study folds, family by family, on
+    a CPU core and on an XLA device."""
     from reservoir.studies.frontier.folding import _folds
     from tests.conftest import ROOT
 
@@ -239,8 +240,8 @@ def test_the_hardware_guide_says_which_families_fold_as_fold_decides():
     said = {}
     for row in table:
         families, folds = (cell.strip() for cell in row.strip("|").split("|")[:2])
-        said.update({family.strip(): {"yes": "any", "one seed": "seed", "no": None}[folds]
-                     for family in families.split(",")})
+        said.update({family.strip(): {"yes": ("any", "any"), "one seed": ("seed", "seed"), "on XLA": (None, "any"),
+                                      "no": (None, None)}[folds] for family in families.split(",")})
     assert set(said) == set(FAMILIES)
     for family, folds in said.items():
-        assert _folds(family, "xs", BATCH) == folds, family
+        assert (_folds(family, "xs", BATCH, False), _folds(family, "xs", BATCH, True)) == folds, family

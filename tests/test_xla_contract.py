@@ -114,7 +114,7 @@ FOLDED_GROUP = textwrap.dedent("""
     from reservoir.studies.frontier.grid import FAMILIES, Cell
 
     members, family = int(sys.argv[1]), sys.argv[2]
-    one_seed = _folds(family, "xs", 2) == "seed"  # a frozen draw that is its seed's: members of one seed fold
+    one_seed = _folds(family, "xs", 2, True) == "seed"  # a frozen draw that is its seed's: members of one seed fold
     base = [*Cell(family, "xs", 1e-3, 2).settings(), "USE_TPU=True", "DATASET=synthetic",
             "SYNTHETIC_STORIES=200", "SEQ_LEN=16", "EVAL_TOKENS=128", "FINAL_EVAL_TOKENS=256", "TIME_BUDGET_S=None",
             "CHECKPOINT_EVERY_S=0", "WARMUP_STEPS=2", "LR_SCHEDULE=cosine", "EVAL_EVERY=2", "CHECKPOINT_EVERY=2",

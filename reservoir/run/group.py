@@ -28,7 +28,7 @@ from reservoir.platform.stopping import Diverged, Stopped
 from reservoir.run import flops
 from reservoir.run.checkpoint import restore_model
 from reservoir.run.evaluation import EvalPoints
-from reservoir.run.fold import MemberAdamW, fold, member_losses, why_not_fold, write_back
+from reservoir.run.fold import MemberAdamW, fold, member_losses, why_not_fold, why_not_here, write_back
 from reservoir.run.harvest import harvests
 from reservoir.run.train import (
     WARMUP_STEPS,
@@ -73,7 +73,8 @@ def why_not_group(jobs: list[Fit]) -> str | None:
         return "a fold has one process, one micro-batch a step, and no COMPILE or gradient checkpointing"
     if dev.scales_losses(info):
         return "fp16's loss scaling is one scale for every member"
-    return why_not_fold([job.model for job in jobs])
+    models = [job.model for job in jobs]
+    return why_not_here(models, info.is_xla) or why_not_fold(models)
 
 
 def fit_group(name: str, models: list, datas: list[TokenData], configs: list[dict], info: dev.DeviceInfo,

@@ -4,7 +4,7 @@ stage that share a family, size, batch and budget and differ only in a rate, a s
 record. A family whose frozen draws are its seed's folds the points of one seed (a grid cell's rates); a family
 that does not fold keeps a process a point.
 
-    jobs, groups = fold_jobs(jobs, cells, k)   # groups: {the group's first folder: every member's folder}
+    jobs, groups = fold_jobs(jobs, cells, k, xla)   # groups: {the group's first folder: every member's folder}
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ GROUP = "--and"  # TinyStories.py's separator of a group's points
 
 
 @cache
-def _folds(family: str, size: str, batch: int) -> str | None:
-    """How points of this family and size fold: "any" whatever their seeds, "seed" only points of one seed (its
-    frozen draws are the seed's, and a fold keeps one draw), None never (a family trained in closed form or on
-    harvested features, which is not built to learn it, or one fold refuses). Built once a study, with a
-    stand-in vocabulary: a fold depends on the model's structure, not its vocabulary."""
+def _folds(family: str, size: str, batch: int, xla: bool) -> str | None:
+    """How points of this family and size fold (on an XLA device, ``xla``, or a CPU core): "any" whatever their
+    seeds, "seed" only points of one seed (its frozen draws are the seed's, and a fold keeps one draw), None
+    never (a family trained in closed form or on harvested features, which is not built to learn it, one fold
+    refuses, or one that would lose on this device). Built once a study, with a stand-in vocabulary: a fold
+    depends on the model's structure, not its vocabulary."""
     from reservoir.models import build_model, trainer_of
-    from reservoir.run.fold import why_not_fold
+    from reservoir.run.fold import why_not_fold, why_not_here
     from reservoir.run.harvest import harvests
     from reservoir.studies.frontier.grid import FAMILIES
 
@@ -35,7 +36,7 @@ def _folds(family: str, size: str, batch: int) -> str | None:
     if trainer_of(model, config) != "sgd":
         return None
     first, second, again = (build_model(model, 64, {**config, "SEED": seed}) for seed in (0, 1, 0))
-    if harvests(first):
+    if harvests(first) or why_not_here([first], xla):
         return None
     if why_not_fold([first, second]) is None:
         return "any"
@@ -51,8 +52,8 @@ def _seeds(args: list[str]) -> tuple[str, ...]:
     return tuple(a for a in args if (key_value(a) or (a,))[0] in ("SEED", "SEEDS"))
 
 
-def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell],
-              k: int) -> tuple[list[tuple[Path, list[str]]], dict[Path, list[Path]]]:
+def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], k: int,
+              xla: bool) -> tuple[list[tuple[Path, list[str]]], dict[Path, list[Path]]]:
     """``jobs`` (a point's folder, its arguments) with the grid points of a family that folds joined k at a time,
     in the order they came; the others as they were. A point whose folder is not a grid cell's (a stage's walk,
     a control) stays a process of its own."""
@@ -61,7 +62,7 @@ def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell],
     groups: dict[Path, list[Path]] = {}
     for folder, args in jobs:
         cell = cells.get(folder.parent.name)
-        folds = None if k < 2 or cell is None else _folds(cell.family, cell.size, cell.batch_size)
+        folds = None if k < 2 or cell is None else _folds(cell.family, cell.size, cell.batch_size, xla)
         if folds is None:
             out.append((folder, args))
             continue

@@ -729,10 +729,10 @@ class FrontierStudy:
         if not jobs:
             return
         jobs = [(job[0], job[1]) for job in jobs]  # what the runner takes: a StageJob's pricing stays here
-        fold = folded_points(resolve_kind(self.config["DEVICE"], self.config["USE_TPU"]),
-                             self.grid.get("POINTS_PER_DEVICE", 1))
+        kind = resolve_kind(self.config["DEVICE"], self.config["USE_TPU"])
+        fold = folded_points(kind, self.grid.get("POINTS_PER_DEVICE", 1))
         if fold > 1 and self.shared is None:  # (a shared study's hosts claim points one at a time)
-            jobs, self._groups = fold_jobs(jobs, {c.name: c for c in self.cells()}, fold)
+            jobs, self._groups = fold_jobs(jobs, {c.name: c for c in self.cells()}, fold, kind == "tpu")
             if self._groups:
                 say(f"frontier {self.name}: {sum(map(len, self._groups.values()))} points folded "
                     f"{fold} at most to a process (POINTS_PER_DEVICE={fold}), in {len(self._groups)} groups")
