@@ -39,8 +39,8 @@ def transformer_recipe(cfg: dict) -> dict:
 
 
 class LearnedPositions(nn.Embedding):
-    """GPT-2's learned absolute positions: ``positions(x, first)`` adds the table's rows first..first+T to every
-    sequence of ``x`` (B, T, C). A module that adds rather than a lookup the model adds, so a fold
+    """GPT-2's learned absolute positions: called on ``x`` (B, T, C) and a first position, it adds the table's
+    rows first..first+T to every sequence. A module that adds rather than a lookup the model adds, so a fold
     (reservoir/run/fold.py) can give each member its own table."""
 
     def forward(self, x: torch.Tensor, first_position: int = 0) -> torch.Tensor:
@@ -291,20 +291,11 @@ def _lstm_cell(carry, drive_t):
     return (h, c, w_hh), h
 
 
-def _time_loop(fn, init, xs):
-    """``time_scan``'s contract as a plain loop over the leading dimension."""
-    carry, ys = init, []
-    for x in xs:
-        carry, y = fn(carry, x)
-        ys.append(y)
-    return carry, torch.stack(ys)
-
-
-def lstm_scan(lstm: nn.Module, x: torch.Tensor, state=None, scan=None, training: bool = False):
+def lstm_scan(lstm: nn.Module, x: torch.Tensor, state, scan, training: bool):
     """nn.LSTM's recurrence (gates i, f, g, o; PyTorch's weight layout) over ``x`` (B, T, features), through
-    ``scan`` (a loop where None): (outputs, (h_n, c_n)) like nn.LSTM. ``lstm`` holds nn.LSTM's weights by their
-    names, or a fold's (reservoir/run/fold.py), each with a leading member axis, ``x`` then the members'
-    batches as one, member-major."""
+    ``scan(fn, init, xs) -> (carry, ys)`` (``time_scan``'s contract): (outputs, (h_n, c_n)) like nn.LSTM.
+    ``lstm`` holds nn.LSTM's weights by their names, or a fold's (reservoir/run/fold.py), each with a leading
+    member axis, ``x`` then the members' batches as one, member-major."""
     members = lstm.weight_ih_l0.shape[0] if lstm.weight_ih_l0.dim() == 3 else None
     x = x.transpose(0, 1)  # (T, B, features): scan runs over the leading dimension
     if members:
@@ -319,7 +310,7 @@ def lstm_scan(lstm: nn.Module, x: torch.Tensor, state=None, scan=None, training:
             c0 = h0.clone()
         else:
             h0, c0 = (s[layer].to(drive.dtype).reshape(*drive.shape[1:-1], -1) for s in state)
-        (h, c, _), x = (scan or _time_loop)(_lstm_cell, (h0, c0, w_hh), drive)
+        (h, c, _), x = scan(_lstm_cell, (h0, c0, w_hh), drive)
         finals_h.append(h.reshape(-1, h.shape[-1]))
         finals_c.append(c.reshape(-1, c.shape[-1]))
         if layer < lstm.num_layers - 1 and lstm.dropout and training:

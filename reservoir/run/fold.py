@@ -23,6 +23,7 @@ from torch.nn import functional as F
 
 from reservoir.models.attention_readout import WriteGate
 from reservoir.models.baselines import LearnedPositions, lstm_scan
+from reservoir.platform.device import sequential_scan
 
 
 class FoldedLinear(nn.Module):
@@ -86,7 +87,7 @@ class FoldedLSTM(nn.Module):
             self.register_parameter(name, nn.Parameter(torch.stack([getattr(m, name).detach() for m in lstms])))
 
     def forward(self, x, state=None):
-        return lstm_scan(self, x, state, None, self.training)
+        return lstm_scan(self, x, state, sequential_scan, self.training)
 
 
 class FoldedNorm(nn.Module):
