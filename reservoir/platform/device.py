@@ -781,7 +781,7 @@ def time_scan(info: DeviceInfo):
     the scanned inputs need gradients or autocast is on, which change the traced graphs: each such
     mode gets a stand-in of its own.
     """
-    if not info.is_xla:
+    if not scans_recurrences(info.kind):
         return None
     xla_scan = importlib.import_module("torch_xla.experimental.scan").scan
 
@@ -887,6 +887,13 @@ class Slot:
 
     label: str  # 'cpu', 'cuda:3', 'tpu chips 0,1', 'xla:cpu'
     env: dict
+
+
+def scans_recurrences(kind: str) -> bool:
+    """Whether a point on this kind of device runs a recurrence's cell by hand through a scan (``time_scan``: XLA)
+    rather than a fused kernel (nn.LSTM on a CPU or a GPU). Where it does, a fold that runs the cell by hand for
+    its members costs nothing a point did not pay; where it does not, the fused kernel is faster (bench/README.md)."""
+    return kind == "tpu"
 
 
 def folded_points(kind: str, sharing: int) -> int:

@@ -129,18 +129,18 @@ def why_not_fold(models: list[nn.Module]) -> str | None:
     return _try_fold(models)[1]
 
 
-def why_not_here(models: list[nn.Module], xla: bool) -> str | None:
-    """Why a fold that computes its members' own outputs would still lose on this device, or None. Off XLA,
-    nn.LSTM's fused kernel trains a point about 4x as fast as a fold of four runs its cell by hand (bench/README.md,
-    "Several points on one core"); on XLA a point runs the same cell through the device's scan."""
-    if not xla and any(isinstance(m, nn.RNNBase) for m in models[0].modules()):
+def why_not_here(models: list[nn.Module], scanned: bool) -> str | None:
+    """Why a fold that computes its members' own outputs would still lose on this device, or None. Where points
+    run nn.LSTM's fused kernel (not ``scanned``: device.scans_recurrences), it trains a point about 4x as fast as
+    a fold of four runs its cell by hand (bench/README.md, "Several points on one core")."""
+    if not scanned and any(isinstance(m, nn.RNNBase) for m in models[0].modules()):
         return ("off XLA, nn.LSTM's fused kernel trains a point about 4x as fast as a fold runs its cell by hand; "
                 "it folds on a TPU chip")
     return None
 
 
 def _structure(models: list[nn.Module]) -> str | None:
-    """A parameter must sit in a Linear, an Embedding or a norm; a buffer (a frozen draw, a rotary table) must
+    """A parameter must sit in a module FOLDED has a folded form of; a buffer (a frozen draw, a rotary table) must
     be the same in every member, since the fold keeps one."""
     first = models[0]
     kind = type(first).__name__

@@ -74,7 +74,7 @@ def why_not_group(jobs: list[Fit]) -> str | None:
     if dev.scales_losses(info):
         return "fp16's loss scaling is one scale for every member"
     models = [job.model for job in jobs]
-    return why_not_here(models, info.is_xla) or why_not_fold(models)
+    return why_not_here(models, dev.scans_recurrences(info.kind)) or why_not_fold(models)
 
 
 def fit_group(name: str, models: list, datas: list[TokenData], configs: list[dict], info: dev.DeviceInfo,
@@ -140,15 +140,13 @@ def _train_folded(jobs: list[Fit]) -> list[Outcome | Diverged]:
     # on XLA a move makes new Parameters, which an optimizer built over the host's would not know
     points = [adamw(job.model, job.config, adam_beta2(job.config, per_step), dev.optimizer_options(info))
               for job in jobs]
-    for k, job in enumerate(jobs):
-        if job.saved is not None:
-            points[k].load_state_dict(job.saved["optimizer"])
     peaks = torch.tensor([job.config["LEARNING_RATE"] for job in jobs])
     optimizer = MemberAdamW(folded, decayed_names(first.model), peaks.to(info.device),
                             [job.config["WEIGHT_DECAY"] for job in jobs],
                             [adam_beta2(job.config, per_step) for job in jobs])
     for k, job in enumerate(jobs):
         if job.saved is not None:
+            points[k].load_state_dict(job.saved["optimizer"])
             optimizer.load_member_state(k, job.model, points[k])
     progress = progresses[0]  # the members step together: one count, one share of the budget
     for p in progresses:

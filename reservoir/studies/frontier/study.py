@@ -40,7 +40,7 @@ from typing import NamedTuple
 from reservoir.config import load_plugins, named_plugins, parse_overrides
 from reservoir.models.registry import MODELS, PLUGINS
 from reservoir.models.settings import model_settings
-from reservoir.platform.device import folded_points, resolve_kind, study_slots
+from reservoir.platform.device import folded_points, resolve_kind, scans_recurrences, study_slots
 from reservoir.platform.files import portable_path
 from reservoir.platform.machine import processor
 from reservoir.platform.messages import say, warn
@@ -732,7 +732,8 @@ class FrontierStudy:
         kind = resolve_kind(self.config["DEVICE"], self.config["USE_TPU"])
         fold = folded_points(kind, self.grid.get("POINTS_PER_DEVICE", 1))
         if fold > 1 and self.shared is None:  # (a shared study's hosts claim points one at a time)
-            jobs, self._groups = fold_jobs(jobs, {c.name: c for c in self.cells()}, fold, kind == "tpu")
+            jobs, self._groups = fold_jobs(jobs, {c.name: c for c in self.cells()}, fold,
+                                          scans_recurrences(kind))
             if self._groups:
                 say(f"frontier {self.name}: {sum(map(len, self._groups.values()))} points folded "
                     f"{fold} at most to a process (POINTS_PER_DEVICE={fold}), in {len(self._groups)} groups")
