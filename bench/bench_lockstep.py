@@ -11,6 +11,7 @@ core does. Two ways to pack:
     python bench/bench_lockstep.py --models transformer frozen_retention --packed 2 4 8
     python bench/bench_lockstep.py --folded --models transformer++ --batch 4 --packed 2 4 8
     python bench/bench_lockstep.py --folded --batch 8 --packed 1 8 32 128 --sizes xs l --device cuda
+    python bench/bench_lockstep.py --probe --models transformer++ frozen_retention --sizes xs l --batch 4
 
 Prints the milliseconds of one model's step and of K packed, and the speed-up (K x one / packed: above 1,
 packing wins); the folded rows time a whole training step (forward, backward, AdamW) and add one model at K
@@ -22,12 +23,10 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import time
 import warnings
 from pathlib import Path
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,15 +35,9 @@ VOCAB = 77  # TinyStories' characters
 
 
 def milliseconds(step, repeats: int, device: str = "cpu") -> float:
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)  # time finished work
-    for _ in range(5):
-        step()
-    sync()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    sync()
-    return (time.perf_counter() - start) / repeats * 1e3
+    from reservoir.studies.frontier.folding import milliseconds as timed  # what POINTS_PER_DEVICE=probe times
+
+    return timed(step, repeats, device, warm=5)
 
 
 def measure(model_name: str, packed: int, batch: int, seq_len: int, repeats: int) -> dict:
@@ -80,28 +73,6 @@ def measure(model_name: str, packed: int, batch: int, seq_len: int, repeats: int
             "speedup": packed * one_ms / packed_ms}
 
 
-def training_step(model: nn.Module, ids: torch.Tensor, members: int, decayed: set[str] | None = None):
-    """A step of ``model`` on ``ids`` (members x batch rows), gradients clipped: one model's with torch's
-    AdamW; a fold's (``decayed``: its members' decayed names) each member's mean loss, summed, with
-    MemberAdamW's per-member rates and clips, as a folded point trains."""
-    from reservoir.run.fold import MemberAdamW, member_losses
-
-    x, y = ids[:, :-1], ids[:, 1:]
-    if decayed is None:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-        clip = lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # noqa: E731
-    else:
-        optimizer = MemberAdamW(model, decayed, torch.full((members,), 1e-3, device=ids.device), 0.01, 0.95)
-        clip = lambda: optimizer.clip(1.0)  # noqa: E731
-
-    def step():
-        member_losses(model(x), y, members).sum().backward()
-        clip()
-        optimizer.step()
-        optimizer.zero_grad()
-    return step
-
-
 def measure_folded(model_name: str, packed: int, batch: int, repeats: int, device: str = "cpu",
                    size: str = "xs") -> dict:
     """One model's training step K times, K folded into one, and one model at K x batch, interleaved, three
@@ -110,6 +81,7 @@ def measure_folded(model_name: str, packed: int, batch: int, repeats: int, devic
     from reservoir.models import build_model
     from reservoir.run.fold import fold
     from reservoir.run.train import decayed_names
+    from reservoir.studies.frontier.folding import training_step
     from reservoir.studies.frontier.grid import FAMILIES as GRID
     from reservoir.studies.frontier.grid import Cell
 
@@ -144,9 +116,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--folded", action="store_true", help="fold the K models into one (see above)")
     parser.add_argument("--device", default="cpu", help="--folded: where (cpu, cuda)")
     parser.add_argument("--sizes", nargs="+", default=["xs"], help="--folded: the study's size presets")
+    parser.add_argument("--probe", action="store_true", help="what a study's POINTS_PER_DEVICE=probe times and "
+                        "chooses for each --models x --sizes at --batch (its own short probe, three times)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    args.models = args.models or (["transformer++"] if args.folded else ["transformer", "lstm"])
+    args.models = args.models or (["transformer++"] if args.folded or args.probe else ["transformer", "lstm"])
+    if args.probe:
+        from reservoir.studies.frontier.folding import FOLDS_TRIED, probe_fold
+
+        print("| model | size | batch | try | one point's step ms | " +
+              " | ".join(f"{k} folded ms (speed-up)" for k in FOLDS_TRIED) + " | chosen |\n" +
+              "| --- " * (6 + len(FOLDS_TRIED)) + "|")
+        for model_name in args.models:
+            for size in args.sizes:
+                for attempt in range(3):  # each a fresh probe: how much its choice moves from one to the next
+                    probe_fold.cache_clear()
+                    p = probe_fold(model_name, size, args.batch, VOCAB)
+                    print(f"| {model_name} | {size} | {args.batch} | {attempt + 1} | {p.one_ms:.2f} | " +
+                          " | ".join(f"{ms:.1f} ({p.speedup(k):.2f}x)" for k, ms in p.folded_ms.items()) +
+                          f" | {p.chosen} |", flush=True)
+        return 0
     if args.folded:
         print("| model | size | batch | K | one model's step ms | K folded ms | speed-up | tokens/s, all | "
               "tokens/s a member | one model at K x batch ms | speed-up |\n"

@@ -145,6 +145,7 @@ def test_the_compute_multiplier_is_the_reference_compute_for_the_same_loss():
     (["LEARNING_RATES=0,1e-3"], "LEARNING_RATES must be positive numbers, got '0'"),
     (["BATCH_SIZES=8.5"], "BATCH_SIZES must be positive integers"),
     (["POINTS_PER_DEVICE=0"], "POINTS_PER_DEVICE must be positive integers"),
+    (["POINTS_PER_DEVICE=many"], "POINTS_PER_DEVICE must be a positive integer, auto or probe, got 'many'"),
     (["LEARNING_RATES="], "LEARNING_RATES is empty"),
     (["BATCH_SIZES=8,8"], "BATCH_SIZES names 8 twice (8,8): give each value once"),
     (["LEARNING_RATES=4e-3,0.004"], "LEARNING_RATES names 0.004 twice (0.004,0.004)"),
@@ -207,6 +208,45 @@ def test_a_family_whose_draw_is_its_seeds_folds_the_points_of_one_seed_only(tmp_
     assert processes == [["linear_reservoir:flops-1e12"] * 2, ["linear_reservoir:flops-1e12-seeds"] * 2, *lstm,
                          ["transformer++:flops-1e12"] * 2 + ["transformer++:flops-1e12-seeds"] * 2]
     assert sum(args.count(GROUP) for _, args in out) == 1 + 1 + 3 + (3 if xla else 0)
+
+
+def test_a_fold_probe_chooses_the_fastest_fold_that_gains_enough():
+    from reservoir.studies.frontier.folding import FOLD_GAIN, FoldProbe
+
+    assert FoldProbe(10.0, {2: 15.0, 4: 35.0, 8: 90.0}).chosen == 2  # 1.33x, 1.14x, 0.89x
+    assert FoldProbe(10.0, {2: 16.0, 4: 28.0, 8: 70.0}).chosen == 4  # 1.25x, 1.43x, 1.14x
+    assert FoldProbe(10.0, {2: 2 * 10 / FOLD_GAIN * 1.01, 4: 39.0}).chosen == 1  # gains below FOLD_GAIN: noise
+    assert FoldProbe(10.0, {}).chosen == 1
+    assert "a point a process" in FoldProbe(10.0, {2: 19.0}).describe()
+
+
+def test_points_per_device_probe_folds_each_shape_as_its_probe_chose(tmp_path, capsys):
+    """POINTS_PER_DEVICE=probe on a CPU core: each family, size and batch with two or more points in a stage is
+    probed once (one point's step against 2, 4 and 8 folded), said in a line and kept in the study's
+    logs/fold-probes.json; its points fold as many to a process as the probe chose; a family that does not fold
+    here (the LSTM on a CPU core) and a shape with one point are not probed."""
+    from reservoir.studies.frontier.folding import FOLDS_TRIED, fold_jobs
+
+    study, _ = micro_study(tmp_path, "POINTS_PER_DEVICE=probe", "LEARNING_RATES=1e-3,2e-3,4e-3", "SIZES=xs")
+    cells = {c.name: c for c in study.cells()}
+    one = next(c for c in cells.values() if c.family == "transformer++")
+    budget = point_name(3e9)
+    jobs = [(study.path / name / budget, [*cell.settings(), "FLOP_BUDGET=3e9"]) for name, cell in cells.items()]
+    jobs.append((study.path / f"{one.name}-lone" / budget, []))  # not a grid cell's folder: never folded
+    out, groups = fold_jobs(jobs, cells, study._probed_folds(jobs, cells), scanned=False)
+    probes = json.loads((study.path / "logs" / "fold-probes.json").read_text())
+    assert set(probes) == {"transformer++ xs batch 8"}
+    said = [line for line in capsys.readouterr().out.splitlines() if "on a CPU core: one point's step" in line]
+    assert len(said) == 1 and "transformer++ xs batch 8" in said[0]
+    probe = probes["transformer++ xs batch 8"]
+    assert set(probe["folded_ms"]) == {str(k) for k in FOLDS_TRIED} and probe["one_ms"] > 0
+    chosen = probe["points_per_process"]
+    speedups = {int(k): int(k) * probe["one_ms"] / ms for k, ms in probe["folded_ms"].items()}
+    assert chosen == 1 or speedups[chosen] == max(speedups.values())
+    sizes = sorted(len(members) for members in groups.values())
+    assert sizes == ([] if chosen == 1 else [min(chosen, 3)])  # three rates of one shape
+    assert all(cells[m.parent.name].family == "transformer++" for members in groups.values() for m in members)
+    assert len(out) == len(jobs) - sum(len(m) - 1 for m in groups.values())
 
 
 def test_a_grid_whose_every_cell_is_skipped_is_one_line(tmp_path):

@@ -896,11 +896,22 @@ def scans_recurrences(kind: str) -> bool:
     return kind == "tpu"
 
 
-def folded_points(kind: str, sharing: int) -> int:
+# POINTS_PER_DEVICE=auto, what each kind of device measured (bench/README.md): on a TPU chip (XLA:CPU's micro
+# frontier) a group of four compiled 3.5-3.8x fewer graphs and trained 2.7-4.5x as fast as a point a process, so a
+# chip folds up to 8; on a CPU core a fold gains 1.2-1.5x at xs, nothing at l, and its sums differ from a point's
+# alone in the last bits, so a core keeps a point, whose score then depends on no host's load (POINTS_PER_DEVICE=probe
+# lets a short probe decide there); a GPU runs a point until a GPU measures a fold (bench/gpu_check.sh)
+AUTO_FOLD = {"tpu": 8, "cpu": 1, "cuda": 1}
+
+
+def folded_points(kind: str, sharing: int | str) -> int | str:
     """How many of a study's points one process folds into one model (reservoir/run/group.py): POINTS_PER_DEVICE
-    on a CPU core or a TPU chip (``kind``: 'cpu', 'tpu'), where a process holds its device alone; 1 on a GPU,
+    on a CPU core or a TPU chip (``kind``: 'cpu', 'tpu'), where a process holds its device alone ('auto':
+    AUTO_FOLD; 'probe': the study probes each family, size and batch, studies/frontier/folding.py); 1 on a GPU,
     where the points share it as processes of their own (point_slots) until a GPU measures folding there."""
-    return 1 if kind == "cuda" else sharing
+    if kind == "cuda":
+        return 1
+    return AUTO_FOLD[kind] if sharing == "auto" else sharing
 
 
 def point_slots(kind: str, devices: list[str], per_point: int, cores: int, sharing: int = 1) -> list[Slot]:

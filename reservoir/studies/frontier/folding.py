@@ -5,13 +5,19 @@ record. A family whose frozen draws are its seed's folds the points of one seed 
 that does not fold keeps a process a point.
 
     jobs, groups = fold_jobs(jobs, cells, k, scanned)   # groups: {the group's first folder: every member's folder}
+    probe = probe_fold("transformer++", "xs", 4, vocab=77)  # POINTS_PER_DEVICE=probe on a CPU core: K from a probe
 """
 
 from __future__ import annotations
 
 import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+import torch
 
 from reservoir.config import key_value, parse_overrides
 from reservoir.run.experiment import MEMBER_SETTINGS
@@ -50,18 +56,19 @@ def _shared(args: list[str], keep: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(a for a in args if (key := (key_value(a) or (a,))[0]) not in MEMBER_SETTINGS or key in keep)
 
 
-def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], k: int,
+def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], k: int | Callable[[Cell], int],
               scanned: bool) -> tuple[list[tuple[Path, list[str]]], dict[Path, list[Path]]]:
-    """``jobs`` (a point's folder, its arguments) with the grid points of a family that folds joined k at a time,
-    in the order they came; the others as they were. A point whose folder is not a grid cell's (a stage's walk,
-    a control) stays a process of its own."""
+    """``jobs`` (a point's folder, its arguments) with the grid points of a family that folds joined k at a time
+    (``k(cell)`` where each family, size and batch has its own), in the order they came; the others as they
+    were. A point whose folder is not a grid cell's (a stage's walk, a control) stays a process of its own."""
     out: list = []
     open_groups: dict[tuple, int] = {}  # a group still taking members: its place in ``out``
     groups: dict[Path, list[Path]] = {}
     for folder, args in jobs:
         cell = cells.get(folder.parent.name)
-        folds = None if k < 2 or cell is None else _folds(cell.family, cell.size, cell.batch_size, scanned)
-        if folds is None:
+        folds = None if cell is None or k == 1 else _folds(cell.family, cell.size, cell.batch_size, scanned)
+        most = 1 if folds is None else k(cell) if callable(k) else k
+        if most < 2:
             out.append((folder, args))
             continue
         key = _shared(args, ("SEED", "SEEDS") if folds == "seed" else ())
@@ -74,6 +81,116 @@ def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], k: int
         first, joined = out[place]
         out[place] = (first, [*joined, GROUP, *args])
         groups[first].append(folder)
-        if len(groups[first]) == k:
+        if len(groups[first]) == most:
             del open_groups[key]
     return out, {first: members for first, members in groups.items() if len(members) > 1}
+
+
+# --- POINTS_PER_DEVICE=probe: how many to fold on a CPU core, from a short probe there
+
+FOLDS_TRIED = (2, 4, 8)  # the members a probe folds: each doubles the rows a folded kernel runs
+# a fold is chosen only where its members train this much faster than one point at a time: the probe's own spread
+# on a host that runs other work beside it (a few % from round to round, bench/README.md) is not a gain
+FOLD_GAIN = 1.1
+PROBE_STEPS = 4  # timed steps of each, after two untimed ones, in each of PROBE_ROUNDS interleaved rounds
+PROBE_ROUNDS = 3
+
+
+def training_step(model: torch.nn.Module, ids: torch.Tensor, members: int, decayed: set[str] | None = None):
+    """A step of ``model`` on ``ids`` (members x batch rows), gradients clipped: one model's with torch's
+    AdamW; a fold's (``decayed``: its members' decayed names) each member's mean loss, summed, with
+    MemberAdamW's per-member rates and clips, as a folded point trains."""
+    from reservoir.run.fold import MemberAdamW, member_losses
+
+    x, y = ids[:, :-1], ids[:, 1:]
+    if decayed is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        clip = lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # noqa: E731
+    else:
+        optimizer = MemberAdamW(model, decayed, torch.full((members,), 1e-3, device=ids.device), 0.01, 0.95)
+        clip = lambda: optimizer.clip(1.0)  # noqa: E731
+
+    def step():
+        member_losses(model(x), y, members).sum().backward()
+        clip()
+        optimizer.step()
+        optimizer.zero_grad()
+    return step
+
+
+def milliseconds(step, repeats: int, device: str = "cpu", warm: int = 2, clock=time.perf_counter) -> float:
+    """Milliseconds ``step()`` takes, the mean of ``repeats`` after ``warm`` untimed (on a GPU, finished work),
+    by ``clock`` (the wall's, or time.process_time: the CPU time this process spent, which a host's other
+    work does not add to while it waits for the core)."""
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    for _ in range(warm):
+        step()
+    sync()
+    start = clock()
+    for _ in range(repeats):
+        step()
+    sync()
+    return (clock() - start) / repeats * 1e3
+
+
+@dataclass(frozen=True)
+class FoldProbe:
+    """What a probe measured: one point's step alone and K folded, in ms (medians over the rounds), and the K
+    it chose: the fastest per member of those tried, if it beats one at a time by FOLD_GAIN, else 1."""
+
+    one_ms: float
+    folded_ms: dict[int, float]
+
+    def speedup(self, k: int) -> float:
+        return k * self.one_ms / self.folded_ms[k] if k > 1 else 1.0
+
+    @property
+    def chosen(self) -> int:
+        best = max(self.folded_ms, key=self.speedup, default=1)
+        return best if self.speedup(best) >= FOLD_GAIN else 1
+
+    def describe(self) -> str:
+        tried = ", ".join(f"{k} folded {ms:.1f} ms ({self.speedup(k):.2f}x)" for k, ms in self.folded_ms.items())
+        choice = f"{self.chosen} to a process" if self.chosen > 1 else "a point a process (no fold gains "\
+            f"{FOLD_GAIN:g}x)"
+        return f"one point's step {self.one_ms:.1f} ms, {tried}: {choice}"
+
+
+@cache
+def probe_fold(family: str, size: str, batch: int, vocab: int, settings: tuple[str, ...] = (),
+               most: int = FOLDS_TRIED[-1], threads: int = 1) -> FoldProbe:
+    """Times a training step of this family, size and batch (with the study's ``settings``: its context, say) on
+    this host's CPU with ``threads`` threads (a point's share), one point at a time and K folded for each K in
+    FOLDS_TRIED up to ``most``, by the CPU time they take (the wall's would count the host's other work), over
+    PROBE_ROUNDS interleaved rounds so that what the other work does to the caches weighs on each alike. A
+    family whose draws are its seed's is probed with one seed's members, as it folds. A few seconds
+    at xs, about 25 at l (one thread)."""
+    from reservoir.models import build_model
+    from reservoir.run.fold import fold
+    from reservoir.run.train import decayed_names
+    from reservoir.studies.frontier.grid import FAMILIES
+
+    model = FAMILIES[family][0]
+    config = parse_overrides([*settings, *Cell(family, size, 1e-3, batch).settings()])
+    ks = [k for k in FOLDS_TRIED if k <= most]
+    if not ks:
+        return FoldProbe(0.0, {})
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        first = build_model(model, vocab, {**config, "SEED": 0})
+        members = [first, *(copy.deepcopy(first) for _ in range(ks[-1] - 1))]
+        ids = torch.randint(0, vocab, (ks[-1], batch, config["SEQ_LEN"] + 1),
+                            generator=torch.Generator().manual_seed(0))
+        decayed = decayed_names(first)
+        alone = training_step(first, ids[0], 1)
+        folds = {k: training_step(fold(members[:k]), ids[:k].flatten(0, 1), k, decayed) for k in ks}
+        rounds: dict = {0: [], **{k: [] for k in ks}}
+        for _ in range(PROBE_ROUNDS):  # CPU time: a study's other points share the cores while it probes
+            rounds[0].append(milliseconds(alone, PROBE_STEPS, clock=time.process_time))
+            for k, step in folds.items():
+                rounds[k].append(milliseconds(step, PROBE_STEPS, clock=time.process_time))
+    finally:
+        torch.set_num_threads(before)
+    median = {k: sorted(times)[len(times) // 2] for k, times in rounds.items()}
+    return FoldProbe(median.pop(0), median)

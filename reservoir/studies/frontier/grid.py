@@ -56,12 +56,13 @@ DEFAULTS = {"FAMILIES": ["transformer", "transformer++", "lstm", "frozen_retenti
                          "deep_linear_reservoir", "linear_reservoir"],
             "SIZES": ["xs", "s", "m", "l"], "LEARNING_RATES": [1.5e-3, 3e-3, 6e-3, 1.2e-2], "BATCH_SIZES": [8, 16],
             "KEEP": 3, "WITHIN": 0.03, "ENVELOPE_SEEDS": 3, "MIN_STEPS": 300, "MAX_TOKENS_PER_PARAM": 300,
-            "WORKERS": "auto", "DEVICES_PER_POINT": 1, "POINTS_PER_DEVICE": 1, "REPLAY": False}
+            "WORKERS": "auto", "DEVICES_PER_POINT": 1, "POINTS_PER_DEVICE": "auto", "REPLAY": False}
 # WORKERS='auto': one point per device (platform/device.py study_slots): per core on a CPU (two one-thread points
 # beat one two-thread point on 2 cores, bench/README.md), per GPU, per TPU chip; DEVICES_PER_POINT: the devices
 # (cores, GPUs, chips) one point takes; POINTS_PER_DEVICE: points that share each device at once (a small point leaves
 # most of a GPU idle): K processes on a GPU, K points folded into one process on a CPU core or a TPU chip
-# (studies/frontier/folding.py); REPLAY=True: points recorded on
+# (studies/frontier/folding.py); 'auto': what each device's measurement says (platform/device.py AUTO_FOLD), 'probe':
+# on a CPU core as many as a short probe of each family, size and batch finds faster; REPLAY=True: points recorded on
 # another machine trained again here where a stage needs their checkpoints (the paired comparisons, CONTEXTS)
 
 
@@ -222,8 +223,15 @@ def parse_grid(own: dict[str, str]) -> dict:
     for key, kind in (("LEARNING_RATES", float), ("BATCH_SIZES", int)):
         if key in own:
             grid[key] = _number_list(key, own[key], kind)
-    if str(own.get("WORKERS", "")).strip().lower() == "auto":
-        own = {k: v for k, v in own.items() if k != "WORKERS"}  # the default
+    for key in ("WORKERS", "POINTS_PER_DEVICE"):
+        if str(own.get(key, "")).strip().lower() == "auto":
+            own = {k: v for k, v in own.items() if k != key}  # the default
+    if str(own.get("POINTS_PER_DEVICE", "")).strip().lower() == "probe":
+        grid["POINTS_PER_DEVICE"] = "probe"
+        own = {k: v for k, v in own.items() if k != "POINTS_PER_DEVICE"}
+    elif "POINTS_PER_DEVICE" in own and not str(own["POINTS_PER_DEVICE"]).strip().isdigit():
+        raise FrontierError(f"POINTS_PER_DEVICE must be a positive integer, auto or probe, got "
+                            f"{own['POINTS_PER_DEVICE']!r}")
     for key, kind in (("KEEP", int), ("ENVELOPE_SEEDS", int), ("MIN_STEPS", int), ("MAX_TOKENS_PER_PARAM", float),
                       ("WORKERS", int), ("DEVICES_PER_POINT", int), ("POINTS_PER_DEVICE", int), ("WITHIN", float)):
         if key in own:

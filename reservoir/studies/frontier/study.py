@@ -67,7 +67,7 @@ from reservoir.studies.frontier.edges import (
     read_edge_file,
     write_edge_file,
 )
-from reservoir.studies.frontier.folding import fold_jobs
+from reservoir.studies.frontier.folding import fold_jobs, probe_fold
 from reservoir.studies.frontier.grid import (
     CONTROLS,
     DEFAULT_BUDGETS,
@@ -158,8 +158,10 @@ class FrontierStudy:
     path: Path = field(init=False)
     store: PointRecords = field(init=False, repr=False)
     corpus: str | None = field(default=None, init=False)  # the data's corpus_label, once measure_cells read it
+    vocab: int | None = field(default=None, init=False)  # and its vocabulary's size
     _slots: list | None = field(default=None, init=False, repr=False)
     _groups: dict = field(default_factory=dict, init=False, repr=False)  # a folded group's first folder: all of it
+    _fold_probes: dict = field(default_factory=dict, init=False, repr=False)  # POINTS_PER_DEVICE=probe's, here
     storage_url: str | None = None  # STUDY_STORAGE: the database the hosts of a shared study meet in
     heartbeat_s: float = 30.0  # HEARTBEAT: a host that stops beating for 4x this loses its points to others
     shared: object = field(default=None, init=False, repr=False)
@@ -271,8 +273,14 @@ class FrontierStudy:
         """Where this host runs the study's points at once: WORKERS of the slots its devices give (a core, a
         GPU or a TPU chip block each, DEVICES_PER_POINT devices a point), checked when the study starts."""
         if self._slots is None:
+            sharing = self.grid.get("POINTS_PER_DEVICE", 1)
+            kind = resolve_kind(self.config["DEVICE"], self.config["USE_TPU"])
+            if sharing == "probe" and kind != "cpu":
+                raise FrontierError("POINTS_PER_DEVICE=probe times folds on a CPU core, not on a GPU or a TPU chip: "
+                                    "use POINTS_PER_DEVICE=auto (a TPU chip folds up to 8, a GPU runs a point) "
+                                    "or a number")
             self._slots = study_slots(self.config, self.grid["WORKERS"], self.grid.get("DEVICES_PER_POINT", 1),
-                                      self.grid.get("POINTS_PER_DEVICE", 1))
+                                      sharing if isinstance(sharing, int) else 1)
         return self._slots
 
     def _point_finished(self, folder: Path) -> bool:
@@ -724,6 +732,38 @@ class FrontierStudy:
         say(f"frontier {self.name}: the leaders at {lead:.3g} FLOPs: {len(jobs)} runs to train")
         self._run_all(jobs, run_points, lead)
 
+    def _probed_folds(self, jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell]):
+        """POINTS_PER_DEVICE=probe on a CPU core: ``k(cell)``, how many of a stage's points of one family, size and
+        batch fold into a process, from a short probe of each that has two or more points (folding.probe_fold,
+        once a process), said in a line and kept in the study's logs/fold-probes.json with what it measured."""
+        counts: dict = {}
+        for folder, _ in jobs:
+            cell = cells.get(folder.parent.name)
+            if cell is not None:
+                key = (cell.family, cell.size, cell.batch_size)
+                counts[key] = counts.get(key, 0) + 1
+        threads = int(self.slots()[0].env.get("OMP_NUM_THREADS", "1"))
+        vocab = self.vocab or 77  # (a study measured without its data: a character vocabulary's size)
+        settings = (*self.settings, f"FLOP_BUDGET={self.budgets[0]!r}")
+        probes = self.path / "logs" / "fold-probes.json"
+
+        def most(cell: Cell) -> int:
+            key = (cell.family, cell.size, cell.batch_size)
+            if counts.get(key, 0) < 2:
+                return 1
+            probe = probe_fold(*key, vocab, settings, threads=threads)
+            name = f"{cell.family} {cell.size} batch {cell.batch_size}"
+            if name not in self._fold_probes:  # said once a process, as it is probed once
+                say(f"frontier {self.name}: {name} on a CPU core: {probe.describe()}")
+                self._fold_probes[name] = {"one_ms": probe.one_ms, "points_per_process": probe.chosen,
+                                           "folded_ms": {str(k): v for k, v in probe.folded_ms.items()},
+                                           "vocab": vocab, "threads": threads}
+                kept = read_json(probes, "the fold probes") if probes.exists() else {}
+                probes.parent.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(probes, {**kept, **self._fold_probes})
+            return probe.chosen
+        return most
+
     def _run_all(self, jobs: list[tuple[Path, list[str]]], run_points, budget: float | None) -> None:
         """``jobs``: (the point's folder, its TinyStories.py arguments), or a stage's ``StageJob``s."""
         if not jobs:
@@ -731,12 +771,15 @@ class FrontierStudy:
         jobs = [(job[0], job[1]) for job in jobs]  # what the runner takes: a StageJob's pricing stays here
         kind = resolve_kind(self.config["DEVICE"], self.config["USE_TPU"])
         fold = folded_points(kind, self.grid.get("POINTS_PER_DEVICE", 1))
-        if fold > 1 and self.shared is None:  # (a shared study's hosts claim points one at a time)
-            jobs, self._groups = fold_jobs(jobs, {c.name: c for c in self.cells()}, fold,
-                                          scans_recurrences(kind))
+        if fold != 1 and self.shared is None:  # (a shared study's hosts claim points one at a time)
+            cells = {c.name: c for c in self.cells()}
+            most = self._probed_folds(jobs, cells) if fold == "probe" else fold
+            jobs, self._groups = fold_jobs(jobs, cells, most, scans_recurrences(kind))
             if self._groups:
                 say(f"frontier {self.name}: {sum(map(len, self._groups.values()))} points folded "
-                    f"{fold} at most to a process (POINTS_PER_DEVICE={fold}), in {len(self._groups)} groups")
+                    f"{max(map(len, self._groups.values()))} at most to a process "
+                    f"(POINTS_PER_DEVICE={self.grid.get('POINTS_PER_DEVICE', 1)}), "
+                    f"in {len(self._groups)} groups")
         if self.shared is not None:  # claimed through STUDY_STORAGE, trained here or on another host
             def run_here(more, ended):
                 def ended_and_packed(k: int, code: int | None) -> None:
@@ -982,6 +1025,7 @@ def measure_cells(study: FrontierStudy):
 
     data = prepare_data(study.config)
     study.corpus = corpus_label(data.describe())
+    study.vocab = data.tokenizer.vocab_size
     seen: dict = {}
     counts: dict = {}  # a family and size's FLOP counts: its cells' models differ in their batches alone
     models: dict = {}  # and so its model, built once (a 4,000-unit reservoir's draw takes 25 s)
