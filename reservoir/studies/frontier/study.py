@@ -779,7 +779,7 @@ class FrontierStudy:
                 say(f"frontier {self.name}: {sum(map(len, self._groups.values()))} points folded "
                     f"{max(map(len, self._groups.values()))} at most to a process "
                     f"(POINTS_PER_DEVICE={self.grid.get('POINTS_PER_DEVICE', 1)}), "
-                    f"in {len(self._groups)} groups")
+                    f"in {len(self._groups)} group{'s' * (len(self._groups) > 1)}")
         if self.shared is not None:  # claimed through STUDY_STORAGE, trained here or on another host
             def run_here(more, ended):
                 def ended_and_packed(k: int, code: int | None) -> None:
