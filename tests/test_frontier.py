@@ -228,6 +228,8 @@ def test_points_per_device_probe_folds_each_shape_as_its_probe_chose(tmp_path, c
     from reservoir.studies.frontier.folding import FOLDS_TRIED, fold_jobs
 
     study, _ = micro_study(tmp_path, "POINTS_PER_DEVICE=probe", "LEARNING_RATES=1e-3,2e-3,4e-3", "SIZES=xs")
+    (study.path / "logs").mkdir(parents=True)
+    (study.path / "logs" / "fold-probes.json").write_text('{"lstm xs batch 8": {"one_')  # a log cut short
     cells = {c.name: c for c in study.cells()}
     one = next(c for c in cells.values() if c.family == "transformer++")
     budget = point_name(3e9)

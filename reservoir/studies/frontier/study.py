@@ -758,7 +758,10 @@ class FrontierStudy:
                 self._fold_probes[name] = {"one_ms": probe.one_ms, "points_per_process": probe.chosen,
                                            "folded_ms": {str(k): v for k, v in probe.folded_ms.items()},
                                            "vocab": vocab, "threads": threads}
-                kept = read_json(probes, "the fold probes") if probes.exists() else {}
+                try:  # a log: what earlier runs here measured stays beside this one's; a damaged one is replaced
+                    kept = read_json(probes, "the fold probes") if probes.exists() else {}
+                except ResultsError:
+                    kept = {}
                 probes.parent.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(probes, {**kept, **self._fold_probes})
             return probe.chosen
