@@ -225,7 +225,7 @@ def test_points_per_device_probe_folds_each_shape_as_its_probe_chose(tmp_path, c
     probed once (one point's step against 2, 4 and 8 folded), said in a line and kept in the study's
     logs/fold-probes.json; its points fold as many to a process as the probe chose; a family that does not fold
     here (the LSTM on a CPU core) and a shape with one point are not probed."""
-    from reservoir.studies.frontier.folding import FOLDS_TRIED, fold_jobs
+    from reservoir.studies.frontier.folding import FOLDS_TRIED
 
     study, _ = micro_study(tmp_path, "POINTS_PER_DEVICE=probe", "LEARNING_RATES=1e-3,2e-3,4e-3", "SIZES=xs")
     (study.path / "logs").mkdir(parents=True)
@@ -235,11 +235,17 @@ def test_points_per_device_probe_folds_each_shape_as_its_probe_chose(tmp_path, c
     budget = point_name(3e9)
     jobs = [(study.path / name / budget, [*cell.settings(), "FLOP_BUDGET=3e9"]) for name, cell in cells.items()]
     jobs.append((study.path / f"{one.name}-lone" / budget, []))  # not a grid cell's folder: never folded
-    out, groups = fold_jobs(jobs, cells, study._probed_folds(jobs, cells), scanned=False)
+    started = []  # what the study hands its runner (which would start a process a job): the jobs, folded
+
+    def run_points(out, slots, finished, ended):
+        started.extend(out)
+        return [0] * len(out)
+    study._run_all(jobs, run_points, 3e9)
+    out, groups = started, study._groups
     probes = json.loads((study.path / "logs" / "fold-probes.json").read_text())
     assert set(probes) == {"transformer++ xs batch 8"}
     said = [line for line in capsys.readouterr().out.splitlines() if "on a CPU core: one point's step" in line]
-    assert len(said) == 1 and "transformer++ xs batch 8" in said[0]
+    assert len(said) == 1 and said[0].startswith("[ReservoirNLP] frontier micro: transformer++ xs batch 8 on")
     probe = probes["transformer++ xs batch 8"]
     assert set(probe["folded_ms"]) == {str(k) for k in FOLDS_TRIED} and probe["one_ms"] > 0
     chosen = probe["points_per_process"]

@@ -346,44 +346,32 @@ def test_transformer_weights_stay_tied_on_xla():
     assert tied == "False" and trained.strip() == "['head.weight', 'tok.weight']"
 
 
-XLA_STUDY = ["scaling.py", "FRONTIER=True", "STUDY=xla", "USE_TPU=True", "FAMILIES=lstm", "SIZES=xs",
-             "LEARNING_RATES=2e-3,4e-3", "BATCH_SIZES=4", "BUDGETS=3e9,6e9", "MIN_STEPS=20",
-             "MAX_TOKENS_PER_PARAM=1e9", "ENVELOPE_SEEDS=1", "KEEP=1", "WITHIN=0",
-             *[s for s in TINY if not s.startswith("BATCH_SIZE")]]
-
-
-def test_a_two_worker_frontier_runs_each_point_in_its_own_xla_process(tmp_path):
-    """WORKERS='auto' on XLA:CPU with a point a process: a point per usable core, each its own process on the
-    XLA path."""
+def test_a_two_worker_frontier_on_xla_runs_each_group_in_its_own_process_folded_by_default(tmp_path):
+    """WORKERS='auto' and POINTS_PER_DEVICE='auto' (the defaults) on XLA:CPU: a process per usable core, each on
+    the XLA path, and a stage's points of one shape folded into one of them (one compile for the group);
+    POINTS_PER_DEVICE=probe, which times folds on a CPU core, is one line there before anything is written."""
     from reservoir.platform.machine import usable_cores
+    from reservoir.studies.budgets import point_name
+    from tests.conftest import run_in_process
 
     if usable_cores() < 2:
         pytest.skip("needs two usable cores")
-    proc = python([*XLA_STUDY, "POINTS_PER_DEVICE=1", f"RESULTS_DIR={tmp_path / 'results'}",
-                   f"CACHE_DIR={tmp_path / 'c'}"])
-    # two rates side by side at the first budget, the better one carried on (KEEP=1)
-    assert proc.stdout.count("started lstm-xs-") == 3 and "on xla:cpu" in proc.stdout, proc.stdout[-3000:]
-    points = sorted((tmp_path / "results" / "xla").glob("lstm-*/flops-*/summary.json"))
-    assert len(points) == 3
+    study = ["FRONTIER=True", "STUDY=xla", "USE_TPU=True", "FAMILIES=lstm,transformer++", "SIZES=xs",
+             "LEARNING_RATES=2e-3,4e-3", "BATCH_SIZES=4", "BUDGETS=3e9,6e9", "MIN_STEPS=20",
+             "MAX_TOKENS_PER_PARAM=1e9", "ENVELOPE_SEEDS=1", "KEEP=1", "WITHIN=0",
+             *[s for s in TINY if not s.startswith("BATCH_SIZE")],
+             f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'c'}"]
+    refused = run_in_process("scaling.py", [*study, "POINTS_PER_DEVICE=probe"], env={"PJRT_DEVICE": "CPU"})
+    assert refused.returncode != 0 and "POINTS_PER_DEVICE=probe times folds on a CPU core" in refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "results" / "xla").exists()
+    proc = python(["scaling.py", *study])
+    # each family's two rates as one process at the first budget, side by side; the better one carried on (KEEP=1)
+    assert "points folded 2 at most to a process (POINTS_PER_DEVICE=auto), in 2 groups" in proc.stdout
+    assert proc.stdout.count("started ") == 4 and "on xla:cpu" in proc.stdout, proc.stdout[-3000:]
+    points = sorted((tmp_path / "results" / "xla").glob("*-xs-*/flops-*/summary.json"))
+    assert len(points) == 6
     for point in points:
         (record,) = json.loads(point.read_text())
         assert record["device_kind"] == "tpu" and record["point_device"] == "xla:cpu" and record["val_bpc"] > 0
+        assert record["fit"].get("folded_with") == (2 if point.parent.name == point_name(3e9) else None)
     assert (tmp_path / "results" / "xla" / "frontier.json").exists()
-
-
-def test_a_tpu_study_folds_its_points_by_default_and_refuses_a_cpu_probe(tmp_path):
-    """POINTS_PER_DEVICE=auto (the default) on a TPU chip: a stage's points of one shape train folded in one
-    process (one compile for the group); POINTS_PER_DEVICE=probe, which times folds on a CPU core, is one line
-    there, before anything is written."""
-    where = [f"RESULTS_DIR={tmp_path / 'results'}", f"CACHE_DIR={tmp_path / 'c'}"]
-    refused = subprocess.run([sys.executable, *XLA_STUDY, "POINTS_PER_DEVICE=probe", *where], cwd=ROOT,
-                             capture_output=True, text=True, env={**os.environ, "PJRT_DEVICE": "CPU"}, timeout=600)
-    assert refused.returncode != 0 and "POINTS_PER_DEVICE=probe times folds on a CPU core" in refused.stderr
-    assert "Traceback" not in refused.stderr and not (tmp_path / "results" / "xla").exists()
-    proc = python([*XLA_STUDY, *where])
-    assert "points folded 2 at most to a process (POINTS_PER_DEVICE=auto)" in proc.stdout, proc.stdout[-3000:]
-    from reservoir.studies.budgets import point_name
-
-    folded = {p.parent.parent.name: json.loads(p.read_text())[0]["fit"].get("folded_with")
-              for p in (tmp_path / "results" / "xla").glob(f"lstm-*/{point_name(3e9)}/summary.json")}
-    assert folded == {"lstm-xs-lr0.002-b4": 2, "lstm-xs-lr0.004-b4": 2}

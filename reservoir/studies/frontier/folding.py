@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -21,6 +22,7 @@ import torch
 
 from reservoir.config import key_value, parse_overrides
 from reservoir.run.experiment import MEMBER_SETTINGS
+from reservoir.run.records import ResultsError, read_json, write_json_atomic
 from reservoir.studies.frontier.grid import Cell
 
 GROUP = "--and"  # TinyStories.py's separator of a group's points
@@ -151,17 +153,17 @@ class FoldProbe:
 
     def describe(self) -> str:
         tried = ", ".join(f"{k} folded {ms:.1f} ms ({self.speedup(k):.2f}x)" for k, ms in self.folded_ms.items())
-        choice = f"{self.chosen} to a process" if self.chosen > 1 else "a point a process (no fold gains "\
-            f"{FOLD_GAIN:g}x)"
+        alone = f"a point a process (no fold gains {FOLD_GAIN:g}x)"
+        choice = f"{self.chosen} to a process" if self.chosen > 1 else alone
         return f"one point's step {self.one_ms:.1f} ms, {tried}: {choice}"
 
 
 @cache
 def probe_fold(family: str, size: str, batch: int, vocab: int, settings: tuple[str, ...] = (),
-               most: int = FOLDS_TRIED[-1], threads: int = 1) -> FoldProbe:
+               threads: int = 1) -> FoldProbe:
     """Times a training step of this family, size and batch (with the study's ``settings``: its context, say) on
     this host's CPU with ``threads`` threads (a point's share), one point at a time and K folded for each K in
-    FOLDS_TRIED up to ``most``, by the CPU time they take (the wall's would count the host's other work), over
+    FOLDS_TRIED, by the CPU time they take (the wall's would count the host's other work), over
     PROBE_ROUNDS interleaved rounds so that what the other work does to the caches weighs on each alike. A
     family whose draws are its seed's is probed with one seed's members, as it folds. A few seconds
     at xs, about 25 at l (one thread)."""
@@ -172,20 +174,17 @@ def probe_fold(family: str, size: str, batch: int, vocab: int, settings: tuple[s
 
     model = FAMILIES[family][0]
     config = parse_overrides([*settings, *Cell(family, size, 1e-3, batch).settings()])
-    ks = [k for k in FOLDS_TRIED if k <= most]
-    if not ks:
-        return FoldProbe(0.0, {})
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         first = build_model(model, vocab, {**config, "SEED": 0})
-        members = [first, *(copy.deepcopy(first) for _ in range(ks[-1] - 1))]
-        ids = torch.randint(0, vocab, (ks[-1], batch, config["SEQ_LEN"] + 1),
+        members = [first, *(copy.deepcopy(first) for _ in range(FOLDS_TRIED[-1] - 1))]
+        ids = torch.randint(0, vocab, (FOLDS_TRIED[-1], batch, config["SEQ_LEN"] + 1),
                             generator=torch.Generator().manual_seed(0))
         decayed = decayed_names(first)
         alone = training_step(first, ids[0], 1)
-        folds = {k: training_step(fold(members[:k]), ids[:k].flatten(0, 1), k, decayed) for k in ks}
-        rounds: dict = {0: [], **{k: [] for k in ks}}
+        folds = {k: training_step(fold(members[:k]), ids[:k].flatten(0, 1), k, decayed) for k in FOLDS_TRIED}
+        rounds: dict = {0: [], **{k: [] for k in FOLDS_TRIED}}
         for _ in range(PROBE_ROUNDS):  # CPU time: a study's other points share the cores while it probes
             rounds[0].append(milliseconds(alone, PROBE_STEPS, clock=time.process_time))
             for k, step in folds.items():
@@ -194,3 +193,33 @@ def probe_fold(family: str, size: str, batch: int, vocab: int, settings: tuple[s
         torch.set_num_threads(before)
     median = {k: sorted(times)[len(times) // 2] for k, times in rounds.items()}
     return FoldProbe(median.pop(0), median)
+
+
+def probed_folds(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], vocab: int, settings: tuple[str, ...],
+                 threads: int, log: Path, say) -> Callable[[Cell], int]:
+    """POINTS_PER_DEVICE=probe on a CPU core: for ``fold_jobs``, ``k(cell)``, as many of a stage's points of one
+    family, size and batch to a process as ``probe_fold`` chose for them (probed where a stage has two or more
+    of them, once a process), each probe said once a stage and kept in ``log`` (JSON, beside what earlier runs
+    probed; a damaged log is written again, as it is only a log)."""
+    counts = Counter((c.family, c.size, c.batch_size) for c in (cells.get(f.parent.name) for f, _ in jobs) if c)
+    said: set = set()
+
+    def most(cell: Cell) -> int:
+        key = (cell.family, cell.size, cell.batch_size)
+        if counts[key] < 2:
+            return 1
+        probe = probe_fold(*key, vocab, settings, threads=threads)
+        if key not in said:
+            said.add(key)
+            name = f"{cell.family} {cell.size} batch {cell.batch_size}"
+            say(f"{name} on a CPU core: {probe.describe()}")
+            try:
+                kept = read_json(log, "the fold probes") if log.exists() else {}
+            except ResultsError:
+                kept = {}
+            kept[name] = {"one_ms": probe.one_ms, "folded_ms": {str(k): v for k, v in probe.folded_ms.items()},
+                          "points_per_process": probe.chosen, "vocab": vocab, "threads": threads}
+            log.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(log, kept)
+        return probe.chosen
+    return most

@@ -223,13 +223,12 @@ def parse_grid(own: dict[str, str]) -> dict:
     for key, kind in (("LEARNING_RATES", float), ("BATCH_SIZES", int)):
         if key in own:
             grid[key] = _number_list(key, own[key], kind)
-    for key in ("WORKERS", "POINTS_PER_DEVICE"):
-        if str(own.get(key, "")).strip().lower() == "auto":
-            own = {k: v for k, v in own.items() if k != key}  # the default
-    if str(own.get("POINTS_PER_DEVICE", "")).strip().lower() == "probe":
-        grid["POINTS_PER_DEVICE"] = "probe"
-        own = {k: v for k, v in own.items() if k != "POINTS_PER_DEVICE"}
-    elif "POINTS_PER_DEVICE" in own and not str(own["POINTS_PER_DEVICE"]).strip().isdigit():
+    for key, words in (("WORKERS", ("auto",)), ("POINTS_PER_DEVICE", ("auto", "probe"))):
+        word = str(own.get(key, "")).strip().lower()
+        if word in words:
+            grid[key] = word
+            own = {k: v for k, v in own.items() if k != key}
+    if not str(own.get("POINTS_PER_DEVICE", "1")).strip().isdigit():
         raise FrontierError(f"POINTS_PER_DEVICE must be a positive integer, auto or probe, got "
                             f"{own['POINTS_PER_DEVICE']!r}")
     for key, kind in (("KEEP", int), ("ENVELOPE_SEEDS", int), ("MIN_STEPS", int), ("MAX_TOKENS_PER_PARAM", float),

@@ -67,7 +67,7 @@ from reservoir.studies.frontier.edges import (
     read_edge_file,
     write_edge_file,
 )
-from reservoir.studies.frontier.folding import fold_jobs, probe_fold
+from reservoir.studies.frontier.folding import fold_jobs, probed_folds
 from reservoir.studies.frontier.grid import (
     CONTROLS,
     DEFAULT_BUDGETS,
@@ -161,7 +161,6 @@ class FrontierStudy:
     vocab: int | None = field(default=None, init=False)  # and its vocabulary's size
     _slots: list | None = field(default=None, init=False, repr=False)
     _groups: dict = field(default_factory=dict, init=False, repr=False)  # a folded group's first folder: all of it
-    _fold_probes: dict = field(default_factory=dict, init=False, repr=False)  # POINTS_PER_DEVICE=probe's, here
     storage_url: str | None = None  # STUDY_STORAGE: the database the hosts of a shared study meet in
     heartbeat_s: float = 30.0  # HEARTBEAT: a host that stops beating for 4x this loses its points to others
     shared: object = field(default=None, init=False, repr=False)
@@ -732,41 +731,6 @@ class FrontierStudy:
         say(f"frontier {self.name}: the leaders at {lead:.3g} FLOPs: {len(jobs)} runs to train")
         self._run_all(jobs, run_points, lead)
 
-    def _probed_folds(self, jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell]):
-        """POINTS_PER_DEVICE=probe on a CPU core: ``k(cell)``, how many of a stage's points of one family, size and
-        batch fold into a process, from a short probe of each that has two or more points (folding.probe_fold,
-        once a process), said in a line and kept in the study's logs/fold-probes.json with what it measured."""
-        counts: dict = {}
-        for folder, _ in jobs:
-            cell = cells.get(folder.parent.name)
-            if cell is not None:
-                key = (cell.family, cell.size, cell.batch_size)
-                counts[key] = counts.get(key, 0) + 1
-        threads = int(self.slots()[0].env.get("OMP_NUM_THREADS", "1"))
-        vocab = self.vocab or 77  # (a study measured without its data: a character vocabulary's size)
-        settings = (*self.settings, f"FLOP_BUDGET={self.budgets[0]!r}")
-        probes = self.path / "logs" / "fold-probes.json"
-
-        def most(cell: Cell) -> int:
-            key = (cell.family, cell.size, cell.batch_size)
-            if counts.get(key, 0) < 2:
-                return 1
-            probe = probe_fold(*key, vocab, settings, threads=threads)
-            name = f"{cell.family} {cell.size} batch {cell.batch_size}"
-            if name not in self._fold_probes:  # said once a process, as it is probed once
-                say(f"frontier {self.name}: {name} on a CPU core: {probe.describe()}")
-                self._fold_probes[name] = {"one_ms": probe.one_ms, "points_per_process": probe.chosen,
-                                           "folded_ms": {str(k): v for k, v in probe.folded_ms.items()},
-                                           "vocab": vocab, "threads": threads}
-                try:  # a log: what earlier runs here measured stays beside this one's; a damaged one is replaced
-                    kept = read_json(probes, "the fold probes") if probes.exists() else {}
-                except ResultsError:
-                    kept = {}
-                probes.parent.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(probes, {**kept, **self._fold_probes})
-            return probe.chosen
-        return most
-
     def _run_all(self, jobs: list[tuple[Path, list[str]]], run_points, budget: float | None) -> None:
         """``jobs``: (the point's folder, its TinyStories.py arguments), or a stage's ``StageJob``s."""
         if not jobs:
@@ -776,7 +740,10 @@ class FrontierStudy:
         fold = folded_points(kind, self.grid.get("POINTS_PER_DEVICE", 1))
         if fold != 1 and self.shared is None:  # (a shared study's hosts claim points one at a time)
             cells = {c.name: c for c in self.cells()}
-            most = self._probed_folds(jobs, cells) if fold == "probe" else fold
+            most = fold if fold != "probe" else probed_folds(
+                jobs, cells, self.vocab, (*self.settings, f"FLOP_BUDGET={self.budgets[0]!r}"),
+                int(self.slots()[0].env.get("OMP_NUM_THREADS", "1")), self.path / "logs" / "fold-probes.json",
+                lambda line: say(f"frontier {self.name}: {line}"))
             jobs, self._groups = fold_jobs(jobs, cells, most, scans_recurrences(kind))
             if self._groups:
                 say(f"frontier {self.name}: {sum(map(len, self._groups.values()))} points folded "
