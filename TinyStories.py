@@ -73,9 +73,10 @@ def main(argv: list[str]) -> int:
 
 
 def _folded_group(argv: list[str]) -> int:
-    """``A --and B ...``: each part a point's own command line; they train as one folded group."""
+    """``A --and B ...``: each part a point's own command line; they train as one folded group. ``A --and``,
+    one point and nothing after: its seeds (SEEDS=...) train as one folded group."""
     parts, part = [], []
-    for arg in [*argv, GROUP]:
+    for arg in [*argv, GROUP][: -1 if argv[-1] == GROUP and argv.count(GROUP) == 1 else None]:
         if arg == GROUP:
             if not part:
                 raise SystemExit(f"error: '{GROUP}' joins two points' settings: give settings on both sides of it")

@@ -168,7 +168,7 @@ def test_points_per_device_on_the_cpu_folds_a_familys_points_and_keeps_the_envel
     record, and the envelope is the unfolded study's within 2e-4 (float32: the fold sums its products in
     another order)."""
     proc = frontier(tmp_path, "WORKERS=2", "POINTS_PER_DEVICE=2")
-    assert "folded 2 at most to a process (POINTS_PER_DEVICE=2)" in proc.stdout
+    assert "points folded, 2 members at most to a process" in proc.stdout and "POINTS_PER_DEVICE=2)" in proc.stdout
     study = tmp_path / "results" / "micro"
     folded = {p.parent.parent.name: json.loads(p.read_text())[0]["fit"].get("folded_with")
               for p in study.glob(f"*/{point_name(3e9)}/summary.json")}
@@ -191,9 +191,11 @@ def test_points_per_device_on_the_cpu_folds_a_familys_points_and_keeps_the_envel
 @pytest.mark.parametrize("xla", [False, True], ids=["a-cpu-core", "a-tpu-chip"])
 def test_a_family_whose_draw_is_its_seeds_folds_the_points_of_one_seed_only(tmp_path, xla):
     """A linear reservoir's frozen draw is its seed's: a grid cell's rates, on the study's seed, fold together;
-    its other seeds stay points of their own. Transformer++'s fold whatever their seeds; the LSTM's on XLA only
-    (on a CPU core its fused kernel trains a point faster than a fold runs its cell)."""
-    from reservoir.studies.frontier.folding import GROUP, fold_jobs
+    a point with its other seeds stays a process of its own. Transformer++'s fold whatever their seeds, K
+    members a process counting each seed of a point, and a point whose seeds nothing joins folds them alone
+    (``A --and``); the LSTM's on XLA only (on a CPU core its fused kernel trains a point faster than a fold runs
+    its cell)."""
+    from reservoir.studies.frontier.folding import GROUP, fold_jobs, members
     from reservoir.studies.frontier.grid import Cell
 
     cells = {c.name: c for c in (Cell(family, "xs", rate, 4) for family in ("linear_reservoir", "transformer++",
@@ -203,11 +205,20 @@ def test_a_family_whose_draw_is_its_seeds_folds_the_points_of_one_seed_only(tmp_
     out, groups = fold_jobs(jobs, cells, 4, xla)
     processes = sorted(sorted(f"{f.parent.name.split('-xs-')[0]}:{f.name}" for f in groups.get(first, [first]))
                        for first, _ in out)
-    lstm = ([["lstm:flops-1e12"] * 2 + ["lstm:flops-1e12-seeds"] * 2] if xla else
-            [["lstm:flops-1e12"], ["lstm:flops-1e12"], ["lstm:flops-1e12-seeds"], ["lstm:flops-1e12-seeds"]])
-    assert processes == [["linear_reservoir:flops-1e12"] * 2, ["linear_reservoir:flops-1e12-seeds"] * 2, *lstm,
-                         ["transformer++:flops-1e12"] * 2 + ["transformer++:flops-1e12-seeds"] * 2]
-    assert sum(args.count(GROUP) for _, args in out) == 1 + 1 + 3 + (3 if xla else 0)
+    folded = [["lstm:flops-1e12"] * 2 + ["lstm:flops-1e12-seeds"], ["lstm:flops-1e12-seeds"]]
+    lstm = folded if xla else [["lstm:flops-1e12"], ["lstm:flops-1e12"], ["lstm:flops-1e12-seeds"],
+                               ["lstm:flops-1e12-seeds"]]
+    assert processes == sorted([["linear_reservoir:flops-1e12"] * 2, ["linear_reservoir:flops-1e12-seeds"],
+                                ["linear_reservoir:flops-1e12-seeds"], *lstm,
+                                ["transformer++:flops-1e12"] * 2 + ["transformer++:flops-1e12-seeds"],
+                                ["transformer++:flops-1e12-seeds"]])
+    commands = [[[]] for _ in out]  # each process's points' arguments, split at GROUP
+    for (_, args), parts in zip(out, commands, strict=True):
+        for arg in args:
+            parts.append([]) if arg == GROUP else parts[-1].append(arg)
+    assert max(sum(members(p) for p in parts) for parts in commands) == 4
+    lone = [parts for parts in commands if parts[-1] == []]  # ``A --and``: one point's seeds, folded alone
+    assert [members(parts[0]) for parts in lone] == [2] * (2 if xla else 1)
 
 
 def test_a_fold_probe_chooses_the_fastest_fold_that_gains_enough():

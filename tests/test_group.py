@@ -273,6 +273,28 @@ def test_each_seed_of_a_point_is_a_member_of_its_group(tmp_path):
     assert [r["fit"]["folded_with"] for r in [*two, record(tmp_path, "one")]] == [3, 3, 3]
 
 
+def test_a_lone_points_seeds_fold_when_its_command_ends_in_and(tmp_path):
+    """`TinyStories.py A --and` with SEEDS=0,1 (a study's envelope seeds that no other point joins): its two
+    seeds are one fold, in its one folder, each scoring as the same seeds trained one after the other."""
+    import json
+
+    from reservoir.studies.frontier.folding import members
+
+    run_cli(tmp_path, *group_argv(tmp_path, ["SEEDS=0,1", "RUN_NAME=folded"]), "--and", settings=[])
+    run_cli(tmp_path, *group_argv(tmp_path, ["SEEDS=0,1", "RUN_NAME=apart"]), settings=[])
+    folded, apart = ({r["seed"]: r for r in json.loads((tmp_path / "results" / name / "summary.json").read_text())}
+                     for name in ("folded", "apart"))
+    assert sorted(folded) == sorted(apart) == [0, 1]
+    assert [folded[s]["fit"]["folded_with"] for s in (0, 1)] == [2, 2]
+    assert [apart[s]["fit"].get("folded_with") for s in (0, 1)] == [None, None]
+    for seed in (0, 1):
+        assert folded[seed]["val_bpc"] == pytest.approx(apart[seed]["val_bpc"], rel=TOLERANCE)
+    # a study counts a continued point's members from its folder, so its seeds fold when it is resumed
+    assert members([f"RESUME={tmp_path / 'results' / 'folded'}"]) == members(["SEEDS=0,1"]) == 2
+    refused = run_cli(tmp_path, *POINT, "--and", "--and", check=False, settings=[])
+    assert refused.returncode != 0 and "give settings on both sides" in refused.stderr
+
+
 def test_a_member_finished_in_its_checkpoint_is_evaluated_again_and_the_others_still_fold(setting, alone, tmp_path):
     """Member 1 finished before (its checkpoint says so, its record is not written: a kill in its final
     evaluation): it is scored again from its checkpoint, and members 0 and 2 fold, two of them."""

@@ -366,7 +366,7 @@ def test_a_two_worker_frontier_on_xla_runs_each_group_in_its_own_process_folded_
     assert "Traceback" not in refused.stderr and not (tmp_path / "results" / "xla").exists()
     proc = python(["scaling.py", *study])
     # each family's two rates as one process at the first budget, side by side; the better one carried on (KEEP=1)
-    assert "points folded 2 at most to a process (POINTS_PER_DEVICE=auto), in 2 groups" in proc.stdout
+    assert "points folded, 2 members at most to a process" in proc.stdout and "=auto), in 2 groups" in proc.stdout
     assert proc.stdout.count("started ") == 4 and "on xla:cpu" in proc.stdout, proc.stdout[-3000:]
     points = sorted((tmp_path / "results" / "xla").glob("*-xs-*/flops-*/summary.json"))
     assert len(points) == 6

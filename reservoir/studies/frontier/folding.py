@@ -22,7 +22,7 @@ import torch
 
 from reservoir.config import key_value, parse_overrides
 from reservoir.run.experiment import MEMBER_SETTINGS
-from reservoir.run.records import ResultsError, read_json, write_json_atomic
+from reservoir.run.records import ResultsError, read_json, read_run_config, write_json_atomic
 from reservoir.studies.frontier.grid import Cell
 
 GROUP = "--and"  # TinyStories.py's separator of a group's points
@@ -58,34 +58,60 @@ def _shared(args: list[str], keep: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(a for a in args if (key := (key_value(a) or (a,))[0]) not in MEMBER_SETTINGS or key in keep)
 
 
+def members(args: list[str]) -> int:
+    """How many members a point's command trains in a fold: each of its SEEDS (a continued point's, its
+    folder's), else its one seed."""
+    given = {kv[0]: kv[2] for kv in map(key_value, args) if kv}
+    if "SEEDS" in given:
+        return len(parse_overrides([f"SEEDS={given['SEEDS']}"])["SEEDS"] or [0])
+    if "RESUME" in given:
+        try:
+            return len(read_run_config(Path(given["RESUME"]))["requested_config"].get("SEEDS") or [0])
+        except ResultsError:  # a damaged folder: the point's own run says so, in its own line
+            return 1
+    return 1
+
+
 def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], k: int | Callable[[Cell], int],
               scanned: bool) -> tuple[list[tuple[Path, list[str]]], dict[Path, list[Path]]]:
-    """``jobs`` (a point's folder, its arguments) with the grid points of a family that folds joined k at a time
-    (``k(cell)`` where each family, size and batch has its own), in the order they came; the others as they
-    were. A point whose folder is not a grid cell's (a stage's walk, a control) stays a process of its own."""
+    """``jobs`` (a point's folder, its arguments) with the grid points of a family that folds joined k members
+    at a time (``k(cell)`` where each family, size and batch has its own; a point with SEEDS is a member a
+    seed), in the order they came; the others as they were. A point whose several seeds fold and that nothing
+    joins is a group of its own (``A --and``: its seeds fold). A family whose draws are its seed's folds one
+    seed's points only, so a point with several seeds stays a process of its own. A point whose folder is not
+    a grid cell's (a stage's walk, a control) stays a process of its own."""
     out: list = []
     open_groups: dict[tuple, int] = {}  # a group still taking members: its place in ``out``
     groups: dict[Path, list[Path]] = {}
+    size: dict[Path, int] = {}  # a group's members so far
     for folder, args in jobs:
         cell = cells.get(folder.parent.name)
         folds = None if cell is None or k == 1 else _folds(cell.family, cell.size, cell.batch_size, scanned)
         most = 1 if folds is None else k(cell) if callable(k) else k
-        if most < 2:
+        count = members(args)
+        if most < 2 or count > most or (folds == "seed" and count > 1):
             out.append((folder, args))
             continue
         key = _shared(args, ("SEED", "SEEDS") if folds == "seed" else ())
         place = open_groups.get(key)
+        if place is not None and size[out[place][0]] + count > most:
+            del open_groups[key]
+            place = None
         if place is None:
             open_groups[key] = len(out)
             out.append((folder, list(args)))
-            groups[folder] = [folder]
-            continue
-        first, joined = out[place]
-        out[place] = (first, [*joined, GROUP, *args])
-        groups[first].append(folder)
-        if len(groups[first]) == most:
+            groups[folder], size[folder] = [folder], count
+        else:
+            first, joined = out[place]
+            out[place] = (first, [*joined, GROUP, *args])
+            groups[first].append(folder)
+            size[first] += count
+        if size[out[open_groups[key]][0]] == most:
             del open_groups[key]
-    return out, {first: members for first, members in groups.items() if len(members) > 1}
+    for place, (first, args) in enumerate(out):
+        if len(groups.get(first, ())) == 1 and size[first] > 1:
+            out[place] = (first, [*args, GROUP])  # one point, its seeds the fold's members
+    return out, {first: folders for first, folders in groups.items() if size[first] > 1}
 
 
 # --- POINTS_PER_DEVICE=probe: how many to fold on a CPU core, from a short probe there
@@ -197,11 +223,14 @@ def probe_fold(family: str, size: str, batch: int, vocab: int, settings: tuple[s
 
 def probed_folds(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], vocab: int, settings: tuple[str, ...],
                  threads: int, log: Path, say) -> Callable[[Cell], int]:
-    """POINTS_PER_DEVICE=probe on a CPU core: for ``fold_jobs``, ``k(cell)``, as many of a stage's points of one
-    family, size and batch to a process as ``probe_fold`` chose for them (probed where a stage has two or more
-    of them, once a process), each probe said once a stage and kept in ``log`` (JSON, beside what earlier runs
-    probed; a damaged log is written again, as it is only a log)."""
-    counts = Counter((c.family, c.size, c.batch_size) for c in (cells.get(f.parent.name) for f, _ in jobs) if c)
+    """POINTS_PER_DEVICE=probe on a CPU core: for ``fold_jobs``, ``k(cell)``, as many members of one family, size
+    and batch to a process as ``probe_fold`` chose for them (probed where a stage has two or more members of that
+    shape, a point's seeds a member each, once a process), each probe said once a stage and kept in ``log``
+    (JSON, beside what earlier runs probed; a damaged log is written again, as it is only a log)."""
+    counts: Counter = Counter()  # a stage's members of each shape: a point's seeds are a member each
+    for folder, args in jobs:
+        if cell := cells.get(folder.parent.name):
+            counts[cell.family, cell.size, cell.batch_size] += members(args)
     said: set = set()
 
     def most(cell: Cell) -> int:

@@ -67,7 +67,7 @@ from reservoir.studies.frontier.edges import (
     read_edge_file,
     write_edge_file,
 )
-from reservoir.studies.frontier.folding import fold_jobs, probed_folds
+from reservoir.studies.frontier.folding import fold_jobs, members, probed_folds
 from reservoir.studies.frontier.grid import (
     CONTROLS,
     DEFAULT_BUDGETS,
@@ -744,11 +744,13 @@ class FrontierStudy:
                 jobs, cells, self.vocab, (*self.settings, f"FLOP_BUDGET={self.budgets[0]!r}"),
                 int(self.slots()[0].env.get("OMP_NUM_THREADS", "1")), self.path / "logs" / "fold-probes.json",
                 lambda line: say(f"frontier {self.name}: {line}"))
+            args = dict(jobs)
             jobs, self._groups = fold_jobs(jobs, cells, most, scans_recurrences(kind))
             if self._groups:
-                say(f"frontier {self.name}: {sum(map(len, self._groups.values()))} points folded "
-                    f"{max(map(len, self._groups.values()))} at most to a process "
-                    f"(POINTS_PER_DEVICE={self.grid.get('POINTS_PER_DEVICE', 1)}), "
+                sizes = [sum(members(args[f]) for f in group) for group in self._groups.values()]
+                say(f"frontier {self.name}: {sum(map(len, self._groups.values()))} points folded, "
+                    f"{max(sizes)} members at most to a process (a point's seeds a member each; "
+                    f"POINTS_PER_DEVICE={self.grid.get('POINTS_PER_DEVICE', 1)}), "
                     f"in {len(self._groups)} group{'s' * (len(self._groups) > 1)}")
         if self.shared is not None:  # claimed through STUDY_STORAGE, trained here or on another host
             def run_here(more, ended):
