@@ -27,7 +27,7 @@ The frontier (FRONTIER=True, or any of its keys): a grid per family (FAMILIES, S
 BATCH_SIZES), every point on the wsd schedule so each budget branches off the one before, successive
 halving over BUDGETS (KEEP, WITHIN), the envelope re-run on ENVELOPE_SEEDS seeds, WORKERS points at once
 (auto: one per CPU core, GPU or TPU chip; DEVICES_PER_POINT each; POINTS_PER_DEVICE on each, folded off a
-GPU: auto, probe or K), cells
+GPU: auto, probe (a GPU's too) or K), cells
 skipped below MIN_STEPS steps or above MAX_TOKENS_PER_PARAM tokens per parameter. Writes frontier.json,
 frontier.md and frontier.png in RESULTS_DIR/STUDY (default 'frontier'); reservoir/studies/frontier/ says
 more, docs/studies.md how to read the plot.

@@ -11,7 +11,8 @@ Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md:
   - the transformer's training tokens/s and MFU in the runner, against a minimal nanoGPT-style
     loop (bench/minimal_gpt.py) at the same sizes on the same GPU; at the study's xs preset, the
     runner eager and compiled (COMPILE=True) against the minimal loop;
-  - a micro frontier, one point per GPU and again with POINTS_PER_DEVICE=8 (eight points sharing it);
+  - a micro frontier, one point per GPU, again with POINTS_PER_DEVICE=8 (eight points sharing it) and with
+    POINTS_PER_DEVICE=probe (a probe on the GPU folds what gains);
   - eight xs Transformer++ points as one folded group (TinyStories.py A --and B ...) against one point alone;
   - K Transformer++ points folded into one model against K steps of one, K = 1, 8, 32, 128 at the xs and l
     presets, tokens/s in all and a member (bench_lockstep.py --folded);
@@ -182,18 +183,23 @@ def main(out: Path, dry_run: bool) -> int:
     report["transformer_xs"] = {name: step_rate(out / "results" / name) for name in ("xs_runner", "xs_runner_compiled")}
     report["transformer_xs"]["minimal"] = last_json(xs_minimal).get("tokens_per_second")
     # a micro frontier with WORKERS=auto: one point per visible GPU (per core on the CPU), each on its own device;
-    # on a GPU again with POINTS_PER_DEVICE=8: eight points share each GPU
+    # on a GPU again with POINTS_PER_DEVICE=8 (eight points share each GPU, a process each) and =probe (a probe on
+    # the GPU chooses how many of a shape to fold into one process, a process a GPU)
     micro = [PY, "scaling.py", "FRONTIER=True", "FAMILIES=lstm,transformer++", "SIZES=xs", "LEARNING_RATES=2e-3,4e-3",
              "BATCH_SIZES=8", "BUDGETS=3e9,6e9", "KEEP=2", "MIN_STEPS=20", "MAX_TOKENS_PER_PARAM=1e9",
              "ENVELOPE_SEEDS=1", "WORKERS=auto", "DATASET=synthetic", "SYNTHETIC_STORIES=300", "SEQ_LEN=32",
              "EVAL_TOKENS=2048", "FINAL_EVAL_TOKENS=4096", "SAMPLE_TOKENS=0", "WARMUP_STEPS=5", f"DEVICE={device}",
              f"RESULTS_DIR={out / 'results'}", f"CACHE_DIR={out / 'cache'}"]
     report["frontier"] = {}
-    for name, extra in (("frontier", []), ("frontier_packed", ["POINTS_PER_DEVICE=8"]))[:1 if dry_run else 2]:
+    variants = (("frontier", []), ("frontier_packed", ["POINTS_PER_DEVICE=8"]),
+                ("frontier_probed", ["POINTS_PER_DEVICE=probe"]))
+    for name, extra in variants[:1 if dry_run else 3]:
         parts[name] = run([*micro, f"STUDY={name}", *extra])
-        placed = [r.get("point_device") for p in sorted((out / "results" / name).glob("*/flops-*/summary.json"))
-                  for r in json.loads(p.read_text())]
-        report["frontier"][name] = {"points": len(placed), "devices": sorted({str(d) for d in placed}),
+        records = [r for p in sorted((out / "results" / name).glob("*/flops-*/summary.json"))
+                   for r in json.loads(p.read_text())]
+        report["frontier"][name] = {"points": len(records),
+                                    "devices": sorted({str(r.get("point_device")) for r in records}),
+                                    "folded": sum(bool((r.get("fit") or {}).get("folded_with")) for r in records),
                                     "seconds": parts[name]["seconds"]}
     # K xs Transformer++ points as one folded group (TinyStories.py A --and B ...) against one point alone: whether a
     # GPU gains from folding what POINTS_PER_DEVICE now runs there as K processes (device.folded_points)
@@ -252,9 +258,9 @@ def markdown(report: dict) -> str:
         lines += [f"| {m['model']} | {_number(m['val_bpc'], '.3f')} | {_number(m['tokens_per_second'], ',.0f')} | "
                   f"{m['precision']} |" for m in models]
     for name, f in report.get("frontier", {}).items():
-        packed = " (POINTS_PER_DEVICE=8)" if name == "frontier_packed" else ""
-        lines += ["", f"micro frontier (WORKERS=auto){packed}: {f['points']} points on "
-                  f"{', '.join(f['devices']) or 'none'} in {f['seconds']} s"]
+        packed = {"frontier_packed": " (POINTS_PER_DEVICE=8)", "frontier_probed": " (POINTS_PER_DEVICE=probe)"}
+        lines += ["", f"micro frontier (WORKERS=auto){packed.get(name, '')}: {f['points']} points "
+                  f"({f.get('folded', 0)} of them folded) on {', '.join(f['devices']) or 'none'} in {f['seconds']} s"]
     if "transformer_xs" in report:
         t = report["transformer_xs"]
         lines += ["", "transformer at xs (2 x 48, batch 8, context 128), tok/s after warm-up: " + ", ".join(

@@ -258,7 +258,7 @@ def test_points_per_device_probe_folds_each_shape_as_its_probe_chose(tmp_path, c
     said = [line for line in capsys.readouterr().out.splitlines() if "on a CPU core: one point's step" in line]
     assert len(said) == 1 and said[0].startswith("[ReservoirNLP] frontier micro: transformer++ xs batch 8 on")
     probe = probes["transformer++ xs batch 8"]
-    assert set(probe["folded_ms"]) == {str(k) for k in FOLDS_TRIED} and probe["one_ms"] > 0
+    assert set(probe["folded_ms"]) == {str(k) for k in FOLDS_TRIED} and probe["one_ms"] > 0 and probe["device"] == "cpu"
     chosen = probe["points_per_process"]
     speedups = {int(k): int(k) * probe["one_ms"] / ms for k, ms in probe["folded_ms"].items()}
     assert chosen == 1 or speedups[chosen] == max(speedups.values())

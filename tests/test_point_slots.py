@@ -39,7 +39,7 @@ def test_points_per_device_off_a_gpu_folds_them_in_one_process_a_core_or_chip(ki
     assert folded_points(kind, 4) == 4 and folded_points("cuda", 4) == 1
     # auto: what each device measured (a TPU chip folds, a core and a GPU keep a point); probe: the study decides
     assert folded_points(kind, "auto") == {"cpu": 1, "tpu": 8}[kind] and folded_points("cuda", "auto") == 1
-    assert folded_points(kind, "probe") == "probe" and folded_points("cuda", "probe") == 1
+    assert folded_points(kind, "probe") == "probe" and folded_points("cuda", "probe") == "probe"  # on the GPU itself
     with pytest.raises(DeviceError, match="POINTS_PER_DEVICE must be at least 1, got 0"):
         point_slots("cuda", ["0"], 1, 2, sharing=0)
 

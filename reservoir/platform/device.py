@@ -900,17 +900,19 @@ def scans_recurrences(kind: str) -> bool:
 # frontier) a group of four compiled 3.5-3.8x fewer graphs and trained 2.7-4.5x as fast as a point a process, so a
 # chip folds up to 8; on a CPU core a fold gains 1.2-1.5x at xs, nothing at l, and its sums differ from a point's
 # alone in the last bits, so a core keeps a point, whose score then depends on no host's load (POINTS_PER_DEVICE=probe
-# lets a short probe decide there); a GPU runs a point until a GPU measures a fold (bench/gpu_check.sh)
+# lets a short probe decide there); a GPU runs a point until a GPU measures a fold (bench/gpu_check.sh), or
+# POINTS_PER_DEVICE=probe times one on the GPU itself
 AUTO_FOLD = {"tpu": 8, "cpu": 1, "cuda": 1}
 
 
 def folded_points(kind: str, sharing: int | str) -> int | str:
     """How many of a study's points one process folds into one model (reservoir/run/group.py): POINTS_PER_DEVICE
     on a CPU core or a TPU chip (``kind``: 'cpu', 'tpu'), where a process holds its device alone ('auto':
-    AUTO_FOLD; 'probe': the study probes each family, size and batch, studies/frontier/folding.py); 1 on a GPU,
-    where the points share it as processes of their own (point_slots) until a GPU measures folding there."""
+    AUTO_FOLD; 'probe': the study probes each family, size and batch, studies/frontier/folding.py). On a GPU a
+    number K shares it among K processes of their own (point_slots), so none fold, unless 'probe': the study
+    times folds on the GPU itself and folds what gains, a process a GPU."""
     if kind == "cuda":
-        return 1
+        return "probe" if sharing == "probe" else AUTO_FOLD[kind]
     return AUTO_FOLD[kind] if sharing == "auto" else sharing
 
 

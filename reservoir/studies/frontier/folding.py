@@ -1,11 +1,11 @@
-"""A study's points folded K to a process (POINTS_PER_DEVICE=K on a CPU core or a TPU chip): the points of one
-stage that share a family, size, batch and budget and differ only in a rate, a seed or a folder run as one
-``TinyStories.py A --and B ...`` (reservoir/run/group.py), each still an ordinary point with its own folder and
-record. A family whose frozen draws are its seed's folds the points of one seed (a grid cell's rates); a family
-that does not fold keeps a process a point.
+"""A study's points folded K to a process (POINTS_PER_DEVICE=K on a CPU core or a TPU chip; =probe there or on a
+GPU): the points of one stage that share a family, size, batch and budget and differ only in a rate, a seed or a
+folder run as one ``TinyStories.py A --and B ...`` (reservoir/run/group.py), each still an ordinary point with its
+own folder and record. A family whose frozen draws are its seed's folds the points of one seed (a grid cell's
+rates); a family that does not fold keeps a process a point.
 
     jobs, groups = fold_jobs(jobs, cells, k, scanned)   # groups: {the group's first folder: every member's folder}
-    probe = probe_fold("transformer++", "xs", 4, vocab=77)  # POINTS_PER_DEVICE=probe on a CPU core: K from a probe
+    probe = probe_fold("transformer++", "xs", 4, vocab=77)  # POINTS_PER_DEVICE=probe (a CPU core, a GPU): K
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], k: int
     return out, {first: folders for first, folders in groups.items() if size[first] > 1}
 
 
-# --- POINTS_PER_DEVICE=probe: how many to fold on a CPU core, from a short probe there
+# --- POINTS_PER_DEVICE=probe: how many to fold on a CPU core or a GPU, from a short probe there
 
 FOLDS_TRIED = (2, 4, 8)  # the members a probe folds: each doubles the rows a folded kernel runs
 # a fold is chosen only where its members train this much faster than one point at a time: the probe's own spread
@@ -184,15 +184,29 @@ class FoldProbe:
         return f"one point's step {self.one_ms:.1f} ms, {tried}: {choice}"
 
 
+def _autocast(step, device: str):
+    """``step`` as a GPU's point takes it, under autocast (bf16 where the GPU has it, else fp16); on the CPU as
+    it is, in fp32 as a CPU point trains."""
+    if device == "cpu":
+        return step
+    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+    def autocast_step():
+        with torch.autocast("cuda", dtype=dtype):
+            step()
+    return autocast_step
+
+
 @cache
 def probe_fold(family: str, size: str, batch: int, vocab: int, settings: tuple[str, ...] = (),
-               threads: int = 1) -> FoldProbe:
+               threads: int = 1, device: str = "cpu") -> FoldProbe:
     """Times a training step of this family, size and batch (with the study's ``settings``: its context, say) on
     this host's CPU with ``threads`` threads (a point's share), one point at a time and K folded for each K in
     FOLDS_TRIED, by the CPU time they take (the wall's would count the host's other work), over
     PROBE_ROUNDS interleaved rounds so that what the other work does to the caches weighs on each alike. A
     family whose draws are its seed's is probed with one seed's members, as it folds. A few seconds
-    at xs, about 25 at l (one thread)."""
+    at xs, about 25 at l (one thread). On a GPU (``device`` 'cuda'), there, under autocast as its points train,
+    by the wall's time of finished work: the study's points do not run while it probes."""
     from reservoir.models import build_model
     from reservoir.run.fold import fold
     from reservoir.run.train import decayed_names
@@ -202,19 +216,21 @@ def probe_fold(family: str, size: str, batch: int, vocab: int, settings: tuple[s
     config = parse_overrides([*settings, *Cell(family, size, 1e-3, batch).settings()])
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
+    clock = time.process_time if device == "cpu" else time.perf_counter
     try:
-        first = build_model(model, vocab, {**config, "SEED": 0})
+        first = build_model(model, vocab, {**config, "SEED": 0}).to(device)
         members = [first, *(copy.deepcopy(first) for _ in range(FOLDS_TRIED[-1] - 1))]
         ids = torch.randint(0, vocab, (FOLDS_TRIED[-1], batch, config["SEQ_LEN"] + 1),
-                            generator=torch.Generator().manual_seed(0))
+                            generator=torch.Generator().manual_seed(0)).to(device)
         decayed = decayed_names(first)
-        alone = training_step(first, ids[0], 1)
-        folds = {k: training_step(fold(members[:k]), ids[:k].flatten(0, 1), k, decayed) for k in FOLDS_TRIED}
+        alone = _autocast(training_step(first, ids[0], 1), device)
+        folds = {k: _autocast(training_step(fold(members[:k]), ids[:k].flatten(0, 1), k, decayed), device)
+                 for k in FOLDS_TRIED}
         rounds: dict = {0: [], **{k: [] for k in FOLDS_TRIED}}
         for _ in range(PROBE_ROUNDS):  # CPU time: a study's other points share the cores while it probes
-            rounds[0].append(milliseconds(alone, PROBE_STEPS, clock=time.process_time))
+            rounds[0].append(milliseconds(alone, PROBE_STEPS, device, clock=clock))
             for k, step in folds.items():
-                rounds[k].append(milliseconds(step, PROBE_STEPS, clock=time.process_time))
+                rounds[k].append(milliseconds(step, PROBE_STEPS, device, clock=clock))
     finally:
         torch.set_num_threads(before)
     median = {k: sorted(times)[len(times) // 2] for k, times in rounds.items()}
@@ -222,11 +238,12 @@ def probe_fold(family: str, size: str, batch: int, vocab: int, settings: tuple[s
 
 
 def probed_folds(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], vocab: int, settings: tuple[str, ...],
-                 threads: int, log: Path, say) -> Callable[[Cell], int]:
-    """POINTS_PER_DEVICE=probe on a CPU core: for ``fold_jobs``, ``k(cell)``, as many members of one family, size
-    and batch to a process as ``probe_fold`` chose for them (probed where a stage has two or more members of that
-    shape, a point's seeds a member each, once a process), each probe said once a stage and kept in ``log``
-    (JSON, beside what earlier runs probed; a damaged log is written again, as it is only a log)."""
+                 threads: int, log: Path, say, device: str = "cpu") -> Callable[[Cell], int]:
+    """POINTS_PER_DEVICE=probe on a CPU core or a GPU (``device``: 'cpu' or 'cuda'): for ``fold_jobs``,
+    ``k(cell)``, as many members of one family, size and batch to a process as ``probe_fold`` chose for them
+    (probed where a stage has two or more members of that shape, a point's seeds a member each, once a process),
+    each probe said once a stage and kept in ``log`` (JSON, beside what earlier runs probed; a damaged log is
+    written again, as it is only a log)."""
     counts: Counter = Counter()  # a stage's members of each shape: a point's seeds are a member each
     for folder, args in jobs:
         if cell := cells.get(folder.parent.name):
@@ -237,17 +254,18 @@ def probed_folds(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], voc
         key = (cell.family, cell.size, cell.batch_size)
         if counts[key] < 2:
             return 1
-        probe = probe_fold(*key, vocab, settings, threads=threads)
+        probe = probe_fold(*key, vocab, settings, threads=threads, device=device)
         if key not in said:
             said.add(key)
             name = f"{cell.family} {cell.size} batch {cell.batch_size}"
-            say(f"{name} on a CPU core: {probe.describe()}")
+            say(f"{name} on {'a CPU core' if device == 'cpu' else 'a GPU'}: {probe.describe()}")
             try:
                 kept = read_json(log, "the fold probes") if log.exists() else {}
             except ResultsError:
                 kept = {}
             kept[name] = {"one_ms": probe.one_ms, "folded_ms": {str(k): v for k, v in probe.folded_ms.items()},
-                          "points_per_process": probe.chosen, "vocab": vocab, "threads": threads}
+                          "points_per_process": probe.chosen, "vocab": vocab, "threads": threads,
+                          "device": device}
             log.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(log, kept)
         return probe.chosen

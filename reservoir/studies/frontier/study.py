@@ -274,10 +274,10 @@ class FrontierStudy:
         if self._slots is None:
             sharing = self.grid.get("POINTS_PER_DEVICE", 1)
             kind = resolve_kind(self.config["DEVICE"], self.config["USE_TPU"])
-            if sharing == "probe" and kind != "cpu":
-                raise FrontierError("POINTS_PER_DEVICE=probe times folds on a CPU core, not on a GPU or a TPU chip: "
-                                    "use POINTS_PER_DEVICE=auto (a TPU chip folds up to 8, a GPU runs a point) "
-                                    "or a number")
+            if sharing == "probe" and kind == "tpu":
+                raise FrontierError("POINTS_PER_DEVICE=probe times folds in the study's own process, on a CPU core "
+                                    "or a GPU, and a TPU chip is held by its points' processes: use "
+                                    "POINTS_PER_DEVICE=auto (a TPU chip folds up to 8) or a number")
             self._slots = study_slots(self.config, self.grid["WORKERS"], self.grid.get("DEVICES_PER_POINT", 1),
                                       sharing if isinstance(sharing, int) else 1)
         return self._slots
@@ -743,7 +743,7 @@ class FrontierStudy:
             most = fold if fold != "probe" else probed_folds(
                 jobs, cells, self.vocab, (*self.settings, f"FLOP_BUDGET={self.budgets[0]!r}"),
                 int(self.slots()[0].env.get("OMP_NUM_THREADS", "1")), self.path / "logs" / "fold-probes.json",
-                lambda line: say(f"frontier {self.name}: {line}"))
+                lambda line: say(f"frontier {self.name}: {line}"), "cuda" if kind == "cuda" else "cpu")
             args = dict(jobs)
             jobs, self._groups = fold_jobs(jobs, cells, most, scans_recurrences(kind))
             if self._groups:
