@@ -184,17 +184,15 @@ class FoldProbe:
         return f"one point's step {self.one_ms:.1f} ms, {tried}: {choice}"
 
 
-def _autocast(step, device: str):
-    """``step`` as a GPU's point takes it, under autocast (bf16 where the GPU has it, else fp16); on the CPU as
-    it is, in fp32 as a CPU point trains."""
-    if device == "cpu":
-        return step
-    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+def _as_points_train(step, info):
+    """``step`` in the precision a point on ``info``'s device trains in (device.autocast: a GPU's mixed
+    precision, the CPU's fp32)."""
+    from reservoir.platform import device as dev
 
-    def autocast_step():
-        with torch.autocast("cuda", dtype=dtype):
+    def step_in_its_precision():
+        with dev.autocast(info):
             step()
-    return autocast_step
+    return step_in_its_precision
 
 
 @cache
@@ -205,26 +203,28 @@ def probe_fold(family: str, size: str, batch: int, vocab: int, settings: tuple[s
     FOLDS_TRIED, by the CPU time they take (the wall's would count the host's other work), over
     PROBE_ROUNDS interleaved rounds so that what the other work does to the caches weighs on each alike. A
     family whose draws are its seed's is probed with one seed's members, as it folds. A few seconds
-    at xs, about 25 at l (one thread). On a GPU (``device`` 'cuda'), there, under autocast as its points train,
-    by the wall's time of finished work: the study's points do not run while it probes."""
+    at xs, about 25 at l (one thread). On a GPU (``device`` 'cuda'), there, in the precision its points train
+    in, by the wall's time of finished work: the study's points do not run while it probes."""
     from reservoir.models import build_model
+    from reservoir.platform import device as dev
     from reservoir.run.fold import fold
     from reservoir.run.train import decayed_names
     from reservoir.studies.frontier.grid import FAMILIES
 
     model = FAMILIES[family][0]
     config = parse_overrides([*settings, *Cell(family, size, 1e-3, batch).settings()])
+    info = dev.select_device({**config, "DEVICE": device, "USE_TPU": False})
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     clock = time.process_time if device == "cpu" else time.perf_counter
     try:
-        first = build_model(model, vocab, {**config, "SEED": 0}).to(device)
+        first = build_model(model, vocab, {**config, "SEED": 0}).to(info.device)
         members = [first, *(copy.deepcopy(first) for _ in range(FOLDS_TRIED[-1] - 1))]
         ids = torch.randint(0, vocab, (FOLDS_TRIED[-1], batch, config["SEQ_LEN"] + 1),
-                            generator=torch.Generator().manual_seed(0)).to(device)
+                            generator=torch.Generator().manual_seed(0)).to(info.device)
         decayed = decayed_names(first)
-        alone = _autocast(training_step(first, ids[0], 1), device)
-        folds = {k: _autocast(training_step(fold(members[:k]), ids[:k].flatten(0, 1), k, decayed), device)
+        alone = _as_points_train(training_step(first, ids[0], 1), info)
+        folds = {k: _as_points_train(training_step(fold(members[:k]), ids[:k].flatten(0, 1), k, decayed), info)
                  for k in FOLDS_TRIED}
         rounds: dict = {0: [], **{k: [] for k in FOLDS_TRIED}}
         for _ in range(PROBE_ROUNDS):  # CPU time: a study's other points share the cores while it probes
