@@ -238,12 +238,14 @@ def probe_fold(family: str, size: str, batch: int, vocab: int, settings: tuple[s
 
 
 def probed_folds(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], vocab: int, settings: tuple[str, ...],
-                 threads: int, log: Path, say, device: str = "cpu") -> Callable[[Cell], int]:
-    """POINTS_PER_DEVICE=probe on a CPU core or a GPU (``device``: 'cpu' or 'cuda'): for ``fold_jobs``,
-    ``k(cell)``, as many members of one family, size and batch to a process as ``probe_fold`` chose for them
-    (probed where a stage has two or more members of that shape, a point's seeds a member each, once a process),
-    each probe said once a stage and kept in ``log`` (JSON, beside what earlier runs probed; a damaged log is
-    written again, as it is only a log)."""
+                 slot, log: Path, say) -> Callable[[Cell], int]:
+    """POINTS_PER_DEVICE=probe on a CPU core or a GPU: for ``fold_jobs``, ``k(cell)``, as many members of one
+    family, size and batch to a process as ``probe_fold`` chose for them, probed as a point on ``slot``
+    (device.Slot: a CPU core or a GPU, and a point's threads) would train (where a stage has two or more members
+    of that shape, a point's seeds a member each, once a process), each probe said once a stage and kept in
+    ``log`` (JSON, beside what earlier runs probed; a damaged log is written again, as it is only a log)."""
+    device = "cuda" if slot.label.startswith("cuda") else "cpu"
+    threads = int(slot.env.get("OMP_NUM_THREADS", "1"))
     counts: Counter = Counter()  # a stage's members of each shape: a point's seeds are a member each
     for folder, args in jobs:
         if cell := cells.get(folder.parent.name):

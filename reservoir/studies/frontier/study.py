@@ -742,8 +742,8 @@ class FrontierStudy:
             cells = {c.name: c for c in self.cells()}
             most = fold if fold != "probe" else probed_folds(
                 jobs, cells, self.vocab, (*self.settings, f"FLOP_BUDGET={self.budgets[0]!r}"),
-                int(self.slots()[0].env.get("OMP_NUM_THREADS", "1")), self.path / "logs" / "fold-probes.json",
-                lambda line: say(f"frontier {self.name}: {line}"), "cuda" if kind == "cuda" else "cpu")
+                self.slots()[0], self.path / "logs" / "fold-probes.json",
+                lambda line: say(f"frontier {self.name}: {line}"))
             args = dict(jobs)
             jobs, self._groups = fold_jobs(jobs, cells, most, scans_recurrences(kind))
             if self._groups:
