@@ -88,7 +88,7 @@ def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], k: int
         cell = cells.get(folder.parent.name)
         folds = None if cell is None or k == 1 else _folds(cell.family, cell.size, cell.batch_size, scanned)
         most = 1 if folds is None else k(cell) if callable(k) else k
-        count = members(args)
+        count = members(args) if most > 1 else 1
         if most < 2 or count > most or (folds == "seed" and count > 1):
             out.append((folder, args))
             continue
