@@ -996,3 +996,26 @@ def test_a_subword_study_scores_bits_per_character_and_the_report_sets_it_beside
     assert (f"| 6e+09 | linear_reservoir | {at['bpc_mean']:.3f} ± {at['bpc_sd']:.3f} | {point['bpc']:.3f} | "
             f"{point['bpc'] - at['bpc_mean']:+.3f} |") in text
     assert "- 6e+09 FLOPs: the same ranking" in text  # one family in both: a ranking of one
+
+
+def test_the_headline_gives_the_gap_where_the_same_text_was_read_with_another_tokenizer():
+    """Under a character study's headline, REPORT says the best reservoir's gap at the largest budget both studies
+    of its text reached, as characters and as subword tokens (here the committed micro study and a twin of it whose
+    reservoir scores 10% lower); a study with no such twin gets no line."""
+    import copy
+
+    from reservoir.studies.frontier.analysis import report_from_records
+    from reservoir.studies.frontier.report import goal_rows, headline_gaps
+
+    chars = report_from_records(ROOT / "tests" / "fixtures" / "studies" / "micro")
+    assert headline_gaps(chars, [chars]) == []
+    twin = {**copy.deepcopy(chars), "study": "micro-bpe", "corpus": chars["corpus"].replace("char ", "bpe ", 1)}
+    for point in twin["envelope"]["linear_reservoir"]:
+        point["bpc_mean"] *= 0.9
+    (line,) = headline_gaps(chars, [chars, twin])
+    a, b = goal_rows(chars)[-1], goal_rows(twin)[-1]
+    assert b["gap"] < a["gap"] and a["budget"] == b["budget"]
+    assert line == (f"The same text read as bpe tokens (`micro-bpe`), the best reservoir's gap at {a['budget']:.3g} "
+                    f"FLOPs is {b['gap']:+.1%} (linear_reservoir), against {a['gap']:+.1%} (linear_reservoir) in "
+                    "characters.")
+    assert headline_gaps(twin, [chars, twin]) == []  # the line is the character study's

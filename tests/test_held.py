@@ -150,7 +150,7 @@ def test_the_plan_lists_the_held_walks_points_as_the_command_starts_them(micro):
 
 def test_a_step_that_holds_on_its_seeds_moves_the_envelope_and_the_report_says_so(micro):
     from reservoir.studies.frontier.analysis import report_from_records
-    from reservoir.studies.frontier.report import _held
+    from reservoir.studies.frontier.report import _held, headline_gaps
 
     before = report_from_records(micro.path)
     point = next(p for p in before["envelope"]["transformer++"] if p["budget"] == 6e9)
@@ -180,6 +180,15 @@ def test_a_step_that_holds_on_its_seeds_moves_the_envelope_and_the_report_says_s
                                                                      for c in after["comparisons"])
     text = "\n".join(_held(after, "##"))
     assert "The envelope takes: transformer++ at 6e+09 FLOPs, transformer++-xs-lr0.004-b8-beta2_0.99-per256." in text
+    # REPORT's line under the headline: the gap after the walks, before them, and what β2's walks alone did to it
+    line, lead = headline_gaps(after, [after])  # the grid's top budget, then the lead budget
+    reservoir = next(p for p in after["envelope"]["linear_reservoir"] if p["budget"] == 6e9)["bpc_mean"]
+    now, was = reservoir / moved["bpc_mean"] - 1, reservoir / point["bpc_mean"] - 1
+    assert f"at 6e+09 FLOPs (linear_reservoir) is {now:+.1%} from transformer++, against {was:+.1%}" in line
+    assert f"by Adam's β2 {100 * (now - was):+.1f}, weight decay +0.0 and dropout +0.0 percentage points" in line
+    assert "takes transformer++ Adam's β2 0.99 per 256 tokens, every other point the grid's settings." in line
+    assert "at 1.2e+10 FLOPs" in lead and "takes no step" in lead and "5 of its 5 walks there are not" in lead
+    assert "takes no step" in headline_gaps(before, [before])[0]
     assert f"| 0.99 per 256 tokens: {point['bpc'] - 0.5:.3f}, mean {point['bpc'] - 0.45:.3f} ± 0.071 |" in text
     # the walk goes on from the step that held: the next value, on the first seed
     (walk,) = [w for w in held_walks(micro.records(), [], micro.grid, [6e9], 1337,

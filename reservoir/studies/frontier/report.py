@@ -223,6 +223,72 @@ def headline(report: dict) -> str:
     return "\n".join(lines)
 
 
+def headline_gaps(report: dict, reports: list[dict]) -> list[str]:
+    """REPORT's lines under a study's headline table: at each budget the held settings were walked (HELD=True: the
+    grid's top budget and the lead budget), the best reservoir's gap to the transformer after the walks, with what
+    each setting's walks alone did to it and the settings the envelope took; and the gap where the same text was
+    read with another tokenizer (a study of it among ``reports``). None for a study with neither."""
+    budgets = sorted({w["budget"] for w in (report.get("held") or {}).get("walks") or []})
+    return [line for line in (*(_walked_gap(report, b) for b in budgets), _tokenizer_gap(report, reports)) if line]
+
+
+def _best_gap(means: dict, reference: str) -> tuple[str, float] | None:
+    """(the best reservoir family, its gap to ``reference``) among ``means`` ({family: bits/char})."""
+    present = [f for f in RESERVOIR_FAMILIES if means.get(f) is not None]
+    if means.get(reference) is None or not present:
+        return None
+    best = min(present, key=lambda f: (means[f], f))
+    return best, means[best] / means[reference] - 1
+
+
+def _walked_gap(report: dict, top: float) -> str | None:
+    held, reference = report["held"], report["reference"]
+    walks = [w for w in held["walks"] if w["budget"] == top]
+    after = {f: p["bpc_mean"] for f, points in report["envelope"].items() for p in points if p["budget"] == top}
+    moves = [m for m in held["moves"] if m["budget"] == top]
+    grid = {**after, **{w["family"]: w["bpc_mean"] for w in walks if w["family"] in {m["family"] for m in moves}}}
+    now, was = _best_gap(after, reference), _best_gap(grid, reference)
+    if now is None or was is None:
+        return None
+    alone = []
+    for axis in held["ladders"]:
+        means = dict(grid)
+        for w in walks:
+            if w["axis"] == axis and w["moved"] < 0:
+                means[w["family"]] = min(means[w["family"]], w["best_mean"])
+        alone.append(f"{_HELD_NAMES[axis]} {100 * (_best_gap(means, reference)[1] - was[1]):+.1f}")
+    taken = []
+    for m in moves:
+        walk = next(w for w in walks if w["family"] == m["family"] and w["best_cell"] == m["cell"])
+        step = next(s for s in walk["steps"] if s["cell"] == m["cell"])
+        taken.append(f"{m['family']} {_HELD_NAMES[walk['axis']]} {step['value']:g}"
+                     + (f" per {step['per_tokens']} tokens" if step.get("per_tokens") else ""))
+    pending = sum(w["next"] is not None for w in walks)
+    return (f"After the held settings' walks, the best reservoir at {top:.3g} FLOPs ({now[0]}) is {now[1]:+.1%} from "
+            f"{reference}, against {was[1]:+.1%} ({was[0]}) on the grid's settings; each setting's walks alone move "
+            f"that gap by {', '.join(alone[:-1])} and {alone[-1]} percentage points. The envelope there takes "
+            f"{'; '.join(taken) if taken else 'no step'}, every other point the grid's settings."
+            + (f" {pending} of its {len(walks)} walks there are not finished." if pending else ""))
+
+
+def _tokenizer_gap(report: dict, reports: list[dict]) -> str | None:
+    text, kind = _text(report)
+    if kind != "char" or not text:
+        return None
+    mine = {g["budget"]: g for g in goal_rows(report)}
+    said = []
+    for other in reports:
+        other_text, other_kind = _text(other)
+        theirs = {g["budget"]: g for g in goal_rows(other)} if other_text == text and other_kind != "char" else {}
+        shared = [b for b in theirs if b in mine]
+        if shared:
+            a, b = mine[shared[-1]], theirs[shared[-1]]
+            said.append(f"read as {other_kind} tokens (`{other['study']}`), the best reservoir's gap at "
+                        f"{shared[-1]:.3g} FLOPs is {b['gap']:+.1%} ({b['family']}), against {a['gap']:+.1%} "
+                        f"({a['family']}) in characters")
+    return ("The same text " + "; ".join(said) + ".") if said else None
+
+
 def _multiplier(m: dict | None) -> str:
     """A compute multiplier as the tables give it: ≥ / ≤ beyond the reference's range, * where extrapolated."""
     if not m or m["multiplier"] is None:
@@ -429,6 +495,7 @@ def format_report(studies: list[tuple[Path, dict]], root: Path, probes: dict | N
              "edit by hand. Every number is a record's; each study says the command that made it.", ""]
     for _, report in studies:
         lines += [f"## `{report['study']}`: the headline", "", headline(report), ""]
+        lines += [part for line in headline_gaps(report, [r for _, r in studies]) for part in (line, "")]
     for path, report in studies:
         lines.append(format_study(report, f"{path.relative_to(root).as_posix()}/frontier.png", level=2))
     lines += tokenizer_sections([report for _, report in studies])
