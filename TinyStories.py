@@ -2,6 +2,8 @@
 
     python TinyStories.py [KEY=VALUE ...]      # keys: python TinyStories.py --help
     python TinyStories.py RESUME=latest        # continue the last interrupted run
+    python TinyStories.py A --and B            # points that differ in a rate or seed, as one folded model;
+                                               # A --and: one point's SEEDS as one (docs/runs.md)
 
 The command line becomes a config (configs.py), RESUME finds the saved run's settings, and
 reservoir/run/experiment.py runs it: device -> data -> for each model: build, train, evaluate,
