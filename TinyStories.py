@@ -77,8 +77,9 @@ def main(argv: list[str]) -> int:
 def _folded_group(argv: list[str]) -> int:
     """``A --and B ...``: each part a point's own command line; they train as one folded group. ``A --and``,
     one point and nothing after: its seeds (SEEDS=...) train as one folded group."""
+    lone = argv[-1] == GROUP and argv.count(GROUP) == 1  # A --and: argv ends the one part itself
     parts, part = [], []
-    for arg in [*argv, GROUP][: -1 if argv[-1] == GROUP and argv.count(GROUP) == 1 else None]:
+    for arg in argv if lone else [*argv, GROUP]:
         if arg == GROUP:
             if not part:
                 raise SystemExit(f"error: '{GROUP}' joins two points' settings: give settings on both sides of it")

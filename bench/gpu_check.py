@@ -257,8 +257,8 @@ def markdown(report: dict) -> str:
         lines += ["", "| model | bits/char | tokens/s | precision |", "| --- | --- | --- | --- |"]
         lines += [f"| {m['model']} | {_number(m['val_bpc'], '.3f')} | {_number(m['tokens_per_second'], ',.0f')} | "
                   f"{m['precision']} |" for m in models]
+    packed = {"frontier_packed": " (POINTS_PER_DEVICE=8)", "frontier_probed": " (POINTS_PER_DEVICE=probe)"}
     for name, f in report.get("frontier", {}).items():
-        packed = {"frontier_packed": " (POINTS_PER_DEVICE=8)", "frontier_probed": " (POINTS_PER_DEVICE=probe)"}
         lines += ["", f"micro frontier (WORKERS=auto){packed.get(name, '')}: {f['points']} points "
                   f"({f.get('folded', 0)} of them folded) on {', '.join(f['devices']) or 'none'} in {f['seconds']} s"]
     if "transformer_xs" in report:

@@ -202,7 +202,7 @@ def test_a_family_whose_draw_is_its_seeds_folds_the_points_of_one_seed_only(tmp_
                                                                               "lstm") for rate in (1e-3, 2e-3))}
     jobs = [(tmp_path / name / f"flops-1e12{suffix}", [*cell.settings(), "FLOP_BUDGET=1e12", *extra])
             for name, cell in cells.items() for suffix, extra in (("", []), ("-seeds", ["SEEDS=1338,1339"]))]
-    out, groups = fold_jobs(jobs, cells, 4, xla)
+    out, groups = fold_jobs(jobs, cells, 4, xla, {folder: members(args) for folder, args in jobs})
     processes = sorted(sorted(f"{f.parent.name.split('-xs-')[0]}:{f.name}" for f in groups.get(first, [first]))
                        for first, _ in out)
     folded = [["lstm:flops-1e12"] * 2 + ["lstm:flops-1e12-seeds"], ["lstm:flops-1e12-seeds"]]

@@ -16,6 +16,9 @@ def test_an_eight_gpu_host_gives_each_point_its_own_gpu():
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in pairs] == ["0,1", "2,3", "4,5", "6,7"]
     narrowed = point_slots("cuda", ["2", "5"], 1, 16)  # CUDA_VISIBLE_DEVICES=2,5 on the study
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in narrowed] == ["2", "5"]
+    # the device a fold probe (POINTS_PER_DEVICE=probe) times, as the study's process names it
+    assert {s.torch_device for s in slots} == {"cuda"} and point_slots("cpu", ["0"], 1, 1)[0].torch_device == "cpu"
+    assert {s.torch_device for s in (*point_slots("tpu", ["0", "1"], 1, 8), *point_slots("tpu", [], 1, 2))} == {"xla"}
 
 
 def test_points_per_device_shares_each_gpu_among_that_many_point_processes_and_the_hosts_cores():

@@ -888,6 +888,12 @@ class Slot:
     label: str  # 'cpu', 'cuda:3', 'tpu chips 0,1', 'xla:cpu'
     env: dict
 
+    @property
+    def torch_device(self) -> str:
+        """The torch device a point here trains on, as this (the study's) process names it: 'cuda' on a GPU (its
+        own CUDA_VISIBLE_DEVICES set for the point), 'xla' on a TPU chip or XLA:CPU, else 'cpu'."""
+        return "cuda" if self.label.startswith("cuda") else "cpu" if self.label == "cpu" else "xla"
+
 
 def scans_recurrences(kind: str) -> bool:
     """Whether a point on this kind of device runs a recurrence's cell by hand through a scan (``time_scan``: XLA)

@@ -73,10 +73,10 @@ def members(args: list[str]) -> int:
 
 
 def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], k: int | Callable[[Cell], int],
-              scanned: bool) -> tuple[list[tuple[Path, list[str]]], dict[Path, list[Path]]]:
+              scanned: bool, sized: dict[Path, int]) -> tuple[list[tuple[Path, list[str]]], dict[Path, list[Path]]]:
     """``jobs`` (a point's folder, its arguments) with the grid points of a family that folds joined k members
-    at a time (``k(cell)`` where each family, size and batch has its own; a point with SEEDS is a member a
-    seed), in the order they came; the others as they were. A point whose several seeds fold and that nothing
+    at a time (``k(cell)`` where each family, size and batch has its own; ``sized``: each point's ``members``, a
+    member a seed), in the order they came; the others as they were. A point whose several seeds fold and that nothing
     joins is a group of its own (``A --and``: its seeds fold). A family whose draws are its seed's folds one
     seed's points only, so a point with several seeds stays a process of its own. A point whose folder is not
     a grid cell's (a stage's walk, a control) stays a process of its own."""
@@ -88,7 +88,7 @@ def fold_jobs(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], k: int
         cell = cells.get(folder.parent.name)
         folds = None if cell is None or k == 1 else _folds(cell.family, cell.size, cell.batch_size, scanned)
         most = 1 if folds is None else k(cell) if callable(k) else k
-        count = members(args) if most > 1 else 1
+        count = sized[folder]
         if most < 2 or count > most or (folds == "seed" and count > 1):
             out.append((folder, args))
             continue
@@ -237,19 +237,20 @@ def probe_fold(family: str, size: str, batch: int, vocab: int, settings: tuple[s
     return FoldProbe(median.pop(0), median)
 
 
-def probed_folds(jobs: list[tuple[Path, list[str]]], cells: dict[str, Cell], vocab: int, settings: tuple[str, ...],
-                 slot, log: Path, say) -> Callable[[Cell], int]:
+def probed_folds(sized: dict[Path, int], cells: dict[str, Cell], vocab: int, settings: tuple[str, ...], slot,
+                 log: Path, say) -> Callable[[Cell], int]:
     """POINTS_PER_DEVICE=probe on a CPU core or a GPU: for ``fold_jobs``, ``k(cell)``, as many members of one
     family, size and batch to a process as ``probe_fold`` chose for them, probed as a point on ``slot``
-    (device.Slot: a CPU core or a GPU, and a point's threads) would train (where a stage has two or more members
-    of that shape, a point's seeds a member each, once a process), each probe said once a stage and kept in
-    ``log`` (JSON, beside what earlier runs probed; a damaged log is written again, as it is only a log)."""
-    device = "cuda" if slot.label.startswith("cuda") else "cpu"
+    (device.Slot: a CPU core or a GPU, and a point's threads) would train. A shape is probed where the stage's
+    points (``sized``: each folder's ``members``) hold two or more members of it, once a process; each probe is
+    said once a stage and kept in ``log`` (JSON, beside what earlier runs probed; a damaged log is written again,
+    as it is only a log)."""
+    device = slot.torch_device  # 'cpu' or 'cuda': a study on a TPU chip refuses the probe before
     threads = int(slot.env.get("OMP_NUM_THREADS", "1"))
-    counts: Counter = Counter()  # a stage's members of each shape: a point's seeds are a member each
-    for folder, args in jobs:
+    counts: Counter = Counter()  # a stage's members of each shape
+    for folder, count in sized.items():
         if cell := cells.get(folder.parent.name):
-            counts[cell.family, cell.size, cell.batch_size] += members(args)
+            counts[cell.family, cell.size, cell.batch_size] += count
     said: set = set()
 
     def most(cell: Cell) -> int:

@@ -233,12 +233,10 @@ def headline_gaps(report: dict, reports: list[dict]) -> list[str]:
 
 
 def _best_gap(means: dict, reference: str) -> tuple[str, float] | None:
-    """(the best reservoir family, its gap to ``reference``) among ``means`` ({family: bits/char})."""
-    present = [f for f in RESERVOIR_FAMILIES if means.get(f) is not None]
-    if means.get(reference) is None or not present:
-        return None
-    best = min(present, key=lambda f: (means[f], f))
-    return best, means[best] / means[reference] - 1
+    """(the best reservoir family, its gap to ``reference``) among ``means`` ({family: bits/char} at one budget),
+    chosen as ``best_reservoirs`` chooses it."""
+    rows = best_reservoirs({f: [{"budget": 0, "bpc_mean": m}] for f, m in means.items()}, reference)
+    return (rows[0][1], rows[0][2]["bpc_mean"] / rows[0][3]["bpc_mean"] - 1) if rows else None
 
 
 def _walked_gap(report: dict, top: float) -> str | None:
@@ -272,18 +270,14 @@ def _walked_gap(report: dict, top: float) -> str | None:
 
 
 def _tokenizer_gap(report: dict, reports: list[dict]) -> str | None:
-    text, kind = _text(report)
-    if kind != "char" or not text:
-        return None
     mine = {g["budget"]: g for g in goal_rows(report)}
     said = []
-    for other in reports:
-        other_text, other_kind = _text(other)
-        theirs = {g["budget"]: g for g in goal_rows(other)} if other_text == text and other_kind != "char" else {}
+    for other in _subword_twins(report, reports):
+        theirs = {g["budget"]: g for g in goal_rows(other)}
         shared = [b for b in theirs if b in mine]
         if shared:
             a, b = mine[shared[-1]], theirs[shared[-1]]
-            said.append(f"read as {other_kind} tokens (`{other['study']}`), the best reservoir's gap at "
+            said.append(f"read as {_text(other)[1]} tokens (`{other['study']}`), the best reservoir's gap at "
                         f"{shared[-1]:.3g} FLOPs is {b['gap']:+.1%} ({b['family']}), against {a['gap']:+.1%} "
                         f"({a['family']}) in characters")
     return ("The same text " + "; ".join(said) + ".") if said else None
@@ -1273,16 +1267,17 @@ def tokenizer_sections(reports: list[dict]) -> list[str]:
     """"Characters or subwords": for each study of characters and each study of the same text under another
     tokenizer, every family both ran at every budget both reached, in bits per character, and whether the ranking
     and the best reservoir's gap to the transformer survive the tokenizer."""
-    lines = []
-    for chars in reports:
-        text, kind = _text(chars)
-        if kind != "char" or not text:
-            continue
-        for other in reports:
-            other_text, other_kind = _text(other)
-            if other_text == text and other_kind != "char":
-                lines += _tokenizer_section(chars, other, text)
-    return lines
+    return [line for chars in reports for other in _subword_twins(chars, reports)
+            for line in _tokenizer_section(chars, other, _text(chars)[0])]
+
+
+def _subword_twins(chars: dict, reports: list[dict]) -> list[dict]:
+    """The studies among ``reports`` of the text that the character study ``chars`` read, under another tokenizer
+    (none where ``chars`` is not a character study)."""
+    text, kind = _text(chars)
+    if kind != "char" or not text:
+        return []
+    return [other for other in reports if _text(other)[0] == text and _text(other)[1] != "char"]
 
 
 def _tokenizer_section(chars: dict, other: dict, text: str) -> list[str]:

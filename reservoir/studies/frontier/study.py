@@ -740,14 +740,14 @@ class FrontierStudy:
         fold = folded_points(kind, self.grid.get("POINTS_PER_DEVICE", 1))
         if fold != 1 and self.shared is None:  # (a shared study's hosts claim points one at a time)
             cells = {c.name: c for c in self.cells()}
+            sized = {folder: members(args) for folder, args in jobs}  # a continued point's read from its folder
             most = fold if fold != "probe" else probed_folds(
-                jobs, cells, self.vocab, (*self.settings, f"FLOP_BUDGET={self.budgets[0]!r}"),
+                sized, cells, self.vocab, (*self.settings, f"FLOP_BUDGET={self.budgets[0]!r}"),
                 self.slots()[0], self.path / "logs" / "fold-probes.json",
                 lambda line: say(f"frontier {self.name}: {line}"))
-            args = dict(jobs)
-            jobs, self._groups = fold_jobs(jobs, cells, most, scans_recurrences(kind))
+            jobs, self._groups = fold_jobs(jobs, cells, most, scans_recurrences(kind), sized)
             if self._groups:
-                sizes = [sum(members(args[f]) for f in group) for group in self._groups.values()]
+                sizes = [sum(sized[f] for f in group) for group in self._groups.values()]
                 say(f"frontier {self.name}: {sum(map(len, self._groups.values()))} points folded, "
                     f"{max(sizes)} members at most to a process (a point's seeds a member each; "
                     f"POINTS_PER_DEVICE={self.grid.get('POINTS_PER_DEVICE', 1)}), "
