@@ -1,6 +1,8 @@
 """Compute accounting: the counted FLOPs per token of every model family against a hand count
 written here from the model's sizes (reservoir/run/flops.py states the convention: products only)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -201,3 +203,19 @@ def test_a_reservoir_kept_as_its_non_zeros_counts_the_same_and_asks_no_one_to_de
     assert model.reservoir.stored_sparse
     assert "leave out" not in capsys.readouterr().err
     assert sparse == dense
+
+
+@pytest.mark.parametrize("readout", ["ridge", "softmax"])
+def test_a_reservoir_that_has_run_is_copied_and_counted_as_one_that_has_not(readout):
+    """`scaling.py GENERATION=` on a study with ESN families stopped with "Cannot access storage of
+    SparseCsrTensorImpl": a reservoir that has run keeps its CSR layout of W, and counting a generation step
+    deep-copies the model. The layout is rebuilt where it is needed, not copied, and the count is the same."""
+    config = parse_overrides([f"SEQ_LEN={SEQ}", "ESN.units=400", f"ESN.readout={readout}"])
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(0))
+    fresh = flops.step_flops(build_model("esn", VOCAB, config), lambda m: m(ids))
+    model = build_model("esn", VOCAB, config)
+    assert model.reservoir.sparse
+    model(ids)  # lays W out as CSR
+    assert flops.step_flops(model, lambda m: m(ids)) == fresh > 0
+    copied = copy.deepcopy(model)
+    assert torch.equal(copied(ids), model(ids))

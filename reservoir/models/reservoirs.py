@@ -259,6 +259,10 @@ class Reservoir(nn.Module):
         self._w_csr = None  # a sparse copy for the recurrence where sparse kernels exist (CPU, CUDA)
         self.time_scan = None  # set by LanguageModel.use_time_scan: a compiled loop over time (XLA)
 
+    def __getstate__(self):
+        # The CSR layout is a cache of W (a copy or a pickle could not hold it: a CSR tensor has no storage).
+        return {**super().__getstate__(), "_w_csr": None}
+
     def dense_matrix(self) -> torch.Tensor:
         """W as a dense (units, units) matrix, however it is stored (XLA's scan multiplies dense matrices)."""
         if not self.stored_sparse:
