@@ -573,6 +573,10 @@ def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported
                                               for p in report["envelope"]["linear_reservoir"]]
     said = "\n".join(format_generation(content, report, "##", "generation-cost.png"))
     assert "Measured before the envelope moved: linear_reservoir (linear_reservoir-xs-lr0.004-b8, now " in said
+    assert "Not measured" not in said
+    report["envelope"]["esn+mlp"] = [p | {"family": "esn+mlp"} for p in report["envelope"]["linear_reservoir"]]
+    said = "\n".join(format_generation(content, report, "##", "generation-cost.png"))
+    assert "Not measured: esn+mlp, families the study gained since. Run the command again." in said
     edited = content | {"budget": 1.0}
     (micro / "generation-cost.json").write_text(json.dumps(edited))
     with pytest.raises(SystemExit, match="generation-cost.json.*GENERATION="):  # one line: "error: ..."

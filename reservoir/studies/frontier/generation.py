@@ -282,8 +282,12 @@ def format_generation(content: dict, report: dict, h: str, image: str) -> list[s
     now = {f: p["cell"] for f, points in report["envelope"].items() for p in points if p["budget"] == content["budget"]}
     moved = [f"{r['family']} ({r['cell']}, now {now.get(r['family'])})" for r in rows
              if now.get(r["family"]) != r["cell"]]
-    if moved:
-        lines[-2:-2] = [f"Measured before the envelope moved: {'; '.join(moved)}. Run the command again.", ""]
+    measured = {r["family"] for r in rows}
+    unmeasured = sorted(set(now) - measured)  # families the study gained since
+    if moved or unmeasured:
+        said = ([f"Measured before the envelope moved: {'; '.join(moved)}."] if moved else []) + (
+            [f"Not measured: {', '.join(unmeasured)}, families the study gained since."] if unmeasured else [])
+        lines[-2:-2] = [" ".join(said) + " Run the command again.", ""]
     for row in sorted(rows, key=lambda r: r["bpc"]):
         rate = " | ".join(f"{row['chars_per_s'][str(b)]:,.0f}" for b in content["batches"])
         where = row["how"] + (f" ({row['window']})" if row["how"] != "carried state" else "")
