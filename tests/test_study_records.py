@@ -265,7 +265,7 @@ def test_a_report_names_the_same_folders_whatever_folder_it_is_run_from(studies,
     monkeypatch.chdir(studies.parent)
     write_from_records(Path("results"))
     before = {name: (studies / name).read_bytes() for name in OUTPUTS}
-    assert b'"folder": "results/micro/' in before["micro/frontier.json"]
+    assert b'"folder":"results/micro/' in before["micro/frontier.json"]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

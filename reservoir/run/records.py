@@ -88,8 +88,11 @@ def finite_or_none(obj):
     return obj
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(finite_or_none(obj), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+def write_json_atomic(path: Path, obj, indent: int | None = 2) -> None:
+    """``indent=None``: one compact line, for a machine-read file that travels in the repository."""
+    separators = None if indent is not None else (",", ":")
+    atomic_write_text(path, json.dumps(finite_or_none(obj), indent=indent, separators=separators, ensure_ascii=False,
+                                       allow_nan=False) + "\n")
 
 
 def read_json(path: Path, what: str, remedy: str = "the run folder is damaged"):

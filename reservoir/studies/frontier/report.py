@@ -98,7 +98,7 @@ def write_from_records(folder: Path) -> list[Path]:
 
 def write_study(report: dict, folder: Path) -> list[Path]:
     folder = Path(folder)
-    write_json_atomic(folder / "frontier.json", report)
+    write_json_atomic(folder / "frontier.json", report, indent=None)  # indented, a grown study passed 2 MB
     atomic_write_text(folder / "frontier.md", format_study(report, "frontier.png", level=1))
     written = [folder / "frontier.json", folder / "frontier.md", plot_frontier(report, folder / "frontier.png"),
                plot_isoflop(report, folder / "frontier-isoflop.png"),
