@@ -10,7 +10,7 @@ import pytest
 
 from reservoir.config import SHARED_CONFIG
 from reservoir.models import MODELS
-from reservoir.studies.frontier.generation import format_generation
+from reservoir.studies.frontier.generation import chars_per_second, format_generation
 from tests.conftest import ROOT, TINY, run_cli, run_in_process, run_script, summary_of
 
 
@@ -533,6 +533,20 @@ def test_a_point_to_train_again_that_the_study_does_not_hold_is_one_line(studies
                        ((cell, "lots"), "must be a number of FLOPs")):
         refused = run_script("bench/reproduce_point.py", studies / "micro", *args, check=False)
         assert refused.returncode != 0 and said in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_generation_speed_is_the_fastest_pass_by_the_clock_it_is_given():
+    """Greedy characters a second were one pass by the wall's clock: beside a study's two lanes one family's rate
+    moved 2x between two measurements of the same model. It is now the fastest of three passes by the process's
+    CPU time; here a clock that reads each pass as 2, 0.5 and 1 seconds gives the 0.5 s pass's rate."""
+    from reservoir.config import parse_overrides
+    from reservoir.models import build_model
+
+    model = build_model("lstm", 20, parse_overrides(["SEQ_LEN=16", "LSTM.hidden=8"])).eval()
+    readings = iter([0.0, 2.0, 10.0, 10.5, 20.0, 21.0])
+    rate = chars_per_second(model, 20, batch=3, window=16, carried=True, clock=lambda: next(readings))
+    assert rate == 3 * 8 / 0.5
+    assert next(readings, None) is None  # three passes, each timed once
 
 
 def test_generation_cost_is_measured_on_each_envelope_configuration_and_reported(studies, monkeypatch):
