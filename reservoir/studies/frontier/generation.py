@@ -37,6 +37,7 @@ from reservoir.run.records import ResultsError, write_signed_json
 from reservoir.run.trained import load_run_plugins
 from reservoir.studies.budgets import point_name
 from reservoir.studies.curves import figure
+from reservoir.studies.frontier.folding import milliseconds
 from reservoir.studies.frontier.records import read_measured, read_study_file, study_budgets
 from reservoir.studies.probes import state_size
 from reservoir.studies.store import PointRecords
@@ -134,14 +135,11 @@ def chars_per_second(model, vocab_size: int, batch: int, window: int, carried: b
     try:
         half = max(1, window // 2)
         prompt = _prompt(vocab_size, batch, half)
-        seconds = []
         with torch.no_grad():
             _greedy_steps(model, prompt, 4, carried)  # warm-up
-            for _ in range(repeats):
-                start = clock()
-                _greedy_steps(model, prompt, half, carried)
-                seconds.append(clock() - start)
-        return batch * half / min(seconds)
+            fastest = min(milliseconds(lambda: _greedy_steps(model, prompt, half, carried), 1, warm=0, clock=clock)
+                          for _ in range(repeats))
+        return batch * half / fastest * 1e3
     finally:
         torch.set_num_threads(threads)
 
